@@ -1,0 +1,3 @@
+"""paper-contracts engine: specs, registry, runner, receipts, gate, CLI."""
+
+__version__ = "0.1.0"

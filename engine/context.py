@@ -1,0 +1,111 @@
+"""What a check receives besides the implementation under test."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+class BudgetExceeded(RuntimeError):
+    """Raised by the meter when a check does more than the spec's budget allows."""
+
+
+class ContractViolation(AssertionError):
+    """A check may raise this to say 'the contract failed' with a reason (status: failed, not error)."""
+
+
+@dataclass
+class Meter:
+    """Counts the real cost of a check and stops it at the spec's budget."""
+
+    max_updates: int | None = None
+    max_tokens: int | None = None
+    updates: int = 0
+    tokens: int = 0
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.max_updates is not None and self.updates + 1 > self.max_updates:
+            raise BudgetExceeded(f"optimizer update {self.updates + 1} is over the budget of {self.max_updates} per seed")
+        optimizer.step()
+        self.updates += 1
+
+    def add_tokens(self, n: int) -> None:
+        self.tokens += int(n)
+        if self.max_tokens is not None and self.tokens > self.max_tokens:
+            raise BudgetExceeded(f"{self.tokens} sampled tokens is over the budget of {self.max_tokens} per seed")
+
+
+@dataclass
+class CheckContext:
+    """Device, dtype, seed, case count and spec params for one check call.
+
+    Mechanism checks also record per-step rows (`record_step`), comparisons
+    against a control (`record_comparison`) and go through the meter for every
+    optimizer step and sampled token, so the receipt holds the real cost.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+    cases: int
+    params: Mapping[str, Any] = field(default_factory=dict)
+    meter: Meter = field(default_factory=Meter)
+    steps: list[dict] = field(default_factory=list)
+    comparisons: list[dict] = field(default_factory=list)
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A CPU generator seeded from the run seed: the same inputs on every device."""
+        g = torch.Generator(device="cpu")
+        g.manual_seed(self.seed * 1_000_003 + offset)
+        return g
+
+    def randn(self, *shape: int, g: torch.Generator, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Standard normal drawn on the CPU, then moved: identical across devices."""
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(self.device, dtype or self.dtype)
+
+    def record_step(self, **fields: Any) -> None:
+        self.steps.append({k: _plain(v) for k, v in fields.items()})
+
+    def record_comparison(
+        self,
+        name: str,
+        method: str,
+        control: str,
+        method_values: list[float],
+        control_values: list[float],
+        metric: str,
+        formal: bool = False,
+        note: str = "",
+    ) -> None:
+        """Record method vs control. `formal=False` marks it diagnostic: the gate never counts it."""
+        self.comparisons.append(
+            {
+                "name": name,
+                "metric": metric,
+                "method": method,
+                "control": control,
+                "method_values": [float(v) for v in method_values],
+                "control_values": [float(v) for v in control_values],
+                "formal": bool(formal),
+                "note": note,
+            }
+        )
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu()
+        return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, float) and not math.isfinite(v):
+        return v
+    return v

@@ -1,0 +1,220 @@
+"""Names a spec may use: implementations, checks and mutants, registered by methods.
+
+Methods register themselves with decorators, the way pytest and pre-commit
+plugins do; specs name registered things and nothing is ever imported from a
+path written in a spec.
+
+Two views of the same registry exist:
+
+* the runtime one (`load()`), filled when the packages under `methods/` are
+  imported; it holds the callables and needs torch;
+* the static one (`static_names()`), read from the same source files with
+  `ast`, without importing or running anything. Read-only commands
+  (`validate`, `list`, `show`) use it so they stay instant and torch-free.
+
+For the static view to see a registration, its name must be a string literal
+in one of these forms (a test keeps the two views equal):
+
+    IMPL = registry.implementation("tapo", trajectory_ratio=..., ...)
+    @registry.check("tapo.prefix_ratio_forward")
+    @registry.mutant("tapo.prefix_grad_leak", base="tapo")
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+from typing import Any, Callable
+
+from engine.errors import LookupFailure
+
+METHODS_PACKAGE = "methods"
+
+
+class Implementation(SimpleNamespace):
+    """The functions a check tests, bundled so a mutant can replace one of them."""
+
+    def __init__(self, name: str, **functions: Callable[..., Any]):
+        super().__init__(**functions)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_functions", tuple(sorted(functions)))
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def functions(self) -> tuple[str, ...]:
+        return self._functions
+
+    def replace(self, name: str, **functions: Callable[..., Any]) -> "Implementation":
+        """A copy with some functions swapped out (how mutants are built)."""
+        unknown = sorted(set(functions) - set(self._functions))
+        if unknown:
+            raise LookupFailure(
+                f"implementation {self._name!r} has no function {', '.join(unknown)}; "
+                f"valid: {', '.join(self._functions)}"
+            )
+        merged = {k: getattr(self, k) for k in self._functions}
+        merged.update(functions)
+        return Implementation(name, **merged)
+
+
+@dataclass
+class MutantEntry:
+    name: str
+    base: str
+    factory: Callable[[], Implementation]
+
+
+@dataclass
+class Registry:
+    implementations: dict[str, Implementation] = field(default_factory=dict)
+    checks: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    mutants: dict[str, MutantEntry] = field(default_factory=dict)
+
+    def get_implementation(self, name: str) -> Implementation:
+        return _lookup(self.implementations, name, "implementation")
+
+    def get_check(self, name: str) -> Callable[..., Any]:
+        return _lookup(self.checks, name, "check")
+
+    def get_mutant(self, name: str) -> MutantEntry:
+        return _lookup(self.mutants, name, "mutant")
+
+
+_REGISTRY = Registry()
+_LOADED = False
+
+
+def _lookup(table: dict[str, Any], name: str, what: str) -> Any:
+    try:
+        return table[name]
+    except KeyError:
+        valid = ", ".join(sorted(table)) or "(none registered)"
+        raise LookupFailure(f"no {what} named {name!r}; valid {what}s: {valid}") from None
+
+
+def _claim(table: dict[str, Any], name: str, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a {what} name must be a non-empty string")
+    if name in table:
+        raise ValueError(f"{what} {name!r} is registered twice")
+
+
+def implementation(name: str, **functions: Callable[..., Any]) -> Implementation:
+    """Register the functions of a method under `name` and return the bundle."""
+    _claim(_REGISTRY.implementations, name, "implementation")
+    impl = Implementation(name, **functions)
+    _REGISTRY.implementations[name] = impl
+    return impl
+
+
+def check(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a check: `fn(impl, ctx) -> dict[str, measurement]`."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _claim(_REGISTRY.checks, name, "check")
+        _REGISTRY.checks[name] = fn
+        return fn
+
+    return deco
+
+
+def mutant(name: str, base: str) -> Callable[[Callable[[], Implementation]], Callable[[], Implementation]]:
+    """Register a known-bad variant: `factory() -> Implementation` with one defect."""
+
+    def deco(factory: Callable[[], Implementation]) -> Callable[[], Implementation]:
+        _claim(_REGISTRY.mutants, name, "mutant")
+        _REGISTRY.mutants[name] = MutantEntry(name=name, base=base, factory=factory)
+        return factory
+
+    return deco
+
+
+def load() -> Registry:
+    """Import every method package (this imports torch) and return the registry."""
+    global _LOADED
+    if not _LOADED:
+        pkg = importlib.import_module(METHODS_PACKAGE)
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+            if info.ispkg:
+                importlib.import_module(f"{METHODS_PACKAGE}.{info.name}")
+        _LOADED = True
+    return _REGISTRY
+
+
+# --- static view ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StaticNames:
+    implementations: MappingProxyType  # name -> tuple of function names
+    checks: frozenset
+    mutants: MappingProxyType  # name -> base implementation name
+    files: tuple  # source files, relative to the methods package's parent
+
+
+def methods_root() -> Path:
+    spec = importlib.util.find_spec(METHODS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupFailure("the 'methods' package is not importable; install the project with pip install -e .")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _registry_call(node: ast.AST) -> tuple[str, ast.Call] | None:
+    if not isinstance(node, ast.Call):
+        return None
+    fn = node.func
+    if not (isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "registry"):
+        return None
+    if fn.attr not in {"implementation", "check", "mutant"}:
+        return None
+    if not node.args or not isinstance(node.args[0], ast.Constant) or not isinstance(node.args[0].value, str):
+        return None
+    return fn.attr, node
+
+
+_STATIC: StaticNames | None = None
+
+
+def static_names() -> StaticNames:
+    """Registered names read from source with `ast`: nothing is imported or run."""
+    global _STATIC
+    if _STATIC is not None:
+        return _STATIC
+    root = methods_root()
+    impls: dict[str, tuple[str, ...]] = {}
+    checks: set[str] = set()
+    mutants: dict[str, str] = {}
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        files.append(path.relative_to(root.parent).as_posix())
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            hit = _registry_call(node)
+            if hit is None:
+                continue
+            kind, call = hit
+            name = call.args[0].value
+            if kind == "implementation":
+                impls[name] = tuple(sorted(k.arg for k in call.keywords if k.arg))
+            elif kind == "check":
+                checks.add(name)
+            else:
+                base = next(
+                    (k.value.value for k in call.keywords if k.arg == "base" and isinstance(k.value, ast.Constant)),
+                    None,
+                )
+                mutants[name] = base
+    _STATIC = StaticNames(
+        implementations=MappingProxyType(impls),
+        checks=frozenset(checks),
+        mutants=MappingProxyType(mutants),
+        files=tuple(files),
+    )
+    return _STATIC
