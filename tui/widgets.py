@@ -1,0 +1,121 @@
+"""Small widgets shared by the screens: a DataTable with vim keys and a filter bar."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.coordinate import Coordinate
+from textual.message import Message
+from textual.widgets import DataTable, Input, Tree
+
+
+class VimTable(DataTable):
+    """DataTable with j/k/g/G; `enter` opens the row. Every binding has an id users can remap.
+
+    Rows may carry their raw values beside the displayed text, so `y` copies
+    full precision rather than the 3 significant digits shown.
+    """
+
+    BINDINGS = [
+        Binding("enter", "select_cursor", "Open", id="open"),
+        Binding("j", "cursor_down", "Down", show=False, id="table.down"),
+        Binding("k", "cursor_up", "Up", show=False, id="table.up"),
+        Binding("g", "scroll_top", "Top", show=False, id="table.top"),
+        Binding("G", "scroll_bottom", "Bottom", show=False, id="table.bottom"),
+    ]
+
+    class Opened(Message):
+        """Enter on a row (or cell): which row, by index and key."""
+
+        def __init__(self, table: "VimTable", row: int, key: str | None) -> None:
+            self.table, self.row, self.key = table, row, key
+            super().__init__()
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("cursor_type", "row")
+        kwargs.setdefault("zebra_stripes", True)
+        super().__init__(*args, **kwargs)
+        self._raw: list = []
+        self._pending_raw = None
+
+    def clear(self, columns: bool = False):
+        self._raw = []
+        return super().clear(columns)
+
+    def add_row(self, *cells, **kwargs):
+        self._raw.append(self._pending_raw)
+        self._pending_raw = None
+        return super().add_row(*cells, **kwargs)
+
+    def add_raw_row(self, cells: list, raw: list, key: str | None = None):
+        """A row shown as `cells`, copied as `raw`."""
+        self._pending_raw = raw
+        return self.add_row(*cells, key=key)
+
+    def action_select_cursor(self) -> None:
+        if not self.row_count:
+            return
+        row = self.cursor_coordinate.row
+        try:
+            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except Exception:
+            key = None
+        self.post_message(self.Opened(self, row, key))
+
+    def action_scroll_top(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=0, animate=False)
+
+    def action_scroll_bottom(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=self.row_count - 1, animate=False)
+
+    def cursor_value(self):
+        """The value under the cursor, raw if the row has raw values (row mode: the first column)."""
+        if not self.row_count:
+            return None
+        row, col = self.cursor_coordinate
+        if self.cursor_type == "row":
+            col = 0
+        raw = self._raw[row] if row < len(self._raw) else None
+        if raw is not None and col < len(raw):
+            return raw[col]
+        if not self.is_valid_coordinate(Coordinate(row, col)):
+            return None
+        value = self.get_cell_at(Coordinate(row, col))
+        return value.plain if hasattr(value, "plain") else value
+
+
+class MethodTree(Tree):
+    """The method tree, with the same binding ids as the tables."""
+
+    BINDINGS = [
+        Binding("enter", "select_cursor", "Open", id="open"),
+        Binding("j", "cursor_down", "Down", show=False, id="table.down"),
+        Binding("k", "cursor_up", "Up", show=False, id="table.up"),
+        Binding("g", "scroll_home", "Top", show=False, id="table.top"),
+        Binding("G", "scroll_end", "Bottom", show=False, id="table.bottom"),
+    ]
+
+    def action_scroll_home(self) -> None:
+        self.move_cursor_to_line(0)
+
+    def action_scroll_end(self) -> None:
+        self.move_cursor_to_line(max(0, self.last_line))
+
+
+class FilterBar(Input):
+    """The `/` filter: typing filters live; enter keeps it, escape clears it."""
+
+    class Done(Message):
+        def __init__(self, cleared: bool) -> None:
+            self.cleared = cleared
+            super().__init__()
+
+    BINDINGS = [Binding("escape", "clear", "Clear filter", id="filter.clear")]
+
+    def action_clear(self) -> None:
+        self.value = ""
+        self.post_message(self.Done(cleared=True))
+
+    async def action_submit(self) -> None:
+        self.post_message(self.Done(cleared=False))
