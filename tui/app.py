@@ -212,6 +212,8 @@ class ContractsApp(App):
         import asyncio
 
         while self.generation < generation:
+            if self._exit_renderables or self.return_code is not None:
+                raise RuntimeError("the app stopped before its model was drawn")
             await asyncio.sleep(0.01)
 
 

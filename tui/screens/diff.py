@@ -9,12 +9,12 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from tui import fmt
 from tui.data import ReceiptRow, load_detail
 from tui.diff import DiffRow, diff_predicates
-from tui.widgets import FilterBar, VimTable
+from tui.widgets import FilterBar, KeyBar, VimTable
 
 KIND_STYLE = {"status": "bold red", "mutant": "bold magenta", "run": "cyan", "added": "green", "removed": "yellow",
               "measurement": ""}
@@ -46,7 +46,7 @@ class DiffScreen(Screen):
                      id="diff-header")
         yield VimTable(id="diff-table", cursor_type="cell")
         yield FilterBar(placeholder="filter changes (enter: keep, escape: clear)", id="filter")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.sub_title = "diff"

@@ -9,11 +9,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane, Tree
+from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
 
 from tui import fmt
 from tui.data import MethodModel, Model
-from tui.widgets import FilterBar, MethodTree, VimTable
+from tui.widgets import FilterBar, KeyBar, MethodTree, VimTable
 
 MAX_RECEIPT_ROWS = 500  # a DataTable measures every cell; the store can hold 10,000+ receipts
 TABS = ("contracts", "receipts", "spec", "paper", "gate")
@@ -71,7 +71,7 @@ class MainScreen(Screen):
                         with VerticalScroll():
                             yield Static("", id="gate-view")
         yield FilterBar(placeholder="filter (enter: keep, escape: clear)", id="filter")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self._ready = True
@@ -83,6 +83,7 @@ class MainScreen(Screen):
         t.add_columns("time (UTC)", "device", "seeds", "status", "evidence", "commit", "id")
         if self.app.model is not None:
             self.show_model(self.app.model)
+        self.refresh_bindings()
 
     # -- model -> widgets ----------------------------------------------------------
 
@@ -452,7 +453,9 @@ class MainScreen(Screen):
             self.app.copy_text(self.contract or self.method)
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        # The footer shows only what applies here.
+        # The footer shows only what applies here; asked before on_mount too, when nothing can be queried.
+        if not self._ready:
+            return True
         if action == "diff":
             return self.query_one(TabbedContent).active == "receipts" and bool(self._receipt_files)
         if action == "back":

@@ -12,11 +12,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane, TextArea
+from textual.widgets import Header, Static, TabbedContent, TabPane, TextArea
 
 from tui import fmt
 from tui.data import Detail, ReceiptRow, load_detail, paired_ci
-from tui.widgets import FilterBar, VimTable
+from tui.widgets import FilterBar, KeyBar, VimTable
 
 MAX_STEP_COLUMNS = 8
 
@@ -31,6 +31,8 @@ class ReceiptScreen(Screen):
         Binding("d", "diff", "Diff vs previous", id="diff"),
         Binding("y", "copy", "Copy", id="copy"),
     ]
+
+    AUTO_FOCUS = "#results-table"  # focused at mount, so the footer is built once, not again on load
 
     def __init__(self, row: ReceiptRow, contract: str | None = None) -> None:
         super().__init__(id="receipt")
@@ -57,7 +59,7 @@ class ReceiptScreen(Screen):
                 yield TextArea("", id="raw-text", read_only=True, show_line_numbers=True, soft_wrap=False)
         yield FilterBar(value=self.filter_text, placeholder="filter results (enter: keep, escape: clear)",
                         id="filter")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.sub_title = self.row.file
@@ -89,7 +91,7 @@ class ReceiptScreen(Screen):
         if detail.data is None:
             self.query_one(TabbedContent).active = "raw"
             raw.focus()
-        else:
+        elif self.focused is None:
             self.query_one("#results-table").focus()
 
     # -- drawing -----------------------------------------------------------------------
