@@ -77,11 +77,22 @@ def _reference(lt, lb, mask):
 
 
 def _rel(a: float, b: float) -> float:
+    """|a - b| / |b|; 0 when equal, inf when b = 0 != a, NaN when either is NaN."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
     if a == b:
         return 0.0
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return math.nan if math.isnan(a) or math.isnan(b) else math.inf
-    return abs(a - b) / max(abs(b), 1e-300)
+    if b == 0 or not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return abs(a - b) / abs(b)
+
+
+def _worst(*values: float) -> float:
+    """The largest value, and NaN if any is NaN (Python's max() would drop a NaN that comes second)."""
+    vals = [float(v) for v in values]
+    if any(math.isnan(v) for v in vals):
+        return math.nan
+    return max(vals)
 
 
 def _maxabs(t: torch.Tensor) -> float:
@@ -158,16 +169,15 @@ def replay_loss_reference(impl, ctx) -> dict:
         lt_r, lb_r = _rounded(lt_j, ctx.dtype), _rounded(lb_j, ctx.dtype)
         loss, metrics, grad = _run_replay(impl, ctx, lt_j, lb_j, mask, ctx.dtype)
         r_loss, r_grad, r_gates, r_w = _reference(lt_r, lb_r, mask)
-        loss_abs = max(loss_abs, abs(float(loss) - r_loss)) if math.isfinite(float(loss)) else math.nan
-        loss_rel = max(loss_rel, _rel(float(loss), r_loss)) if r_loss != 0 or float(loss) != 0 else loss_rel
+        loss_abs = _worst(loss_abs, abs(float(loss) - r_loss))
+        loss_rel = _worst(loss_rel, _rel(float(loss), r_loss))
         d = _maxabs(grad - r_grad)
-        grad_abs = max(grad_abs, d) if not math.isnan(d) else math.nan
+        grad_abs = _worst(grad_abs, d)
         scale = float(r_grad.abs().max())
-        if scale > 0:
-            grad_rel = max(grad_rel, d / scale) if not math.isnan(d) else math.nan
-        gate_err = max(gate_err, _maxabs(metrics["gates"].detach().double().cpu() - r_gates))
-        w_err = max(w_err, _maxabs(metrics["token_weights"].detach().double().cpu() - r_w))
-        frac_err = max(frac_err, abs(float(metrics["active_fraction"]) - float((r_gates > 0).double().mean())))
+        grad_rel = _worst(grad_rel, d / scale if scale > 0 else (0.0 if d == 0 else math.inf))
+        gate_err = _worst(gate_err, _maxabs(metrics["gates"].detach().double().cpu() - r_gates))
+        w_err = _worst(w_err, _maxabs(metrics["token_weights"].detach().double().cpu() - r_w))
+        frac_err = _worst(frac_err, abs(float(metrics["active_fraction"]) - float((r_gates > 0).double().mean())))
         zero_gate += int((r_gates == 0).sum())
         active += int((r_gates > 0).sum())
     return {
@@ -209,8 +219,8 @@ def zero_gate(impl, ctx) -> dict:
         B, T = _int(g, 1, 6), _int(g, 2, 12)
         lt, lb, mask = _zero_gate_case(g, B, T)
         loss, metrics, grad = _run_replay(impl, ctx, lt, lb, mask, ctx.dtype)
-        loss_abs = max(loss_abs, _maxabs(loss))
-        grad_abs = max(grad_abs, _maxabs(grad))
+        loss_abs = _worst(loss_abs, _maxabs(loss))
+        grad_abs = _worst(grad_abs, _maxabs(grad))
         lt_r, lb_r = _rounded(lt, ctx.dtype), _rounded(lb, ctx.dtype)
         pos_w_tokens += int(((lb_r - lt_r > 0) & mask).sum())
     return {
@@ -236,9 +246,9 @@ def token_locality(impl, ctx) -> dict:
         active = (r_gates > 0)[:, None].expand_as(mask)
         w_pos = r_w > 0
         on = mask & active & w_pos
-        leak_w0 = max(leak_w0, _maxabs(grad[mask & ~w_pos]))
-        leak_g0 = max(leak_g0, _maxabs(grad[mask & ~active]))
-        leak_pad = max(leak_pad, _maxabs(grad[~mask]))
+        leak_w0 = _worst(leak_w0, _maxabs(grad[mask & ~w_pos]))
+        leak_g0 = _worst(leak_g0, _maxabs(grad[mask & ~active]))
+        leak_pad = _worst(leak_pad, _maxabs(grad[~mask]))
         expected += int(on.sum())
         hit += int((grad[on] != 0).sum())
         zero_w_in_active += int((mask & active & ~w_pos).sum())
@@ -270,9 +280,9 @@ def padding_invariance(impl, ctx) -> dict:
             raised = True
             continue
         all_finite &= bool(torch.isfinite(junk_loss).all() and torch.isfinite(junk_grad).all())
-        loss_diff = max(loss_diff, _maxabs(junk_loss - clean_loss))
-        grad_diff = max(grad_diff, _maxabs(torch.where(mask, junk_grad - clean_grad, torch.zeros_like(junk_grad))))
-        pad_grad = max(pad_grad, _maxabs(junk_grad[~mask]))
+        loss_diff = _worst(loss_diff, _maxabs(junk_loss - clean_loss))
+        grad_diff = _worst(grad_diff, _maxabs(torch.where(mask, junk_grad - clean_grad, torch.zeros_like(junk_grad))))
+        pad_grad = _worst(pad_grad, _maxabs(junk_grad[~mask]))
         # The same rows with 1-5 extra junk padding columns.
         extra = _int(g, 1, 5)
         pick = torch.randint(0, len(JUNK), (2, B, extra), generator=g)
@@ -282,8 +292,8 @@ def padding_invariance(impl, ctx) -> dict:
         m_w = torch.cat([mask, torch.zeros(B, extra, dtype=torch.bool)], 1)
         w_loss, _, w_grad = _run_replay(impl, ctx, lt_w, lb_w, m_w, ctx.dtype)
         all_finite &= bool(torch.isfinite(w_loss).all() and torch.isfinite(w_grad).all())
-        wide_loss = max(wide_loss, _rel(float(w_loss), float(clean_loss)) if float(clean_loss) != 0 else _maxabs(w_loss))
-        wide_grad = max(wide_grad, _maxabs(w_grad[:, :T] - clean_grad), _maxabs(w_grad[:, T:]))
+        wide_loss = _worst(wide_loss, _rel(float(w_loss), float(clean_loss)))
+        wide_grad = _worst(wide_grad, _maxabs(w_grad[:, :T] - clean_grad), _maxabs(w_grad[:, T:]))
     return {
         "cases": ctx.cases,
         "junk_rejected": raised,
@@ -319,9 +329,9 @@ def zero_gate_counts_in_mean(impl, ctx) -> dict:
         loss, _, grad = _run_replay(impl, ctx, lt, lb, mask, ctx.dtype)
         loss2, _, grad2 = _run_replay(impl, ctx, torch.cat([lt, zlt]), torch.cat([lb, zlb]), torch.cat([mask, zmask]), ctx.dtype)
         want = float(loss) * B / (B + m)
-        loss_err = max(loss_err, _rel(float(loss2), want))
+        loss_err = _worst(loss_err, _rel(float(loss2), want))
         scale = float(grad.abs().max())
-        grad_err = max(grad_err, _maxabs(grad2[:B] - grad * B / (B + m)) / scale if scale > 0 else math.inf)
+        grad_err = _worst(grad_err, _maxabs(grad2[:B] - grad * B / (B + m)) / scale if scale > 0 else math.nan)
         min_loss = min(min_loss, abs(float(loss)))
     return {
         "cases": ctx.cases,
@@ -344,12 +354,11 @@ def split_merge_invariance(impl, ctx) -> dict:
         l1, _, g1 = _run_replay(impl, ctx, lt_j[:cut], lb_j[:cut], mask[:cut], ctx.dtype)
         l2, _, g2 = _run_replay(impl, ctx, lt_j[cut:], lb_j[cut:], mask[cut:], ctx.dtype)
         merged = (cut * float(l1) + (B - cut) * float(l2)) / B
-        if merged != 0 or float(loss) != 0:
-            loss_err = max(loss_err, _rel(float(loss), merged))
+        loss_err = _worst(loss_err, _rel(float(loss), merged))
         gm = torch.cat([g1 * cut / B, g2 * (B - cut) / B])
         scale = float(grad.abs().max())
-        if scale > 0:
-            grad_err = max(grad_err, _maxabs(grad - gm) / scale)
+        d = _maxabs(grad - gm)
+        grad_err = _worst(grad_err, d / scale if scale > 0 else (0.0 if d == 0 else math.nan))
     return {"cases": ctx.cases, "loss_rel_err": loss_err, "grad_rel_err": grad_err}
 
 
@@ -402,19 +411,17 @@ def dtype_extremes(impl, ctx) -> dict:
             finite &= ok
             r_loss, r_grad, _, _ = _reference(_rounded(lt, ctx.dtype), _rounded(lb, ctx.dtype), m)
             if kind == "zero_weights":
-                zero_loss = max(zero_loss, _maxabs(loss))
-                zero_grad = max(zero_grad, _maxabs(grad))
+                zero_loss = _worst(zero_loss, _maxabs(loss))
+                zero_grad = _worst(zero_grad, _maxabs(grad))
                 continue
             if not ok:
                 loss_rel = grad_abs = math.nan
                 continue
-            if r_loss != 0 or float(loss) != 0:
-                loss_rel = max(loss_rel, _rel(float(loss), r_loss))
-            grad_abs = max(grad_abs, _maxabs(grad - r_grad))
+            loss_rel = _worst(loss_rel, _rel(float(loss), r_loss))
+            grad_abs = _worst(grad_abs, _maxabs(grad - r_grad))
             if kind == "moderate":
                 o_loss, _, _, _ = _reference(lt, lb, m)
-                if o_loss != 0 or float(loss) != 0:
-                    agree_rel = max(agree_rel, _rel(float(loss), o_loss))
+                agree_rel = _worst(agree_rel, _rel(float(loss), o_loss))
     return {
         "cases": ctx.cases,
         "all_finite": finite,
@@ -481,11 +488,11 @@ def total_loss_composition(impl, ctx) -> dict:
         total = impl.tar_total_loss(grpo, rep) if lam is None else impl.tar_total_loss(grpo, rep, lambda_rep=lam)
         lv = 1.0 if lam is None else lam
         want = float(grpo.detach()) + lv * float(rep.detach())
-        val_err = max(val_err, _rel(float(total.detach()), want))
+        val_err = _worst(val_err, _rel(float(total.detach()), want))
         ga, gb = torch.autograd.grad(total, (a, b), allow_unused=True)
         ga = torch.zeros_like(a) if ga is None else ga
         gb = torch.zeros_like(b) if gb is None else gb
-        grad_err = max(grad_err, _maxabs((ga - 2 * a).double()), _maxabs((gb - lv * b.exp()).double()))
+        grad_err = _worst(grad_err, _maxabs((ga - 2 * a).detach().double()), _maxabs((gb - lv * b.exp()).detach().double()))
     neg, _ = _raises_value_error(lambda: impl.tar_total_loss(torch.zeros(()), torch.zeros(()), lambda_rep=-1.0))
     return {"value_rel_err": val_err, "grad_max_abs_err": grad_err, "rejects_negative_lambda": neg}
 
@@ -583,7 +590,7 @@ def fps_matches_reference(impl, ctx) -> dict:
         # with near-duplicates (ties up to rounding) only the max-min property is asked
         emb2, correct2, ids2 = fps_case(g, dup_p=0.3)
         picks2 = _fps(impl, ctx, emb2, correct2, k, ids2)
-        gap = max(
+        gap = _worst(
             gap,
             ref.fps_maxmin_gap(e_r.tolist(), correct.tolist(), picks, ids.tolist()),
             ref.fps_maxmin_gap(_rounded(emb2, ctx.dtype).tolist(), correct2.tolist(), picks2, ids2.tolist()),

@@ -178,6 +178,7 @@ def run(impl, ctx, **overrides) -> dict:
     inactive_nonzero_replay = 0
     first_step_replay_abs = first_step_gate_max = float("nan")
     min_total_grad = float("inf")
+    nonzero_grad_steps = 0
     for step in range(cfg["updates"]):
         idx = torch.arange(step * cfg["prompts_per_step"], (step + 1) * cfg["prompts_per_step"], device=device)
         gp = prompts[idx].repeat_interleave(cfg["group_size"], dim=0)
@@ -208,6 +209,7 @@ def run(impl, ctx, **overrides) -> dict:
         rep_norm = _norm(g_rep)
         total_norm = _norm(g_total)
         min_total_grad = min(min_total_grad, total_norm)
+        nonzero_grad_steps += int(total_norm > 0)
         gates = met["gates"].detach().double().cpu()
         w = met["token_weights"].detach().double().cpu()
         valid = bank_sel.mask.cpu().bool()
@@ -250,6 +252,7 @@ def run(impl, ctx, **overrides) -> dict:
         "updates": ctx.meter.updates,
         "actor_param_l2_change": param_l2_change(policy_before, policy),
         "min_step_grad_norm": min_total_grad,
+        "nonzero_grad_steps": nonzero_grad_steps,
         "base_param_l2_change": param_l2_change(base_before, base),
         "base_params_with_grad": base_grads,
         "base_trainable_params": base_trainable,

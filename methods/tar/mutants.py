@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from engine import registry
 from methods.tar.fps import farthest_point_prototypes
 from methods.tar.impl import IMPL
-from methods.tar.replay import DENOM_EPS, check_replay_inputs, compute_dtype, soft_gate
+from methods.tar.replay import DENOM_EPS, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss
 
 
 def soft_gate_unclamped(z: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,7 @@ def total_replay_detached():
     """The replay term enters the total loss's value but not its gradient (TRL PR #6140's shape of bug)."""
 
     def total(grpo_loss, replay_loss, lambda_rep=1.0):
-        return grpo_loss + float(lambda_rep) * replay_loss.detach()
+        return tar_total_loss(grpo_loss, replay_loss.detach(), lambda_rep=lambda_rep)
 
     return IMPL.replace("tar.total_replay_detached", tar_total_loss=total)
 
