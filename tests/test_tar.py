@@ -388,9 +388,12 @@ def test_mechanism_records_steps_and_stays_in_budget(spec):
     meter = Meter(max_updates=spec.data["budget"]["max_updates_per_seed"], max_tokens=spec.data["budget"]["max_tokens_per_seed"])
     ctx = _ctx(c, "float32", seed=43, meter=meter)
     out = registry.load().get_check(c["check"])(IMPL, ctx)
-    assert out["updates"] == 3 and len(ctx.steps) == 3
-    assert ctx.steps[0]["replay_active"] is False and ctx.steps[0]["replay_loss"] == 0.0
-    for s in ctx.steps:
+    assert out["updates"] == 3 and len(ctx.steps) == 4
+    bank, updates = ctx.steps[0], ctx.steps[1:]
+    assert bank["phase"] == "bank" and bank["candidates"] == 48 and len(bank["verifier_correct"]) == 48
+    assert all(bank["verifier_correct"][i] == 1 for i in bank["fps_indices"])
+    assert updates[0]["replay_active"] is False and updates[0]["replay_loss"] == 0.0
+    for s in updates:
         for key in ("replay_active", "gates", "token_weight_mean", "replay_grad_norm", "grpo_loss", "kl_to_base"):
             assert key in s
     assert out["sampled_tokens"] <= spec.data["budget"]["max_tokens_per_seed"]

@@ -102,14 +102,17 @@ def farthest_point_prototypes(
     slot = torch.arange(Nc, device=device) - (torch.cumsum(counts, 0) - counts)[group]
     M = int(counts.max())
 
-    # Padded [prompts, slots, dims] in float64 (padding rows are zero and never choosable).
-    X = embeddings.new_zeros((G, M, embeddings.shape[1]))
-    X[group, slot] = embeddings.detach().index_select(0, cand)
-    X = X.to(torch.float64)
-    norm = torch.linalg.vector_norm(X, dim=2)
-    _reject_bad_rows(embeddings, cand, norm[group, slot])
-    norm[norm == 0] = 1.0  # padding only: real rows were checked above
+    # Padded [prompts, slots, dims] in float64 (padding rows are zero and never choosable);
+    # one batched Gram matrix serves every pick, and its diagonal gives the squared norms.
+    D = embeddings.shape[1]
+    flat = group * M + slot
+    X = embeddings.new_zeros((G * M, D))
+    X.index_copy_(0, flat, embeddings.detach().index_select(0, cand))
+    X = X.view(G, M, D).to(torch.float64)
     gram = torch.bmm(X, X.transpose(1, 2))
+    norm = torch.diagonal(gram, dim1=1, dim2=2).sqrt()
+    _reject_bad_rows(embeddings, cand, norm.reshape(-1)[flat])
+    norm = torch.where(norm == 0, torch.ones_like(norm), norm)  # padding only: real rows were checked above
     position = torch.full((G, M), -1, dtype=torch.long, device=device)
     position[group, slot] = cand
 

@@ -77,6 +77,15 @@ def build_bank(impl, base, task, prompts, ctx, cfg) -> Bank:
     ids = torch.arange(prompts.shape[0], device=prompts.device).repeat_interleave(n)
     keep = impl.farthest_point_prototypes(emb, correct, k=cfg["bank_k"], prompt_ids=ids)
     keep = torch.as_tensor(keep, dtype=torch.long, device=prompts.device)
+    ctx.record_step(
+        step=0,
+        phase="bank",
+        candidates=int(rep.shape[0]),
+        candidate_prompt=ids.tolist(),
+        verifier_correct=correct.int().tolist(),
+        fps_indices=keep.tolist(),
+        bank_prompt=ids[keep].tolist(),
+    )
     return Bank(
         prompt_index=ids[keep],
         prompts=rep[keep],
@@ -229,6 +238,7 @@ def run(impl, ctx, **overrides) -> dict:
         wv = w[valid] if w.shape == valid.shape else torch.zeros(0, dtype=torch.float64)
         ctx.record_step(
             step=step + 1,
+            phase="update",
             prompts=idx.tolist(),
             reward_mean=float(rewards.mean()),
             bank_rows=int(bank_sel.responses.shape[0]),
