@@ -16,8 +16,8 @@ The embeddings of correct candidates are validated: a non-finite entry, a zero
 norm or a norm that overflows float64 is rejected with ValueError, never
 sorted. Incorrect candidates are never read (like padding: junk is allowed).
 
-Vectorised over prompts: one padded [prompts, slots, dims] tensor and a loop
-over the k picks only.
+Vectorised over prompts: one padded [prompts, slots, dims] tensor, one batched
+Gram matrix, and a Python loop over the k picks only (never over prompts).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _as_bool_vector(correct: torch.Tensor, n: int, device) -> torch.Tensor:
 
 
 def _reject_bad_rows(embeddings: torch.Tensor, candidates: torch.Tensor, norms: torch.Tensor) -> None:
-    """Raise ValueError naming the first candidate whose embedding cannot be placed."""
+    """Raise ValueError naming a candidate (the first in prompt order) whose embedding cannot be placed."""
     ok = torch.isfinite(norms) & (norms > 0)
     if bool(ok.all()):
         return
