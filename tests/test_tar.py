@@ -397,3 +397,13 @@ def test_mechanism_records_steps_and_stays_in_budget(spec):
         for key in ("replay_active", "gates", "token_weight_mean", "replay_grad_norm", "grpo_loss", "kl_to_base"):
             assert key in s
     assert out["sampled_tokens"] <= spec.data["budget"]["max_tokens_per_seed"]
+
+
+def test_replay_sends_no_gradient_to_the_base_logprobs():
+    g = torch.Generator().manual_seed(4)
+    _, lb, mask, lt_j, _ = tar_checks.replay_case(g, 4, 6)
+    x = lt_j.clone().requires_grad_(True)
+    b = lb.clone().requires_grad_(True)
+    loss, _ = adaptive_replay_loss(x, b, mask)
+    gx, gb = torch.autograd.grad(loss, (x, b), allow_unused=True)
+    assert gb is None and gx is not None
