@@ -23,8 +23,7 @@ from methods.tapo.objective import (  # noqa: E402
     tapo_loss,
     trajectory_ratio,
 )
-from tapo_expect import DTYPES as CHECK_DTYPES  # noqa: E402
-from tapo_expect import EXPECT, KILLED_BY, violations  # noqa: E402
+from tapo_spec import BY_CHECK, CONTRACTS, MUTANTS as SPEC_MUTANTS, SOURCE, violations  # noqa: E402
 
 REG = registry.load()
 IMPL = REG.get_implementation("tapo")
@@ -36,6 +35,12 @@ D = torch.float64
 
 def ctx_for(dtype="float64", seed=42, cases=8, device="cpu", **params):
     return CheckContext(device=torch.device(device), dtype=DTYPES[dtype], seed=seed, cases=cases, params=params)
+
+
+def spec_ctx(contract, dtype, seed=42, device="cpu", **override):
+    """The context the engine's runner would build for this contract (cases and params from the spec)."""
+    params = {**dict(contract.get("params") or {}), **override}
+    return ctx_for(dtype, seed=seed, cases=contract["cases"], device=device, **params)
 
 
 def random_inputs(seed, B, L, dtype=D, delta=0.5, junk=None):
@@ -337,36 +342,40 @@ def test_static_names_match_runtime_registry():
     assert {n for n, b in static.mutants.items() if b == "tapo"} == set(MUTANTS)
 
 
-def test_tables_cover_every_check_and_mutant():
-    assert set(CHECK_DTYPES) == set(CHECKS)
-    assert {e[0] for e in EXPECT} == set(CHECKS)
-    assert set(KILLED_BY) == set(MUTANTS) and len(MUTANTS) >= 4
-    killers = {c for cs in KILLED_BY.values() for c in cs}
-    assert killers == set(CHECKS)  # every contract kills at least one mutant
+def test_spec_covers_every_check_and_mutant():
+    assert set(BY_CHECK) == set(CHECKS), SOURCE
+    assert set(SPEC_MUTANTS) == set(MUTANTS) and len(MUTANTS) >= 4
+    killers = {cid for m in SPEC_MUTANTS.values() for cid in m["killed_by"]}
+    assert killers == set(CONTRACTS)  # every contract kills at least one mutant
 
 
 def test_violations_helper_can_fail():
     # the judge used below must be able to say no (mutmut's forced failure first)
-    assert violations("tapo.prefix_ratio_forward", "float64", {"max_rel_err": float("nan"), "masked_nonfinite": 0})
-    assert violations("tapo.prefix_ratio_forward", "float64", {"max_rel_err": 1e-3, "masked_nonfinite": 0})
-    assert violations("tapo.mechanism", "float32", {"updates_made": 6})  # missing measurements
-    assert not violations("tapo.prefix_ratio_forward", "float64", {"max_rel_err": 1e-16, "masked_nonfinite": 0})
+    c = BY_CHECK["tapo.prefix_ratio_forward"]
+    assert violations(c, "float64", {"max_rel_err": float("nan"), "masked_nonfinite": 0})
+    assert violations(c, "float64", {"max_rel_err": 1e-3, "masked_nonfinite": 0})
+    assert violations(BY_CHECK["tapo.mechanism"], "float32", {"updates_made": 6})  # missing measurements
+    assert not violations(c, "float64", {"max_rel_err": 1e-16, "masked_nonfinite": 0})
 
 
-CHECK_CASES = [(c, d) for c in CHECKS for d in CHECK_DTYPES[c] if c != "tapo.mechanism"]
+CHECK_CASES = [(c["check"], d) for c in CONTRACTS.values() for d in c["dtypes"] if c["check"] != "tapo.mechanism"]
 
 
 @pytest.mark.parametrize("check,dtype", CHECK_CASES)
 def test_real_impl_meets_every_expectation(check, dtype):
-    out = REG.get_check(check)(IMPL, ctx_for(dtype))
-    assert violations(check, dtype, out) == []
+    contract = BY_CHECK[check]
+    out = REG.get_check(check)(IMPL, spec_ctx(contract, dtype))
+    assert violations(contract, dtype, out) == []
+
+
+MECH = BY_CHECK["tapo.mechanism"]
 
 
 @pytest.mark.parametrize("seed", [42, 43, 44])
 def test_mechanism_real_updates_every_seed(seed):
-    ctx = ctx_for("float32", seed=seed)
+    ctx = spec_ctx(MECH, "float32", seed=seed)
     out = REG.get_check("tapo.mechanism")(IMPL, ctx)
-    assert violations("tapo.mechanism", "float32", out) == []
+    assert violations(MECH, "float32", out) == []
     assert out["updates_made"] == out["control_updates"] == 6  # 3 groups x 2 proximal updates, both arms
     assert ctx.meter.updates == 12 and ctx.meter.tokens == out["tokens"] > 0
     assert len(ctx.steps) == 12 and {s["arm"] for s in ctx.steps} == {"tapo", "grpo-control"}
@@ -377,45 +386,48 @@ def test_mechanism_real_updates_every_seed(seed):
 
 
 def test_mechanism_is_deterministic_per_seed():
-    a = REG.get_check("tapo.mechanism")(IMPL, ctx_for("float32", seed=7))
-    b = REG.get_check("tapo.mechanism")(IMPL, ctx_for("float32", seed=7))
-    assert a == b
+    small = dict(groups=2, validation_prompts=2)
+    a, b = (spec_ctx(MECH, "float32", seed=7, **small) for _ in range(2))
+    assert REG.get_check("tapo.mechanism")(IMPL, a) == REG.get_check("tapo.mechanism")(IMPL, b)
+    assert a.steps == b.steps and a.comparisons == b.comparisons
 
 
 def test_mechanism_without_updates_fails_its_contract():
     # group size 1: every group's advantage is 0, every group is rejected, nothing is updated
-    ctx = ctx_for("float32", group_size=1, max_attempts=2)
+    ctx = spec_ctx(MECH, "float32", group_size=1, max_attempts=2)
     out = REG.get_check("tapo.mechanism")(IMPL, ctx)
     assert out["updates_made"] == 0 and out["skipped_groups"] == 6
     assert out["zero_adv_groups"] == 6 and out["zero_adv_not_rejected"] == 0
-    assert violations("tapo.mechanism", "float32", out)
+    assert violations(MECH, "float32", out)
 
 
 def test_mechanism_goes_through_the_budget_meter():
-    ctx = ctx_for("float32")
+    ctx = spec_ctx(MECH, "float32")
     ctx.meter = Meter(max_updates=5)
     with pytest.raises(BudgetExceeded):
         REG.get_check("tapo.mechanism")(IMPL, ctx)
 
 
-KILL_CASES = [(m, c) for m in MUTANTS for c in KILLED_BY[m]]
+KILL_CASES = [(name, cid) for name, m in SPEC_MUTANTS.items() for cid in m["killed_by"]]
 
 
-@pytest.mark.parametrize("mutant,check", KILL_CASES)
-def test_every_mutant_is_killed_by_each_claimed_contract(mutant, check):
+@pytest.mark.parametrize("mutant,contract_id", KILL_CASES)
+def test_every_mutant_is_killed_by_each_claimed_contract(mutant, contract_id):
     impl = REG.get_mutant(mutant).factory()
     assert impl.name == mutant
-    for dtype in CHECK_DTYPES[check]:
+    contract = CONTRACTS[contract_id]
+    for dtype in contract["dtypes"]:
         try:
-            out = REG.get_check(check)(impl, ctx_for(dtype))
+            out = REG.get_check(contract["check"])(impl, spec_ctx(contract, dtype))
         except Exception:  # an error is a kill too (the engine records it as `error`)
             continue
-        assert violations(check, dtype, out), f"{mutant} survives {check} in {dtype}: {out}"
+        assert violations(contract, dtype, out), f"{mutant} survives {contract_id} in {dtype}: {out}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("check", CHECKS)
 def test_real_impl_on_cuda(check):
-    for dtype in CHECK_DTYPES[check]:
-        out = REG.get_check(check)(IMPL, ctx_for(dtype, device="cuda"))
-        assert violations(check, dtype, out) == []
+    contract = BY_CHECK[check]
+    for dtype in contract["dtypes"]:
+        out = REG.get_check(check)(IMPL, spec_ctx(contract, dtype, device="cuda"))
+        assert violations(contract, dtype, out) == []

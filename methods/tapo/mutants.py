@@ -156,9 +156,9 @@ def _schedule_batch_max(pos, T, eps_min, eps_max):
     return clip_schedule(pos, T.max().expand_as(T), eps_min, eps_max)
 
 
-@registry.mutant("tapo.clip_T_batch_max", base="tapo")
-def clip_T_batch_max():
-    return IMPL.replace("tapo.clip_T_batch_max", tapo_loss=build_tapo_loss(schedule_fn=_schedule_batch_max))
+@registry.mutant("tapo.clip_t_batch_max", base="tapo")
+def clip_t_batch_max():
+    return IMPL.replace("tapo.clip_t_batch_max", tapo_loss=build_tapo_loss(schedule_fn=_schedule_batch_max))
 
 
 # --- guard defects ---------------------------------------------------------
