@@ -44,7 +44,7 @@ def _draw(g: torch.Generator, B: int, L: int, delta_scale: float = 0.3, **layout
     return logp, old, mask
 
 
-def _dims(ctx, g: torch.Generator, max_len: int, max_batch: int) -> tuple[int, int]:
+def _dims(g: torch.Generator, max_len: int, max_batch: int) -> tuple[int, int]:
     B = int(torch.randint(1, max_batch + 1, (1,), generator=g))
     L = int(torch.randint(2, max_len + 1, (1,), generator=g))
     return B, L
@@ -83,7 +83,7 @@ def prefix_ratio_forward(impl, ctx) -> dict:
     max_abs = max_rel = 0.0
     masked_bad = tokens = 0
     for _ in range(ctx.cases):
-        B, L = _dims(ctx, g, max_len, max_batch)
+        B, L = _dims(g, max_len, max_batch)
         logp, old, mask = _draw(g, B, L)
         lp, op, m = _dev(ctx, logp), _dev(ctx, old), _dev(ctx, mask)
         with torch.no_grad():
@@ -111,7 +111,7 @@ def eq15_local_gradient(impl, ctx) -> dict:
     diag_rel = offdiag = masked_diag = 0.0
     nonfinite = 0
     for _ in range(ctx.cases):
-        B, L = _dims(ctx, g, max_len, max_batch)
+        B, L = _dims(g, max_len, max_batch)
         logp, old, mask = _draw(g, B, L)
         lp, op, m = _dev(ctx, logp), _dev(ctx, old), _dev(ctx, mask)
         jac = torch.autograd.functional.jacobian(lambda x: impl.trajectory_ratio(x, op, m), lp)
@@ -158,7 +158,7 @@ def masked_junk_invariance(impl, ctx) -> dict:
         return r.detach(), loss.detach(), grad
 
     for case in range(ctx.cases):
-        B, L = _dims(ctx, g, max_len, max_batch)
+        B, L = _dims(g, max_len, max_batch)
         logp, old, mask = _draw(g, B, L, delta_scale=0.5)
         adv = torch.randn(B, L, generator=g, dtype=torch.float64)
         pattern = case % 4  # 0: NaN, 1: +1e4, 2: -1e4, 3: a random mixture of the three
@@ -248,7 +248,7 @@ def loss_forward(impl, ctx) -> dict:
     excluded = clipped = 0
     margin = _margin(ctx.dtype)
     for case in range(ctx.cases):
-        B, L = _dims(ctx, g, max_len, max_batch)
+        B, L = _dims(g, max_len, max_batch)
         logp, old, mask = _draw(g, B, L, delta_scale=0.6)
         if case % 2:
             adv = torch.randn(B, L, generator=g, dtype=torch.float64)
@@ -298,7 +298,7 @@ def on_policy_identity(impl, ctx) -> dict:
     g = ctx.generator(6)
     ratio_dev = loss_err = grad_rel = grpo_rel = 0.0
     for _ in range(ctx.cases):
-        B, L = _dims(ctx, g, max_len, max_batch)
+        B, L = _dims(g, max_len, max_batch)
         logp, _, mask = _draw(g, B, L)
         adv = torch.randn(B, generator=g, dtype=torch.float64)
         lp = _dev(ctx, logp).requires_grad_(True)
