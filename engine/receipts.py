@@ -258,3 +258,33 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         rc.state, rc.changed = "stale", tuple(changed)
         rc.message = "changed since the run: " + ", ".join(changed)
     return rc
+
+
+# --- receipt JSON Schema (published by `contracts schema receipt`) -----------
+
+
+def receipt_schema() -> dict:
+    """The receipt JSON Schema (Draft 2020-12)."""
+    from importlib import resources
+
+    return json.loads(resources.files("engine").joinpath("schemas/receipt.schema.json").read_text(encoding="utf-8"))
+
+
+_RECEIPT_VALIDATOR = None
+
+
+def schema_problems(data: Any, limit: int = 3) -> list[str]:
+    """Where a parsed receipt breaks the receipt schema, as `$.json.path: message` lines (empty when valid)."""
+    global _RECEIPT_VALIDATOR
+    from jsonschema import Draft202012Validator
+
+    if _RECEIPT_VALIDATOR is None:
+        _RECEIPT_VALIDATOR = Draft202012Validator(receipt_schema())
+    out = []
+    for err in sorted(_RECEIPT_VALIDATOR.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
+        out.append(f"{path}: {msg}")
+        if len(out) >= limit:
+            break
+    return out
