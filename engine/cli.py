@@ -445,12 +445,14 @@ def _print_summary(pred: dict, receipt: str) -> None:
 
 
 def _flags(specs: Optional[Path], receipts: Optional[Path]) -> str:
-    """The folder options as given, so a suggested command works on the same store."""
+    """The folder options exactly as given, so a suggested command works on the same store."""
+    import shlex
+
     out = ""
     if specs is not None:
-        out += f" --specs {display_path(specs)}"
+        out += f" --specs {shlex.quote(str(specs))}"
     if receipts is not None:
-        out += f" --receipts {display_path(receipts)}"
+        out += f" --receipts {shlex.quote(str(receipts))}"
     return out
 
 
