@@ -252,12 +252,30 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
             continue
         if not target.is_file():
             changed.append(f"{name} (missing)")
-        elif sha256_file(target) != s.get("digest", {}).get("sha256"):
+        elif sha256_file(target) != s.get("digest", {}).get("sha256") and not _same_but_state(target, s, pred):
             changed.append(name)
     if changed:
         rc.state, rc.changed = "stale", tuple(changed)
         rc.message = "changed since the run: " + ", ".join(changed)
     return rc
+
+
+# --- freshness across a promote/demote -----------------------------------------
+
+
+def _same_but_state(target: Path, subject: dict, pred: dict) -> bool:
+    """A spec that differs from the run's only in promotion.state (a promote or demote since) is the same spec.
+
+    Promoting rewrites exactly the state token (engine/promote.py); setting it
+    back must reproduce the bound bytes, or the spec really changed.
+    """
+    spec = pred.get("spec")
+    state = spec.get("promotion_state") if isinstance(spec, dict) else None
+    if not str(subject.get("name", "")).startswith("specs/") or not isinstance(state, str):
+        return False
+    from engine.promote import digest_with_state
+
+    return digest_with_state(target.read_bytes(), state) == (subject.get("digest") or {}).get("sha256")
 
 
 # --- receipt JSON Schema (published by `contracts schema receipt`) -----------

@@ -8,7 +8,8 @@ States, in the order they are decided:
   fresh     intact and every bound file matches the working tree.
 Integrity comes before the schema, so an edited byte reads as tampered even when
 the edit also breaks the schema. A spec that differs from the run's only in
-`promotion.state` (a promote or demote since) still counts as the same spec.
+`promotion.state` (a promote or demote since) still counts as the same spec
+(engine.receipts.check_receipt).
 """
 
 from __future__ import annotations
@@ -43,18 +44,6 @@ class Assessed:
                 "changed": list(self.changed), "message": self.message}
 
 
-def _spec_subject_still_matches(subject: dict, pred: dict, specs_dir: Path) -> bool:
-    """True when the spec differs from the bound one only in promotion.state."""
-    from engine.promote import digest_with_state
-
-    name = subject.get("name", "")
-    recorded_state = (pred.get("spec") or {}).get("promotion_state")
-    target = Path(specs_dir) / Path(name).name
-    if recorded_state is None or not target.is_file():
-        return False
-    return digest_with_state(target.read_bytes(), recorded_state) == (subject.get("digest") or {}).get("sha256")
-
-
 def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
            folder_method: str | None = None) -> Assessed:
     """Everything verify knows about one receipt file."""
@@ -78,16 +67,6 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
         return out
     out.device = pred["environment"]["device"]["kind"]
     out.predicate = pred
-    if out.state == "stale":
-        spec_name = pred["spec"]["name"]
-        subject = next((s for s in data["subject"] if s.get("name") == spec_name), None)
-        if spec_name in out.changed and subject is not None and \
-                _spec_subject_still_matches(subject, pred, specs_dir):
-            out.changed.remove(spec_name)
-        if not out.changed:
-            out.state, out.message = "fresh", "the spec differs from the run's only in promotion.state"
-        else:
-            out.message = "changed since the run: " + ", ".join(out.changed)
     return out
 
 

@@ -202,3 +202,16 @@ def test_schema_command_prints_the_published_schema(name):
 def test_schema_unknown_name_is_a_usage_error():
     res = _invoke("schema", "nope")
     assert res.exit_code == 2 and "valid: receipt, spec, gate, ledger" in res.stderr
+
+
+def test_a_promote_does_not_stale_the_receipt_but_any_other_spec_edit_does(layout):
+    from engine.promote import rewrite_state
+
+    root, specs, receipts = layout
+    spec = specs / "toy.yaml"
+    path = G.write(root, receipts, spec)
+    rewrite_state(spec, "promoted")
+    assert R.check_receipt(path, root, specs).state == "fresh"  # what show, the TUI and verify all call
+    spec.write_text(spec.read_text().replace("cases: 8", "cases: 9"))
+    rc = R.check_receipt(path, root, specs)
+    assert rc.state == "stale" and rc.changed == ("specs/toy.yaml",)
