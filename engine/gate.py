@@ -50,6 +50,17 @@ def _short(rid: str | None) -> str:
     return (rid or "?")[:12]
 
 
+def _cells(cells: list[dict]) -> str:
+    """'seeds 42,43,44 x float32,float64' when the missing cells are a full product, else the first few."""
+    seeds = sorted({c["seed"] for c in cells if c["seed"] is not None})
+    dtypes = list(dict.fromkeys(c["dtype"] for c in cells))
+    if not seeds:
+        return ",".join(dtypes)
+    if len(cells) == len(seeds) * len(dtypes):
+        return f"seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))} x {','.join(dtypes)}"
+    return _more([f"seed {c['seed']} {c['dtype']}" for c in cells], 3)
+
+
 def _req(rid: str, met: bool, detail: str, fix: str = "", required: bool = True, **extra) -> dict:
     return {"id": rid, "required": required, "met": met, "detail": detail, "fix": "" if met else fix, **extra}
 
@@ -110,12 +121,11 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
     else:
         parts = []
         if missing:
-            by_contract: dict[str, list[str]] = {}
+            by_contract: dict[str, list[dict]] = {}
             for m in missing:
-                label = m["dtype"] if m["seed"] is None else f"seed {m['seed']} {m['dtype']}"
-                by_contract.setdefault(m["contract"], []).append(label)
+                by_contract.setdefault(m["contract"], []).append(m)
             parts.append(f"{len(missing)}/{total} contract results never passed in a fresh {device} receipt: "
-                         + _more([f"{cid} ({', '.join(v)})" for cid, v in by_contract.items()], 4))
+                         + _more([f"{cid} ({_cells(v)})" for cid, v in by_contract.items()], 4))
         if failed:
             parts.append(f"{len(failed)} failed or errored in fresh {device} receipts: " + _more(
                 [f"{f['contract']} seed {f['seed']} {f['dtype']} {f['status']} in {_short(f['receipt_id'])}"

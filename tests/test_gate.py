@@ -107,6 +107,8 @@ def test_missing_budget_seed_and_a_failure_elsewhere_both_block(layout):
     assert not dev["met"]
     assert {(m["contract"], m["seed"], m["dtype"]) for m in dev["missing"]} == {
         ("double-value", 3, "float64"), ("double-value", 3, "float32"), ("mechanism", 3, "float32")}
+    assert dev["detail"] == ("3/9 contract results never passed in a fresh cpu receipt: "
+                             "double-value (seed 3 x float64,float32), mechanism (seed 3 x float32)")
     G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())  # complete, passing
     assert _req(_gate(root, specs, receipts), "device:cpu")["met"]
     G.write(root, receipts, specs / "toy.yaml", fail={("double-value", 2, "float32")}, comparisons=G.ahead())
