@@ -521,15 +521,13 @@ def verify(
 
 
 def _print_gate(result: dict) -> None:
-    """Plain lines (no wrapping, no markup): one per requirement, the fix under each unmet one."""
+    """Plain lines (no wrapping, no markup): one per requirement; an unmet one ends with the command that meets it."""
     head = "PROMOTABLE" if result["promotable"] else "NOT PROMOTABLE"
     typer.echo(f"{result['method']}: {head} (state {result['state']}, review {result['review']})")
     for r in result["requirements"]:
-        if not r["required"]:
-            continue
-        typer.echo(f"  {'met  ' if r['met'] else 'UNMET'} {r['id']}: {r['detail']}")
-        if not r["met"]:
-            typer.echo(f"        -> {r['fix']}")
+        if r["required"]:
+            typer.echo(f"  {'met  ' if r['met'] else 'UNMET'} {r['id']}: {r['detail']}"
+                       + ("" if r["met"] else f" -> {r['fix']}"))
     for w in result["warnings"]:
         typer.echo(f"  warning: {w}")
 
