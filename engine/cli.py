@@ -132,17 +132,6 @@ def validate(
 # --- list / show ------------------------------------------------------------
 
 
-def _latest_receipt(receipts_dir: Path, key: str) -> dict | None:
-    from engine.receipts import check_receipt, receipt_files
-
-    files = receipt_files(receipts_dir, key)
-    if not files:
-        return None
-    rc = check_receipt(files[-1], project_root(), default_specs_dir())
-    return {"file": files[-1].name, "state": rc.state, "status": rc.status, "created_at": rc.created_at,
-            "receipt_id": rc.receipt_id, "count": len(files)}
-
-
 def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path) -> dict:
     """`list` columns: the latest receipt with its freshness, and the gate verdict (same evaluation as `gate`)."""
     from engine.gate import evaluate

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import engine.cli as cli
 from engine import ledger, registry
 from engine.gate import evaluate
-from engine.paths import default_receipts_dir, default_specs_dir, project_root
+from engine.paths import default_specs_dir, project_root
 from engine.promote import StateNotFound, rewrite_state, with_state
 from engine.spec import load_spec, spec_files
 from engine.stats import paired_t_interval, t_quantile
