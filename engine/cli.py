@@ -1,0 +1,430 @@
+"""`contracts`: one command per verb. Read-only verbs never import torch.
+
+Exit codes: 0 ok / gate open; 1 a contract failed, a mutant survived, the gate
+is closed or verify found a problem; 2 usage error (bad argument, bad spec,
+request over budget); 3 internal error (a check raised); 4 the environment
+cannot do what was asked; 5 nothing selected; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from engine import errors as E
+from engine.paths import default_receipts_dir, default_specs_dir, project_root, spec_path
+from engine.spec import SpecError, display_path, spec_files, validate_file
+
+app = typer.Typer(
+    name="contracts",
+    help="Check RL post-training implementations against their paper's math; gate their promotion.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", help="Folder of spec YAML files (default: specs/).")]
+ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", help="Receipt store (default: receipts/).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
+
+
+def _err(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """User errors become one line and their exit code; nothing reaches the user as a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except E.ContractsError as exc:
+            _err(f"error: {exc.line()}")
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            _err("interrupted")
+            raise typer.Exit(E.EXIT_INTERRUPTED) from None
+        except Exception as exc:  # a bug of ours: still one line, with where to look
+            _err(f"internal error: {type(exc).__name__}: {exc} (please report this; rerun with "
+                 "CONTRACTS_DEBUG=1 for the traceback)")
+            import os
+
+            if os.environ.get("CONTRACTS_DEBUG"):
+                import traceback
+
+                traceback.print_exc()
+            raise typer.Exit(E.EXIT_INTERNAL) from None
+
+    return wrapper
+
+
+def _dirs(specs: Optional[Path], receipts: Optional[Path]) -> tuple[Path, Path]:
+    return (specs or default_specs_dir()), (receipts or default_receipts_dir())
+
+
+def _print_json(data: Any) -> None:
+    from engine.receipts import _json_safe
+
+    typer.echo(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def _load_valid_specs(specs_dir: Path) -> tuple[list, list[SpecError]]:
+    files = spec_files(specs_dir)
+    good, bad = [], []
+    for f in files:
+        spec, errs = validate_file(f, project_root())
+        if spec is not None:
+            good.append(spec)
+        bad.extend(errs)
+    return good, bad
+
+
+# --- validate -------------------------------------------------------------
+
+
+@app.command()
+@handles_errors
+def validate(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Spec files (default: every spec).")] = None,
+    specs: SpecsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Validate specs: YAML safety, JSON Schema, registered names, cross-references."""
+    specs_dir, _ = _dirs(specs, None)
+    files = list(paths) if paths else spec_files(specs_dir)
+    if not files:
+        raise E.NothingSelected(f"no spec files in {display_path(specs_dir)}/")
+    report, total = [], 0
+    for f in files:
+        _, errs = validate_file(f, project_root())
+        total += len(errs)
+        report.append({"file": display_path(f, project_root()), "valid": not errs,
+                       "errors": [e.as_dict() | {"line_text": e.line()} for e in errs]})
+        if not json_out:
+            for e in errs:
+                _err(e.line())
+    if json_out:
+        _print_json({"files": report, "errors": total})
+    else:
+        ok = sum(r["valid"] for r in report)
+        _err(f"{ok}/{len(report)} spec(s) valid" + (f", {total} error(s)" if total else ""))
+    if total:
+        raise typer.Exit(E.EXIT_USAGE)
+
+
+# --- list / show ------------------------------------------------------------
+
+
+def _latest_receipt(receipts_dir: Path, key: str) -> dict | None:
+    from engine.receipts import check_receipt, receipt_files
+
+    files = receipt_files(receipts_dir, key)
+    if not files:
+        return None
+    rc = check_receipt(files[-1], project_root(), default_specs_dir())
+    return {"file": files[-1].name, "state": rc.state, "status": rc.status, "created_at": rc.created_at,
+            "receipt_id": rc.receipt_id, "count": len(files)}
+
+
+@app.command("list")
+@handles_errors
+def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOpt = False) -> None:
+    """Every method: level, review, promotion state, contracts, latest receipt."""
+    specs_dir, receipts_dir = _dirs(specs, receipts)
+    good, bad = _load_valid_specs(specs_dir)
+    rows = []
+    for s in good:
+        d = s.data
+        rows.append({
+            "method": s.key, "title": d["title"], "level": d["level"], "review": d["promotion"]["review"],
+            "promotion": d["promotion"]["state"], "contracts": len(d["contracts"]), "mutants": len(d["mutants"]),
+            "latest_receipt": _latest_receipt(receipts_dir, s.key),
+        })
+    for e in bad:
+        _err(e.line())
+    if json_out:
+        _print_json({"methods": rows, "invalid_specs": [e.as_dict() for e in bad]})
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"{len(rows)} method(s)", title_justify="left")
+        for col in ("method", "level", "review", "promotion", "contracts", "mutants", "latest receipt"):
+            t.add_column(col)
+        for r in rows:
+            lr = r["latest_receipt"]
+            latest = "none" if lr is None else f"{lr['status']} ({lr['state']}) {lr['created_at'][:19]}Z"
+            t.add_row(r["method"], r["level"], r["review"], r["promotion"], str(r["contracts"]), str(r["mutants"]),
+                      latest)
+        _console().print(t)
+    if bad:
+        raise typer.Exit(E.EXIT_USAGE)
+
+
+def _fmt_expect(e: dict) -> str:
+    op = next((k for k in ("le", "lt", "ge", "gt", "eq") if k in e), None)
+    text = f"{e['metric']} {op} {e[op]}" if op else f"{e['metric']} le dtype-default {e['default']}"
+    return text + (f" [{e['dtype']}]" if "dtype" in e else "")
+
+
+@app.command()
+@handles_errors
+def show(
+    method: Annotated[str, typer.Argument(help="Method key, e.g. tapo-trajectory.")],
+    specs: SpecsOpt = None,
+    receipts: ReceiptsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One method in full: formulas, assumptions, contracts, mutants, budget, paper results, receipts."""
+    from engine.receipts import check_receipt, receipt_files
+    from engine.spec import load_spec
+
+    specs_dir, receipts_dir = _dirs(specs, receipts)
+    spec = load_spec(spec_path(specs_dir, method), project_root())
+    d = spec.data
+    recent = []
+    for f in receipt_files(receipts_dir, spec.key)[-5:]:
+        rc = check_receipt(f, project_root(), specs_dir)
+        recent.append({"file": f.name, "state": rc.state, "status": rc.status, "created_at": rc.created_at})
+    if json_out:
+        _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "receipts": recent})
+        return
+    from rich.table import Table
+
+    con = _console()
+    p = d["paper"]
+    con.print(f"[bold]{spec.key}[/bold]: {d['title']}")
+    con.print(f"arXiv {p['arxiv']} {p['version']} | {p['institution']} | first public {p['first_public']} | "
+              f"code released: {'yes' if p['code_released'] else 'no'} | licence: {p['license'] or 'unknown'}")
+    con.print(f"level {d['level']} | implementation {d['implementation']} | review {d['promotion']['review']} | "
+              f"promotion {d['promotion']['state']}")
+    t = Table(title="formulas", title_justify="left")
+    t.add_column("id"), t.add_column("implements"), t.add_column("LaTeX")
+    for f in d["formulas"]:
+        t.add_row(f["id"], f["implements"], f["latex"])
+    con.print(t)
+    con.print("[bold]assumptions[/bold]")
+    for a in d["assumptions"]:
+        con.print(f"- {a['id']}: {a['text']}")
+    t = Table(title="contracts", title_justify="left")
+    for col in ("id", "kind", "check", "dtypes", "cases", "expect"):
+        t.add_column(col)
+    for c in d["contracts"]:
+        t.add_row(c["id"], c["kind"], c["check"], ",".join(c["dtypes"]), str(c["cases"]),
+                  "; ".join(_fmt_expect(e) for e in c["expect"]))
+    con.print(t)
+    t = Table(title="mutants (known-bad variants each contract set must kill)", title_justify="left")
+    t.add_column("id"), t.add_column("breaks"), t.add_column("killed by")
+    for m in d["mutants"]:
+        t.add_row(m["id"], m["description"], ", ".join(m["killed_by"]))
+    con.print(t)
+    b = d["budget"]
+    con.print(f"[bold]budget[/bold]: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} "
+              f"updates and {b['max_tokens_per_seed']} sampled tokens per seed, <= {b['max_wall_seconds']} s, "
+              f"downloads: {b['downloads']}")
+    t = Table(title="paper-reported results (NOT measured here)", title_justify="left")
+    for col in ("id", "source", "model", "benchmark", "metric", "baseline", "method"):
+        t.add_column(col)
+    for r in d["paper_results"]["results"]:
+        t.add_row(r["id"], r["source"], r["model"], r["benchmark"], r["metric"],
+                  f"{r.get('baseline', '')} {r.get('baseline_value', '')}".strip(), str(r["value"]))
+    con.print(t)
+    con.print("[bold]promotion[/bold]: " + d["promotion"]["state"])
+    for reason in d["promotion"]["reasons"]:
+        con.print(f"- {reason}")
+    con.print("[bold]latest receipts[/bold]" + ("" if recent else ": none yet (run contracts check "
+                                                                  f"{spec.key} --device cpu)"))
+    for r in recent:
+        con.print(f"- {r['file']}  {r['status']}  {r['state']}")
+
+
+# --- check ------------------------------------------------------------------
+
+
+def _parse_seeds(text: Optional[str]) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise E.UsageError(f"--seeds {text!r} is not a comma-separated list of integers, e.g. 42,43,44") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise E.UsageError(f"--seeds {text!r}: give one or more non-negative integers")
+    return seeds
+
+
+class _StopFlag:
+    """SIGTERM (and SIGINT) set a flag the runner checks between check calls."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._old: dict = {}
+
+    def __enter__(self) -> "_StopFlag":
+        def handler(signum, frame):  # noqa: ARG001
+            self.stopped = True
+            raise KeyboardInterrupt
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+@app.command()
+@handles_errors
+def check(
+    method: Annotated[Optional[str], typer.Argument(help="Method key (or use --all).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Check every spec.")] = False,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
+    seeds: Annotated[Optional[str], typer.Option(help="Comma-separated seeds (default: the spec budget's).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this contract id (repeatable).")] = None,
+    no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase (the run cannot pass).")] = False,
+    specs: SpecsOpt = None,
+    receipts: ReceiptsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run a method's contracts and mutants on a device; write one receipt per method."""
+    from engine.devices import parse_device
+    from engine.receipts import ensure_writable
+    from engine.spec import load_spec
+
+    specs_dir, receipts_dir = _dirs(specs, receipts)
+    parse_device(device)
+    seed_list = _parse_seeds(seeds)
+    if all_ and method:
+        raise E.UsageError("give a method or --all, not both")
+    if not all_ and not method:
+        raise E.UsageError("name a method (e.g. contracts check tapo-trajectory) or pass --all")
+    if all_:
+        paths = spec_files(specs_dir)
+        if not paths:
+            raise E.NothingSelected(f"no specs in {display_path(specs_dir)}/")
+    else:
+        paths = [spec_path(specs_dir, method)]
+    loaded = [load_spec(p, project_root()) for p in paths]
+    if only and all_:
+        raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
+
+    from engine.runner import plan_run  # imports torch from here on
+
+    plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
+    from engine.devices import resolve_device
+
+    dev = resolve_device(device)
+    ensure_writable(receipts_dir)
+    outcomes = []
+    with _StopFlag() as stop:
+        for plan in plans:
+            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out))
+            if outcomes[-1]["status"] == "interrupted":
+                break
+    if json_out:
+        _print_json({"runs": outcomes})
+    statuses = {o["status"] for o in outcomes}
+    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses else E.EXIT_INTERNAL if "error" in statuses
+            else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
+    raise typer.Exit(code)
+
+
+def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.receipts import utc_now, write_receipt
+    from engine.runner import Runner, build_statement
+
+    total = sum(len(plan.seeds) * len(c["dtypes"]) for c in plan.contracts)
+    by_id = {c["id"]: c for c in plan.contracts}
+    total += sum(len(by_id[cid]["dtypes"]) for m in plan.mutants for cid in m["killed_by"])
+    created = utc_now()
+    from rich.console import Console
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    with progress:
+        task = progress.add_task(f"{plan.spec.key}", total=total)
+
+        def on_result(r: dict) -> None:
+            label = f"mutant {r['mutant']} / {r['contract']}" if r["phase"] == "mutant" else \
+                f"{r['contract']} seed {r['seed']} {r['dtype']}"
+            progress.update(task, advance=1, description=f"{plan.spec.key}: {label} {r['status']}")
+
+        runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped)
+        runner.run()
+    stmt = build_statement(runner, created)
+    path = write_receipt(receipts_dir, stmt)
+    pred = stmt["predicate"]
+    shown = display_path(path, project_root())
+    if not json_out:
+        _print_summary(pred, shown)
+    return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
+            "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
+            "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
+                        for r in pred["results"]],
+            "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]]}
+
+
+def _print_summary(pred: dict, receipt: str) -> None:
+    from rich.table import Table
+
+    con = _console()
+    t = Table(title=f"{pred['method']} on {pred['environment']['device']['name']}: {pred['status'].upper()}",
+              title_justify="left")
+    for col in ("contract", "kind", "passed", "failed", "error", "worst margin", "mutants killing it"):
+        t.add_column(col)
+    worst: dict[str, float] = {}
+    kinds: dict[str, str] = {}
+    for r in pred["results"]:
+        kinds[r["contract"]] = r["kind"]
+        for e in r["expectations"]:
+            if isinstance(e.get("margin"), (int, float)):
+                worst[r["contract"]] = min(worst.get(r["contract"], float("inf")), e["margin"])
+    for cid, s in pred["summary"]["contracts"].items():
+        w = worst.get(cid)
+        t.add_row(cid, kinds.get(cid, ""), f"{s['passed']}/{s['requested']}", str(s["failed"]), str(s["error"]),
+                  "" if w is None else f"{w:.3g}", ", ".join(pred["contracts_proven"].get(cid, [])) or "-")
+    con.print(t)
+    for r in pred["results"]:
+        if r["status"] != "passed":
+            _err(f"  {r['status']}: {r['contract']} seed {r['seed']} {r['dtype']}: {r['message']}")
+    ms = pred["summary"]["mutants"]
+    con.print(f"mutants: {ms['killed']} killed, {ms['survived']} survived")
+    for m in pred["mutants"]:
+        if not m["killed"]:
+            _err(f"  survived: mutant {m['id']} ({m['description']}); expected killers: "
+                 f"{', '.join(m['expected_killers'])}" + (f"; {m['error']}" if m.get("error") else ""))
+    for cid in pred["unproven_contracts"]:
+        _err(f"  unproven: contract {cid} was not shown to fail on any mutant")
+    for e in pred["errors"]:
+        _err(f"  {e}")
+    c = pred["cost"]
+    con.print(f"wall {c['wall_s']:.2f} s, {c['optimizer_updates']} optimizer updates, {c['sampled_tokens']} sampled "
+              f"tokens; receipt {receipt}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

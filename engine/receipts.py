@@ -1,0 +1,260 @@
+"""Receipts: immutable, source-bound records of one `contracts check` run.
+
+Layout is an in-toto Statement v1: `subject` lists every file whose change
+could change the result (the spec, the engine, the method's packages) with its
+sha256; `predicate` is the run. The receipt id is the sha256 of the canonical
+predicate (without the id itself), so any edited byte of the predicate shows.
+
+Files are written to a temporary name, fsynced, then hard-linked to the final
+name: `link` fails if the name exists, so a receipt is never overwritten and a
+crash before the link leaves no receipt at all, never half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import secrets
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from engine.errors import EnvironmentProblem
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://paper-contracts.dev/receipt/v1"
+RECEIPT_SUFFIX = ".json"
+TMP_PREFIX = ".tmp-"
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC with microseconds: sorts as text, and two runs never share one."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats as strings: strict JSON has no NaN, and a NaN must stay visible."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def canonical(value: Any) -> bytes:
+    """Canonical JSON bytes (sorted keys, no spaces, UTF-8)."""
+    return json.dumps(_json_safe(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def receipt_id(predicate: dict) -> str:
+    body = {k: v for k, v in predicate.items() if k != "receipt_id"}
+    return hashlib.sha256(canonical(body)).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def subjects(root: Path, files: Iterable[str]) -> list[dict]:
+    """in-toto subjects for repository-relative paths."""
+    out = []
+    for rel in sorted(set(files)):
+        out.append({"name": rel, "digest": {"sha256": sha256_file(root / rel)}})
+    return out
+
+
+def git_revision(root: Path) -> dict | None:
+    """{commit, dirty} of the checkout, or None outside git (never a host or user name)."""
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10)
+        if commit.returncode != 0:
+            return None
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def statement(subject: list[dict], predicate: dict) -> dict:
+    """Bind subject and predicate: the id covers the subject list through its digest."""
+    predicate = dict(predicate)
+    predicate["subject_sha256"] = hashlib.sha256(canonical(subject)).hexdigest()
+    predicate["receipt_id"] = receipt_id(predicate)
+    return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": PREDICATE_TYPE, "predicate": predicate}
+
+
+def ensure_writable(directory: Path) -> None:
+    """Fail early (exit 4) when receipts cannot be written, before any expensive work."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f"{TMP_PREFIX}probe-{secrets.token_hex(6)}"
+        with open(probe, "xb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as err:
+        raise EnvironmentProblem(
+            f"receipts folder {directory.name}/ is not writable ({err.strerror or err}); "
+            "choose another with --receipts DIR or free some space"
+        ) from None
+
+
+def serialize(stmt: dict) -> bytes:
+    """The exact bytes of a receipt file; verify re-derives them, so any edited byte shows."""
+    return (json.dumps(_json_safe(stmt), indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def receipt_filename(method: str, created_at: str, rid: str) -> str:
+    stamp = created_at.replace("-", "").replace(":", "").replace(".", "")  # 20261130T020304123456Z
+    return f"{stamp}_{method}_{rid[:12]}{RECEIPT_SUFFIX}"
+
+
+def write_receipt(receipts_dir: Path, stmt: dict) -> Path:
+    """Write one receipt atomically under receipts_dir/<method>/; never overwrite."""
+    pred = stmt["predicate"]
+    folder = Path(receipts_dir) / pred["method"]
+    folder.mkdir(parents=True, exist_ok=True)
+    data = serialize(stmt)
+    tmp = folder / f"{TMP_PREFIX}{secrets.token_hex(8)}"
+    name = receipt_filename(pred["method"], pred["created_at"], pred["receipt_id"])
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        final = folder / name
+        n = 0
+        while True:
+            try:
+                os.link(tmp, final)
+                break
+            except FileExistsError:
+                n += 1
+                final = folder / name.replace(RECEIPT_SUFFIX, f"-{n}{RECEIPT_SUFFIX}")
+        _fsync_dir(folder)
+        return final
+    except OSError as err:
+        raise EnvironmentProblem(f"could not write receipt in {folder.name}/: {err.strerror or err}") from None
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def receipt_files(receipts_dir: Path, method: str | None = None) -> list[Path]:
+    """Receipt files, oldest first (file names start with the UTC time)."""
+    base = Path(receipts_dir)
+    folders = [base / method] if method else sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    files: list[Path] = []
+    for folder in folders:
+        if folder.is_dir():
+            files.extend(p for p in folder.iterdir()
+                         if p.is_file() and p.suffix == RECEIPT_SUFFIX and not p.name.startswith("."))
+    return sorted(files, key=lambda p: p.name)
+
+
+@dataclass
+class ReceiptCheck:
+    """What `verify` says of one receipt file."""
+
+    file: str
+    state: str  # fresh | stale | tampered | invalid
+    method: str | None = None
+    receipt_id: str | None = None
+    status: str | None = None
+    created_at: str | None = None
+    changed: tuple = ()
+    message: str = ""
+
+
+def load_receipt(path: Path, with_bytes: bool = False):
+    """Parse a receipt file; raises ValueError with a one-line reason."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise ValueError(f"cannot read: {err.strerror}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE or not isinstance(data.get("predicate"), dict):
+        raise ValueError("not a paper-contracts receipt (no in-toto Statement with a predicate)")
+    return (data, raw) if with_bytes else data
+
+
+def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display: str | None = None) -> ReceiptCheck:
+    """Integrity (recomputed id, subject digest, exact bytes) and freshness (subject digests vs the tree).
+
+    Subjects named `specs/...` resolve against `specs_dir` (default root/specs),
+    so a receipt of a spec kept outside the checkout can still be checked.
+    """
+    display = display or Path(path).name
+    try:
+        data, raw = load_receipt(path, with_bytes=True)
+    except ValueError as err:
+        return ReceiptCheck(file=display, state="invalid", message=str(err))
+    pred = data["predicate"]
+    rc = ReceiptCheck(file=display, state="fresh", method=pred.get("method"), receipt_id=pred.get("receipt_id"),
+                      status=pred.get("status"), created_at=pred.get("created_at"))
+    try:
+        expected = receipt_id(pred)
+    except (TypeError, ValueError) as err:
+        rc.state, rc.message = "invalid", f"predicate cannot be canonicalised: {err}"
+        return rc
+    if expected != pred.get("receipt_id"):
+        rc.state, rc.message = "tampered", "receipt id does not match its predicate (edited after it was written)"
+        return rc
+    subject = data.get("subject")
+    if not isinstance(subject, list) or hashlib.sha256(canonical(subject)).hexdigest() != pred.get("subject_sha256"):
+        rc.state, rc.message = "tampered", "subject list does not match the digest in the predicate"
+        return rc
+    if serialize(data) != raw:
+        rc.state, rc.message = "tampered", "file bytes differ from the form it was written in"
+        return rc
+    changed = []
+    for s in subject:
+        name = s.get("name", "")
+        parts = Path(name).parts
+        target = (Path(specs_dir) / Path(*parts[1:])) if (specs_dir is not None and parts[:1] == ("specs",)
+                                                           and len(parts) > 1) else root / name
+        if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+            changed.append(f"{name} (not a repository path)")
+            continue
+        if not target.is_file():
+            changed.append(f"{name} (missing)")
+        elif sha256_file(target) != s.get("digest", {}).get("sha256"):
+            changed.append(name)
+    if changed:
+        rc.state, rc.changed = "stale", tuple(changed)
+        rc.message = "changed since the run: " + ", ".join(changed)
+    return rc

@@ -1,0 +1,347 @@
+"""Run a spec's contracts against its implementation, then its mutants; build the receipt predicate.
+
+Order, as mutation testers do it: the unmutated baseline runs first, for every
+seed and dtype; then every mutant runs through the contracts the spec says
+kill it. A mutant that survives fails the run, and so does a contract that no
+mutant could make fail (it has not shown it can fail).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine import registry as registry_mod
+from engine.context import DTYPES, BudgetExceeded, CheckContext, ContractViolation, Meter
+from engine.devices import describe
+from engine.errors import BudgetError, UsageError
+from engine.expect import applies, evaluate
+from engine.paths import project_root
+from engine.receipts import git_revision, statement, subjects, utc_now
+from engine.spec import Spec
+
+PASSED, FAILED, ERROR, INTERRUPTED = "passed", "failed", "error", "interrupted"
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM during a run: finish nothing more, keep what is done."""
+
+
+@dataclass
+class Plan:
+    spec: Spec
+    seeds: list[int]
+    contracts: list[dict]
+    mutants: list[dict]  # spec mutants, killed_by restricted to the selected contracts
+    only: list[str] | None
+
+
+def plan_run(spec: Spec, seeds: list[int] | None = None, only: list[str] | None = None,
+             mutants: bool = True) -> Plan:
+    """Select what runs and refuse, before anything runs, a request over the budget."""
+    budget = spec.data["budget"]
+    seeds = list(budget["seeds"]) if not seeds else list(seeds)
+    if len(set(seeds)) != len(seeds):
+        raise UsageError(f"--seeds lists a seed twice: {seeds}")
+    if len(seeds) > budget["max_seeds"]:
+        raise BudgetError(
+            f"{len(seeds)} seeds requested but {spec.display} budget.max_seeds is {budget['max_seeds']}; "
+            "ask for fewer seeds or raise the budget in the spec"
+        )
+    contracts = spec.data["contracts"]
+    if only:
+        for cid in only:
+            spec.contract(cid)  # raises with the valid ids
+        contracts = [c for c in contracts if c["id"] in only]
+    chosen = {c["id"] for c in contracts}
+    planned = []
+    if mutants:
+        for m in spec.data["mutants"]:
+            killers = [cid for cid in m["killed_by"] if cid in chosen]
+            if killers:
+                planned.append({**m, "killed_by": killers})
+    return Plan(spec=spec, seeds=seeds, contracts=contracts, mutants=planned, only=only)
+
+
+def _plain_measurements(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise TypeError(f"check returned {type(raw).__name__}, not a dict of measurements")
+    out = {}
+    for k, v in raw.items():
+        if isinstance(v, torch.Tensor):
+            if v.numel() != 1:
+                raise TypeError(f"measurement {k!r} is a tensor of shape {tuple(v.shape)}, not a scalar")
+            v = v.item()
+        if isinstance(v, bool):
+            out[str(k)] = v
+        elif isinstance(v, int):
+            out[str(k)] = int(v)
+        elif isinstance(v, float):
+            out[str(k)] = float(v)
+        elif hasattr(v, "item") and callable(v.item):  # numpy scalars
+            out[str(k)] = v.item()
+        else:
+            raise TypeError(f"measurement {k!r} is {type(v).__name__}, not a number or bool")
+    return out
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame inside the project, as a repository-relative path: no absolute paths."""
+    root = project_root()
+    frames = traceback.extract_tb(exc.__traceback__)
+    for fr in reversed(frames):
+        try:
+            rel = Path(fr.filename).resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue
+        return f"{rel}:{fr.lineno}"
+    return ""
+
+
+class Runner:
+    """Runs one plan on one device; `on_result` is called after every check call (progress)."""
+
+    def __init__(self, plan: Plan, device: torch.device, on_result: Callable[[dict], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None):
+        self.plan = plan
+        self.device = device
+        self.on_result = on_result or (lambda r: None)
+        self.should_stop = should_stop or (lambda: False)
+        self.registry = registry_mod.load()
+        self.budget = plan.spec.data["budget"]
+        self.results: list[dict] = []
+        self.mutant_results: list[dict] = []
+        self.mechanism: list[dict] = []
+        self.errors: list[str] = []
+        self.status: str | None = None
+        self.t0 = time.perf_counter()
+
+    # -- one check call -----------------------------------------------------
+
+    def call(self, impl, contract: dict, seed: int, dtype: str, record_mechanism: bool) -> dict:
+        if self.should_stop():
+            raise Interrupted()
+        elapsed = time.perf_counter() - self.t0
+        if elapsed > self.budget["max_wall_seconds"]:
+            raise BudgetExceeded(
+                f"run wall time {elapsed:.1f}s is over budget.max_wall_seconds {self.budget['max_wall_seconds']}")
+        check = self.registry.get_check(contract["check"])
+        meter = Meter(max_updates=self.budget["max_updates_per_seed"], max_tokens=self.budget["max_tokens_per_seed"])
+        ctx = CheckContext(device=self.device, dtype=DTYPES[dtype], seed=seed, cases=contract["cases"],
+                           params=dict(contract.get("params") or {}), meter=meter)
+        result = {"contract": contract["id"], "kind": contract["kind"], "check": contract["check"], "seed": seed,
+                  "dtype": dtype, "status": ERROR, "measurements": {}, "expectations": [], "message": None,
+                  "cases_requested": contract["cases"], "wall_s": 0.0}
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        try:
+            measurements = _plain_measurements(check(impl, ctx))
+            result["measurements"] = measurements
+            records = [evaluate(e, measurements, dtype) for e in contract["expect"] if applies(e, dtype)]
+            result["expectations"] = records
+            if not records:
+                result["message"] = f"no expectation applies to dtype {dtype}"
+                result["status"] = ERROR
+            else:
+                result["status"] = PASSED if all(r["passed"] for r in records) else FAILED
+                failed = [r for r in records if not r["passed"]]
+                if failed:
+                    result["message"] = "; ".join(
+                        r.get("message") or f"{r['metric']} = {r['value']} not {r['op']} {r['threshold']}"
+                        for r in failed)
+        except (ContractViolation, BudgetExceeded) as exc:
+            result["status"] = FAILED
+            result["message"] = f"{type(exc).__name__}: {exc}"
+        except (KeyboardInterrupt, Interrupted):
+            raise
+        except Exception as exc:  # a raising check is recorded, and the run goes on
+            where = _where(exc)
+            result["status"] = ERROR
+            result["message"] = f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+        finally:
+            result["wall_s"] = round(time.perf_counter() - start, 6)
+            result["cost"] = {"optimizer_updates": meter.updates, "sampled_tokens": meter.tokens}
+        if record_mechanism and (ctx.steps or ctx.comparisons):
+            self.mechanism.append({"contract": contract["id"], "seed": seed, "dtype": dtype,
+                                   "steps": ctx.steps, "comparisons": ctx.comparisons})
+        return result
+
+    # -- phases --------------------------------------------------------------
+
+    def run_baseline(self) -> None:
+        impl = self.registry.get_implementation(self.plan.spec.data["implementation"])
+        for contract in self.plan.contracts:
+            for seed in self.plan.seeds:
+                for dtype in contract["dtypes"]:
+                    r = self.call(impl, contract, seed, dtype, record_mechanism=True)
+                    self.results.append(r)
+                    self.on_result({"phase": "baseline", **r})
+
+    def run_mutants(self) -> None:
+        seed = self.plan.seeds[0]
+        by_id = {c["id"]: c for c in self.plan.contracts}
+        baseline_ok = {(r["contract"], r["dtype"]) for r in self.results if r["seed"] == seed and r["status"] == PASSED}
+        for m in self.plan.mutants:
+            entry = self.registry.get_mutant(m["mutant"])
+            record = {"id": m["id"], "mutant": m["mutant"], "description": m["description"],
+                      "expected_killers": list(m["killed_by"]), "killed_by": [], "killed": False,
+                      "seed": seed, "results": []}
+            try:
+                impl = entry.factory()
+            except Exception as exc:
+                record["error"] = f"mutant factory raised {type(exc).__name__}: {exc}"
+                self.mutant_results.append(record)
+                continue
+            for cid in m["killed_by"]:
+                contract = by_id[cid]
+                for dtype in contract["dtypes"]:
+                    r = self.call(impl, contract, seed, dtype, record_mechanism=False)
+                    counts = (cid, dtype) in baseline_ok
+                    killed_here = r["status"] in (FAILED, ERROR) and counts
+                    record["results"].append({
+                        "contract": cid, "dtype": dtype, "status": r["status"], "message": r["message"],
+                        "baseline_passed": counts, "kills": killed_here,
+                        "failed_metrics": [e["metric"] for e in r["expectations"] if not e["passed"]],
+                    })
+                    if killed_here and cid not in record["killed_by"]:
+                        record["killed_by"].append(cid)
+                    self.on_result({"phase": "mutant", "mutant": m["id"], **r})
+            record["killed"] = bool(record["killed_by"])
+            self.mutant_results.append(record)
+
+    # -- all ------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self.run_baseline()
+            self.run_mutants()
+        except (KeyboardInterrupt, Interrupted):
+            self.status = INTERRUPTED
+            self.errors.append("interrupted: the run was stopped; results finished so far are kept")
+        except BudgetExceeded as exc:
+            self.errors.append(f"budget: {exc}")
+            self.status = FAILED
+
+    def proven(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {c["id"]: [] for c in self.plan.contracts}
+        for m in self.mutant_results:
+            for cid in m["killed_by"]:
+                out.setdefault(cid, []).append(m["id"])
+        return out
+
+    def verdict(self) -> str:
+        if self.status == INTERRUPTED:
+            return INTERRUPTED
+        statuses = {r["status"] for r in self.results}
+        if ERROR in statuses or any("error" in m for m in self.mutant_results):
+            return ERROR
+        if FAILED in statuses or self.status == FAILED:
+            return FAILED
+        if any(not m["killed"] for m in self.mutant_results):
+            return FAILED
+        if self.plan.mutants and any(not v for v in self.proven().values()):
+            return FAILED
+        return PASSED
+
+    def predicate(self) -> dict:
+        spec = self.plan.spec
+        contracts = {}
+        for c in self.plan.contracts:
+            rs = [r for r in self.results if r["contract"] == c["id"]]
+            contracts[c["id"]] = {
+                "passed": sum(r["status"] == PASSED for r in rs),
+                "failed": sum(r["status"] == FAILED for r in rs),
+                "error": sum(r["status"] == ERROR for r in rs),
+                "requested": len(self.plan.seeds) * len(c["dtypes"]),
+            }
+        proven = self.proven()
+        unproven = sorted(cid for cid, ms in proven.items() if not ms) if self.plan.mutants else []
+        wall = time.perf_counter() - self.t0
+        return {
+            "method": spec.key,
+            "spec": {"name": f"specs/{spec.path.name}", "sha256": spec.sha256, "spec_version": spec.data["spec_version"],
+                     "level": spec.data["level"], "implementation": spec.data["implementation"],
+                     "review": spec.data["promotion"]["review"], "promotion_state": spec.data["promotion"]["state"]},
+            "environment": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "platform": f"{platform.system()}-{platform.machine()}",
+                "device": describe(self.device),
+                "torch_threads": torch.get_num_threads(),
+            },
+            "request": {"device": str(self.device), "seeds": list(self.plan.seeds), "only": self.plan.only,
+                        "contracts": [c["id"] for c in self.plan.contracts],
+                        "mutants": [m["id"] for m in self.plan.mutants]},
+            "actual": {
+                "seeds": sorted({r["seed"] for r in self.results}),
+                "results": len(self.results),
+                "cases": sum(r["cases_requested"] for r in self.results if r["status"] != ERROR),
+                "mutants_run": len(self.mutant_results),
+            },
+            "results": self.results,
+            "mutants": self.mutant_results,
+            "contracts_proven": proven,
+            "unproven_contracts": unproven,
+            "mechanism": self.mechanism,
+            "budget": dict(spec.data["budget"]),
+            "cost": {
+                "wall_s": round(wall, 3),
+                "optimizer_updates": sum(r["cost"]["optimizer_updates"] for r in self.results),
+                "sampled_tokens": sum(r["cost"]["sampled_tokens"] for r in self.results),
+                "max_optimizer_updates_per_seed": _max_per_seed(self.results, "optimizer_updates"),
+            },
+            "summary": {
+                "contracts": contracts,
+                "results": {s: sum(r["status"] == s for r in self.results) for s in (PASSED, FAILED, ERROR)},
+                "mutants": {"killed": sum(m["killed"] for m in self.mutant_results),
+                            "survived": sum(not m["killed"] for m in self.mutant_results)},
+            },
+            "errors": self.errors,
+            "status": self.verdict(),
+        }
+
+
+def _max_per_seed(results: list[dict], key: str) -> int:
+    per: dict[tuple, int] = {}
+    for r in results:
+        k = (r["contract"], r["seed"], r["dtype"])
+        per[k] = per.get(k, 0) + r["cost"][key]
+    return max(per.values(), default=0)
+
+
+def source_files(plan: Plan) -> list[str]:
+    """Repository-relative files whose change could change this run's result."""
+    root = project_root()
+    reg = registry_mod.load()
+    packages: set[Path] = {root / "engine", root / "methods" / "common"}
+    callables: list[Any] = [reg.get_check(c["check"]) for c in plan.contracts]
+    impl = reg.get_implementation(plan.spec.data["implementation"])
+    callables += [getattr(impl, f) for f in impl.functions]
+    callables += [reg.get_mutant(m["mutant"]).factory for m in plan.mutants]
+    for fn in callables:
+        module = getattr(fn, "__module__", "") or ""
+        parts = module.split(".")
+        if len(parts) >= 2 and parts[0] == "methods":
+            packages.add(root / "methods" / parts[1])
+    files = []
+    for pkg in packages:
+        files += [p.relative_to(root).as_posix() for p in pkg.rglob("*.py")]
+        files += [p.relative_to(root).as_posix() for p in pkg.rglob("*.json")]
+    return sorted(set(files))
+
+
+def build_statement(runner: Runner, created_at: str) -> dict:
+    """The in-toto statement for a finished (or interrupted) run."""
+    root = project_root()
+    plan = runner.plan
+    subj = subjects(root, source_files(plan))
+    subj.append({"name": f"specs/{plan.spec.path.name}", "digest": {"sha256": plan.spec.sha256}})
+    pred = {"schema": "paper-contracts/receipt/v1", "created_at": created_at, "finished_at": utc_now(),
+            "git": git_revision(root), **runner.predicate()}
+    return statement(sorted(subj, key=lambda s: s["name"]), pred)

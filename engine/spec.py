@@ -1,0 +1,450 @@
+"""Load specs and validate them: YAML safety, JSON Schema, then cross-references.
+
+Every problem becomes a `SpecError` that prints as one line:
+`specs/x.yaml:LINE:COL $.json.path message (fix: ...)`. Nothing in a spec is
+ever imported, evaluated or constructed: YAML tags other than the plain
+scalar/collection ones, anchors and aliases are refused before the document is
+built, so `!!python/object` and alias bombs never get that far.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+from engine.errors import SpecError, UsageError
+
+MAX_SPEC_BYTES = 1 << 20
+MAX_DEPTH = 32
+KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_PLAIN_TAGS = {
+    None,
+    "!",
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+    "tag:yaml.org,2002:map",
+    "tag:yaml.org,2002:seq",
+}
+
+
+@lru_cache(maxsize=None)
+def spec_schema() -> dict:
+    """The spec JSON Schema (Draft 2020-12), as published by `contracts schema spec`."""
+    text = resources.files("engine").joinpath("schemas/spec.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@dataclass
+class Spec:
+    """A validated spec: plain data plus the round-trip document for line numbers."""
+
+    path: Path
+    display: str  # path as shown to users (relative where possible)
+    data: dict
+    doc: Any = field(repr=False)
+    sha256: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.data["method"]
+
+    def contract(self, cid: str) -> dict:
+        for c in self.data["contracts"]:
+            if c["id"] == cid:
+                return c
+        valid = ", ".join(c["id"] for c in self.data["contracts"])
+        raise UsageError(f"{self.display}: no contract {cid!r}; valid contracts: {valid}")
+
+    def locate(self, path: Iterable[Any]) -> tuple[int | None, int | None]:
+        return locate(self.doc, list(path))
+
+
+def display_path(path: Path, root: Path | None = None) -> str:
+    """A path as the user should read it: relative to the cwd or root, never absolute if avoidable."""
+    path = Path(path)
+    for base in (Path.cwd(), root):
+        if base is None:
+            continue
+        try:
+            return path.resolve().relative_to(base.resolve()).as_posix()
+        except ValueError:
+            continue
+    return path.name if path.is_absolute() else path.as_posix()
+
+
+def json_path(parts: Iterable[Any]) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def locate(doc: Any, path: list, key_of_last: bool = False) -> tuple[int | None, int | None]:
+    """1-based (line, col) of the node at `path` in a ruamel round-trip document.
+
+    Walks as deep as the document goes; a path into a missing key lands on its
+    parent. With `key_of_last`, the position of the last key itself.
+    """
+    node, line, col = doc, None, None
+    if hasattr(doc, "lc"):
+        line, col = doc.lc.line, doc.lc.col
+    for i, part in enumerate(path):
+        lc = getattr(node, "lc", None)
+        try:
+            if isinstance(part, int) and isinstance(node, list):
+                if lc is not None:
+                    line, col = lc.item(part)
+                node = node[part]
+            elif isinstance(node, dict) and part in node:
+                if lc is not None:
+                    last = i == len(path) - 1
+                    line, col = lc.key(part) if (key_of_last and last) else lc.value(part)
+                node = node[part]
+            else:
+                break
+        except (KeyError, IndexError, TypeError, AttributeError):
+            break
+    if line is None:
+        return None, None
+    return line + 1, col + 1
+
+
+# --- loading --------------------------------------------------------------
+
+
+def _mark_error(display: str, err: Exception, fix: str) -> SpecError:
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    line = mark.line + 1 if mark is not None else None
+    col = mark.column + 1 if mark is not None else None
+    return SpecError(display, line, col, "$", f"YAML: {problem}", fix)
+
+
+def _scan_events(text: str, display: str) -> None:
+    """Refuse tags, anchors, aliases and runaway nesting before anything is built."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError
+    from ruamel.yaml.events import AliasEvent, CollectionStartEvent, CollectionEndEvent
+
+    depth = 0
+    try:
+        for ev in YAML(typ="rt").parse(io.StringIO(text)):
+            mark = ev.start_mark
+            here = (mark.line + 1, mark.column + 1)
+            if isinstance(ev, AliasEvent) or getattr(ev, "anchor", None):
+                raise SpecError(display, *here, "$", "YAML anchors and aliases are not allowed in specs",
+                                "write the value out in full")
+            tag = getattr(ev, "tag", None)
+            tag = getattr(tag, "value", tag)
+            if tag not in _PLAIN_TAGS:
+                raise SpecError(display, *here, "$", f"YAML tag {tag} is not allowed (specs are plain data)",
+                                "remove the tag")
+            if isinstance(ev, CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise SpecError(display, *here, "$", f"nesting deeper than {MAX_DEPTH} levels",
+                                    "flatten the structure")
+            elif isinstance(ev, CollectionEndEvent):
+                depth -= 1
+    except MarkedYAMLError as err:
+        raise _mark_error(display, err, "fix the YAML syntax at that position") from None
+
+
+def _plain(node: Any, doc: Any, path: list, display: str) -> Any:
+    """ruamel round-trip nodes -> plain JSON-like Python values."""
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if not isinstance(k, str):
+                line, col = locate(doc, path)
+                raise SpecError(display, line, col, json_path(path), f"mapping key {k!r} is not a string",
+                                "quote the key")
+            out[k] = _plain(v, doc, path + [k], display)
+        return out
+    if isinstance(node, list):
+        return [_plain(v, doc, path + [i], display) for i, v in enumerate(node)]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    line, col = locate(doc, path)
+    raise SpecError(display, line, col, json_path(path), f"unsupported value of type {type(node).__name__}",
+                    "use plain strings, numbers, booleans, lists and mappings")
+
+
+def read_document(path: Path, display: str | None = None) -> tuple[dict, Any, bytes]:
+    """Read and parse one YAML spec safely; returns (plain data, round-trip doc, raw bytes)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+    display = display or display_path(path)
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise SpecError(display, None, None, "$", "file not found", "check the path") from None
+    except OSError as err:
+        raise SpecError(display, None, None, "$", f"cannot read: {err.strerror}", "check permissions") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(display, None, None, "$", f"file is {len(raw)} bytes, over the {MAX_SPEC_BYTES} limit",
+                        "specs are small; split or trim it")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise SpecError(display, line, col, "$", f"not UTF-8 (byte 0x{raw[err.start]:02x})",
+                        "save the file as UTF-8") from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise SpecError(display, line, 1, "$", "NUL character in file", "remove it")
+    _scan_events(text, display)
+    yaml = YAML(typ="rt")
+    try:
+        doc = yaml.load(text)
+    except MarkedYAMLError as err:
+        fix = "remove the duplicate key" if "duplicate key" in str(err) else "fix the YAML at that position"
+        if "duplicate key" in str(err):
+            err.problem = err.problem or "duplicate key"
+        raise _mark_error(display, err, fix) from None
+    except (YAMLError, RecursionError, ValueError) as err:
+        raise SpecError(display, None, None, "$", f"YAML: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+                        "fix the YAML") from None
+    if not isinstance(doc, dict):
+        raise SpecError(display, 1, 1, "$", "a spec must be a YAML mapping at the top level",
+                        "start with 'spec_version: 1'")
+    return _plain(doc, doc, [], display), doc, raw
+
+
+# --- schema errors --------------------------------------------------------
+
+
+def _schema_error(err, doc: Any, display: str) -> SpecError:
+    path = list(err.absolute_path)
+    validator = err.validator
+    message, fix, key_of_last = err.message, "", False
+    if validator == "additionalProperties":
+        allowed = sorted((err.schema.get("properties") or {}).keys())
+        extras = sorted(k for k in err.instance if k not in allowed) if isinstance(err.instance, dict) else []
+        if extras:
+            path = path + [extras[0]]
+            key_of_last = True
+            message = f"unknown key {extras[0]!r}"
+            fix = f"remove it or use one of: {', '.join(allowed)}"
+    elif validator == "required":
+        fix = "add the missing key"
+    elif validator == "type":
+        expected = err.validator_value
+        if isinstance(err.instance, str) and "number" in (expected if isinstance(expected, list) else [expected]):
+            message = f"{err.instance!r} is a string, not a number"
+            fix = "write the number without quotes, e.g. 1.0e-6"
+        else:
+            fix = f"use a value of type {expected}"
+    elif validator in ("enum", "const"):
+        allowed = err.validator_value if validator == "enum" else [err.validator_value]
+        fix = "use one of: " + ", ".join(json.dumps(a) for a in allowed)
+    elif validator == "pattern":
+        fix = f"match the pattern {err.validator_value}"
+    elif validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        fix = f"keep it within the {validator} {err.validator_value}"
+    elif validator == "oneOf":
+        # The nested errors say what each alternative wanted; report the deepest.
+        best = max(err.context, key=lambda e: len(e.absolute_path), default=None) if err.context else None
+        if best is not None and isinstance(err.instance, str):
+            message = f"{err.instance!r} is a string, not a number"
+            fix = "write the number without quotes"
+        elif best is not None:
+            message = best.message
+    elif validator in ("minItems", "minProperties"):
+        fix = "add the missing entries"
+    elif validator == "uniqueItems":
+        fix = "remove the repeated entry"
+    line, col = locate(doc, path, key_of_last=key_of_last)
+    return SpecError(display, line, col, json_path(path), message, fix)
+
+
+def _non_finite(data: Any, path: list) -> Iterable[list]:
+    if isinstance(data, float) and not math.isfinite(data):
+        yield path
+    elif isinstance(data, dict):
+        for k, v in data.items():
+            yield from _non_finite(v, path + [k])
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _non_finite(v, path + [i])
+
+
+def schema_errors(data: dict, doc: Any, display: str) -> list[SpecError]:
+    from jsonschema import Draft202012Validator
+
+    errors: list[SpecError] = []
+    for p in _non_finite(data, []):
+        line, col = locate(doc, p)
+        errors.append(SpecError(display, line, col, json_path(p), "non-finite number (NaN or infinity)",
+                                "write a finite number"))
+    validator = Draft202012Validator(spec_schema())
+    for err in validator.iter_errors(data):
+        errors.append(_schema_error(err, doc, display))
+    return _sorted_unique(errors)
+
+
+def _sorted_unique(errors: list[SpecError]) -> list[SpecError]:
+    seen, out = set(), []
+    for e in sorted(errors, key=lambda e: (e.lineno or 0, e.col or 0, e.path)):
+        if e.line() not in seen:
+            seen.add(e.line())
+            out.append(e)
+    return out
+
+
+# --- cross references -----------------------------------------------------
+
+COMPARATORS = ("le", "lt", "ge", "gt", "eq", "default")
+
+
+def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) -> list[SpecError]:
+    """Names and ids that must point at something: registry names, formula ids, contract ids."""
+    from engine.registry import static_names
+
+    names = static_names()
+    errors: list[SpecError] = []
+
+    def err(path: list, message: str, fix: str, key: bool = False) -> None:
+        line, col = locate(doc, path, key_of_last=key)
+        errors.append(SpecError(display, line, col, json_path(path), message, fix))
+
+    def listing(items: Iterable[str]) -> str:
+        items = sorted(items)
+        return ", ".join(items) if items else "(none registered)"
+
+    if file_stem is not None and data["method"] != file_stem:
+        err(["method"], f"method key {data['method']!r} differs from the file name {file_stem!r}",
+            f"rename the file to {data['method']}.yaml or set method: {file_stem}")
+
+    impl = data["implementation"]
+    functions = names.implementations.get(impl)
+    if functions is None:
+        err(["implementation"], f"no implementation named {impl!r} is registered",
+            f"use one of: {listing(names.implementations)}")
+
+    def unique_ids(section: str) -> set[str]:
+        seen: set[str] = set()
+        for i, item in enumerate(data.get(section, [])):
+            if item["id"] in seen:
+                err([section, i, "id"], f"duplicate id {item['id']!r}", "give every entry its own id")
+            seen.add(item["id"])
+        return seen
+
+    formula_ids = unique_ids("formulas")
+    unique_ids("assumptions")
+    contract_ids = unique_ids("contracts")
+    unique_ids("mutants")
+    unique_ids_results = set()
+    for i, r in enumerate(data["paper_results"]["results"]):
+        if r["id"] in unique_ids_results:
+            err(["paper_results", "results", i, "id"], f"duplicate id {r['id']!r}", "give every entry its own id")
+        unique_ids_results.add(r["id"])
+
+    for i, f in enumerate(data["formulas"]):
+        if functions is not None and f["implements"] not in functions:
+            err(["formulas", i, "implements"],
+                f"implementation {impl!r} has no function {f['implements']!r}",
+                f"use one of: {listing(functions)}")
+
+    killers: dict[str, list[str]] = {cid: [] for cid in contract_ids}
+    for i, m in enumerate(data["mutants"]):
+        if m["mutant"] not in names.mutants:
+            err(["mutants", i, "mutant"], f"no mutant named {m['mutant']!r} is registered",
+                f"use one of: {listing(names.mutants)}")
+        elif names.mutants[m["mutant"]] != impl:
+            err(["mutants", i, "mutant"],
+                f"mutant {m['mutant']!r} mutates {names.mutants[m['mutant']]!r}, not this spec's implementation {impl!r}",
+                "name a mutant registered with base=" + json.dumps(impl))
+        for j, cid in enumerate(m["killed_by"]):
+            if cid not in contract_ids:
+                err(["mutants", i, "killed_by", j], f"killed_by names no contract of this spec: {cid!r}",
+                    f"use one of: {listing(contract_ids)}")
+            else:
+                killers[cid].append(m["id"])
+
+    for i, c in enumerate(data["contracts"]):
+        if c["check"] not in names.checks:
+            err(["contracts", i, "check"], f"no check named {c['check']!r} is registered",
+                f"use one of: {listing(names.checks)}")
+        for j, fid in enumerate(c["formulas"]):
+            if fid not in formula_ids:
+                err(["contracts", i, "formulas", j], f"no formula with id {fid!r}",
+                    f"use one of: {listing(formula_ids)}")
+        for j, e in enumerate(c["expect"]):
+            given = [k for k in COMPARATORS if k in e]
+            if len(given) != 1:
+                err(["contracts", i, "expect", j],
+                    f"an expectation needs exactly one comparison, found {len(given)}",
+                    "give one of le, lt, ge, gt, eq or default")
+            if "dtype" in e and e["dtype"] not in c["dtypes"]:
+                err(["contracts", i, "expect", j, "dtype"],
+                    f"dtype {e['dtype']} is not among this contract's dtypes",
+                    f"use one of: {', '.join(c['dtypes'])}")
+        if c["id"] in killers and not killers[c["id"]]:
+            err(["contracts", i, "id"],
+                f"no mutant names contract {c['id']!r} in killed_by, so nothing shows it can fail",
+                "add a mutant this contract kills, or name the contract in an existing mutant's killed_by")
+
+    budget = data["budget"]
+    if len(budget["seeds"]) > budget["max_seeds"]:
+        err(["budget", "seeds"], f"{len(budget['seeds'])} seeds listed but max_seeds is {budget['max_seeds']}",
+            "list fewer seeds or raise max_seeds")
+    return _sorted_unique(errors)
+
+
+def validate_file(path: Path, root: Path | None = None) -> tuple[Spec | None, list[SpecError]]:
+    """Every problem in one spec file, one SpecError each; the Spec when there are none."""
+    path = Path(path)
+    display = display_path(path, root)
+    try:
+        data, doc, raw = read_document(path, display)
+    except SpecError as e:
+        return None, [e]
+    errors = schema_errors(data, doc, display)
+    if errors:
+        return None, errors
+    stem = path.name[: -len(".yaml")] if path.name.endswith(".yaml") else None
+    errors = reference_errors(data, doc, display, stem)
+    if errors:
+        return None, errors
+    return Spec(path=path, display=display, data=data, doc=doc, sha256=hashlib.sha256(raw).hexdigest()), []
+
+
+def load_spec(path: Path, root: Path | None = None) -> Spec:
+    """A valid spec, or the first SpecError raised."""
+    spec, errors = validate_file(path, root)
+    if errors:
+        raise errors[0]
+    return spec
+
+
+def check_key(key: str) -> str:
+    """Refuse method keys that could escape the specs or receipts folder."""
+    if not isinstance(key, str) or not KEY_RE.match(key):
+        raise UsageError(
+            f"{key!r} is not a method key (lower-case letters, digits and '-', e.g. tapo-trajectory)"
+        )
+    return key
+
+
+def spec_files(specs_dir: Path) -> list[Path]:
+    return sorted(p for p in Path(specs_dir).glob("*.yaml") if p.is_file())
