@@ -122,7 +122,8 @@ def js_distance(
     probability) is allowed. Returns [...] in float64 for float64 inputs, else
     float32. Symmetric; exactly 0 for identical inputs; never negative under the
     square root (every summed term is >= 0; the ratio is clamped to [0, 1]
-    against rounding); NaN only where an input row holds NaN.
+    against rounding); NaN only where an input row holds NaN. Not
+    differentiable: inputs that require grad are refused (the replay is frozen).
 
     Memory: the work is done one block at a time (rows, or columns of one row
     when V alone exceeds the block) in reused scratch buffers of at most
@@ -137,6 +138,12 @@ def js_distance(
         raise ValueError("js_distance: inputs need a non-empty last (vocabulary) axis")
     if not (logp_a.is_floating_point() and logp_b.is_floating_point()):
         raise TypeError("js_distance: inputs must be floating-point log-probabilities")
+    if torch.is_grad_enabled() and (logp_a.requires_grad or logp_b.requires_grad):
+        # the replay is frozen: q carries no gradient. Refuse rather than silently drop one.
+        raise ValueError(
+            "js_distance: inputs require grad, but q is a no-grad quantity of the frozen replay; "
+            "pass detached log-probs or call it under torch.no_grad()"
+        )
     if logp_a.device != logp_b.device:
         raise ValueError(f"js_distance: inputs on different devices: {logp_a.device} vs {logp_b.device}")
     cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
