@@ -62,7 +62,11 @@ def _js_textbook(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
 # --------------------------------------------------------------------------- weight variants
 
 
-def _weights_variant(defect: str):
+def _weights_variant(defect: str, js=None):
+    """credit_weights with one defect; `js` swaps the JS distance it uses (the JS mutants pass
+    theirs, so the defect reaches the weights as it would in a real implementation)."""
+    js = js or credit.js_distance
+
     def credit_weights(logp_all, logp_loo, mask, beta, empty_block=None, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
         beta = float(beta)
         if defect == "beta_ignored":
@@ -81,7 +85,7 @@ def _weights_variant(defect: str):
                 empty_k = torch.ones(B, dtype=torch.bool, device=logp_all.device)
                 raw = q
             else:
-                raw = credit.js_distance(logp_all, lk).to(cdt)
+                raw = js(logp_all, lk).to(cdt)
                 if defect == "mask_by_multiplication":
                     q = raw * m.to(cdt)  # DEFECT: NaN * 0 = NaN from padding slots
                 else:
@@ -178,17 +182,17 @@ def _live_replay(policy):
 
 @registry.mutant("mrtpo.js_sampled_token", base="mrtpo")
 def js_sampled_token():
-    return IMPL.replace("mrtpo.js_sampled_token", js_distance=_js_sampled_token)
+    return IMPL.replace("mrtpo.js_sampled_token", js_distance=_js_sampled_token, credit_weights=_weights_variant("none", js=_js_sampled_token))
 
 
 @registry.mutant("mrtpo.js_unchunked", base="mrtpo")
 def js_unchunked():
-    return IMPL.replace("mrtpo.js_unchunked", js_distance=_js_unchunked)
+    return IMPL.replace("mrtpo.js_unchunked", js_distance=_js_unchunked, credit_weights=_weights_variant("none", js=_js_unchunked))
 
 
 @registry.mutant("mrtpo.js_textbook_formula", base="mrtpo")
 def js_textbook_formula():
-    return IMPL.replace("mrtpo.js_textbook_formula", js_distance=_js_textbook)
+    return IMPL.replace("mrtpo.js_textbook_formula", js_distance=_js_textbook, credit_weights=_weights_variant("none", js=_js_textbook))
 
 
 @registry.mutant("mrtpo.qbar_over_padding", base="mrtpo")
