@@ -1,7 +1,7 @@
 """Independent per-scalar references for the MRTPO checks (no torch arithmetic).
 
 Every reference works on plain Python floats, one scalar at a time, in
-decimal arithmetic with 34 significant digits (the `decimal` module), and
+decimal arithmetic with 28 significant digits (the `decimal` module), and
 rounds to a float64 only at the end. Its own error is far below float64
 rounding, so a measured difference is the implementation's error. The
 formulas are the page's, written the textbook way (KL to the mixture,
@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
+from functools import lru_cache
 
-PREC = 34
+PREC = 28
 
 
 def _ctx():
@@ -31,22 +32,38 @@ def _exp(x: float) -> Decimal:
     return _D(x).exp()
 
 
+@lru_cache(maxsize=1)
 def _ln2() -> Decimal:
-    return Decimal(2).ln()
-
-
-def js_ratio_dec(la: list[float], lb: list[float]) -> Decimal:
-    """min(1, JS(p || q) / ln 2) for one pair of log-probability rows, as a Decimal."""
     with _ctx():
-        p = [_exp(x) for x in la]
-        q = [_exp(x) for x in lb]
+        return Decimal(2).ln()
+
+
+def exp_row(row: list[float]) -> list[Decimal]:
+    """Probabilities of one row of log-probabilities, as Decimals."""
+    with _ctx():
+        return [_exp(x) for x in row]
+
+
+def js_ratio_dec(la: list[float], lb: list[float], pa: list[Decimal] | None = None,
+                 pb: list[Decimal] | None = None) -> Decimal:
+    """min(1, JS(p || q) / ln 2) for one pair of log-probability rows, as a Decimal.
+
+    JS = (KL(p || m) + KL(q || m)) / 2 with m = (p + q) / 2, summed element by
+    element; ln p is the given log-probability itself (exact), so each element
+    costs two exponentials and one logarithm. pa / pb may pass exp_row(la) /
+    exp_row(lb) computed once for several pairs."""
+    with _ctx():
+        p = pa if pa is not None else [_exp(x) for x in la]
+        q = pb if pb is not None else [_exp(x) for x in lb]
         total = Decimal(0)
-        for pi, qi in zip(p, q):
-            mi = (pi + qi) / 2
+        for lai, lbi, pi, qi in zip(la, lb, p, q):
+            if lai == lbi:  # p = q = m: the element is exactly 0 (ln m would only round to ln p)
+                continue
+            lm = ((pi + qi) / 2).ln()
             if pi > 0:
-                total += pi * (pi / mi).ln()
+                total += pi * (_D(lai) - lm)
             if qi > 0:
-                total += qi * (qi / mi).ln()
+                total += qi * (_D(lbi) - lm)
         r = total / 2 / _ln2()
         # JS / ln 2 lies in [0, 1] for distributions; inputs rounded to a low-precision
         # dtype no longer sum to 1 exactly, so the contract's clamp is applied here too
@@ -80,6 +97,7 @@ def credit_weights_ref(
     """w [K][B][T]: (1 - beta) + beta q/qbar on valid tokens, 1 if empty or qbar = 0, 0 on padding."""
     K, B = len(logp_loo), len(logp_all)
     out = []
+    p_all: dict = {}  # exp of the full-context rows, shared by every reward
     with _ctx():
         bd = _D(beta)
         for k in range(K):
@@ -91,7 +109,9 @@ def credit_weights_ref(
                 q = {}
                 if not is_empty:
                     for t in valid:
-                        q[t] = js_ratio_dec(logp_all[b][t], logp_loo[k][b][t]).sqrt()
+                        if (b, t) not in p_all:
+                            p_all[b, t] = exp_row(logp_all[b][t])
+                        q[t] = js_ratio_dec(logp_all[b][t], logp_loo[k][b][t], pa=p_all[b, t]).sqrt()
                 qbar = sum(q.values(), Decimal(0)) / len(valid) if (valid and not is_empty) else Decimal(0)
                 row = []
                 for t in range(T):
