@@ -23,8 +23,8 @@ import torch
 
 LN2 = math.log(2.0)
 
-# Elements per block of temporaries in js_distance (about eight float32
-# temporaries of this size live at once: 32 MiB at the default).
+# Elements per block of js_distance's scratch (four compute-dtype buffers and
+# two bool masks of this size: about 18 MiB in float32 at the default).
 DEFAULT_CHUNK_ELEMS = 1 << 20
 # Inputs are cut into at least _MIN_BLOCKS blocks, so the scratch (about 4.5
 # block-sized float32 buffers) stays below one [N, V] float32 buffer, unless
