@@ -80,7 +80,8 @@ def _print_json(data: Any) -> None:
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    # Piped output is read whole (logs, CI), so do not squeeze tables into 80 columns there.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _load_valid_specs(specs_dir: Path) -> tuple[list, list[SpecError]]:

@@ -1,7 +1,6 @@
 """The TAPO contracts and mutants as the tests use them, read from the spec.
 
-specs/tapo-trajectory.yaml (the lead's, authoritative) when it exists, else the helper's
-proposal methods/tapo/spec_proposal.yaml. Expectations are judged with the engine's own
+specs/tapo-trajectory.yaml, loaded through the engine's own validator. Expectations are judged with the engine's own
 `engine.expect.evaluate`, so the tests and `contracts check` cannot disagree on a verdict.
 """
 
@@ -9,16 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ruamel.yaml import YAML
-
 from engine.expect import applies, evaluate
+from engine.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "tapo-trajectory.yaml"
-PROPOSAL = ROOT / "methods" / "tapo" / "spec_proposal.yaml"
-SOURCE = SPEC if SPEC.is_file() else PROPOSAL
-
-DATA = YAML(typ="safe", pure=True).load(SOURCE.read_text(encoding="utf-8"))
+DATA = load_spec(SPEC).data
 CONTRACTS = {c["id"]: c for c in DATA["contracts"]}
 BY_CHECK = {c["check"]: c for c in DATA["contracts"]}
 MUTANTS = {m["mutant"]: m for m in DATA["mutants"]}

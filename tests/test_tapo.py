@@ -23,7 +23,7 @@ from methods.tapo.objective import (  # noqa: E402
     tapo_loss,
     trajectory_ratio,
 )
-from tapo_spec import BY_CHECK, CONTRACTS, MUTANTS as SPEC_MUTANTS, SOURCE, violations  # noqa: E402
+from tapo_spec import BY_CHECK, CONTRACTS, MUTANTS as SPEC_MUTANTS, SPEC, violations  # noqa: E402
 
 REG = registry.load()
 IMPL = REG.get_implementation("tapo")
@@ -343,7 +343,7 @@ def test_static_names_match_runtime_registry():
 
 
 def test_spec_covers_every_check_and_mutant():
-    assert set(BY_CHECK) == set(CHECKS), SOURCE
+    assert set(BY_CHECK) == set(CHECKS), SPEC
     assert set(SPEC_MUTANTS) == set(MUTANTS) and len(MUTANTS) >= 4
     killers = {cid for m in SPEC_MUTANTS.values() for cid in m["killed_by"]}
     assert killers == set(CONTRACTS)  # every contract kills at least one mutant
