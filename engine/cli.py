@@ -82,7 +82,8 @@ def _console():
     from rich.console import Console
 
     # Piped output is read whole (logs, CI), so do not squeeze tables into 80 columns there.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    # markup=False: spec text such as "logp_loo[k]" must print as written, not as Rich markup.
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _load_valid_specs(specs_dir: Path) -> tuple[list, list[SpecError]]:
@@ -215,7 +216,7 @@ def show(
 
     con = _console()
     p = d["paper"]
-    con.print(f"[bold]{spec.key}[/bold]: {d['title']}")
+    con.print(f"{spec.key}: {d['title']}", style="bold")
     con.print(f"arXiv {p['arxiv']} {p['version']} | {p['institution']} | first public {p['first_public']} | "
               f"code released: {'yes' if p['code_released'] else 'no'} | licence: {p['license'] or 'unknown'}")
     con.print(f"level {d['level']} | implementation {d['implementation']} | review {d['promotion']['review']} | "
@@ -225,7 +226,7 @@ def show(
     for f in d["formulas"]:
         t.add_row(f["id"], f["implements"], f["latex"])
     con.print(t)
-    con.print("[bold]assumptions[/bold]")
+    con.print("assumptions", style="bold")
     for a in d["assumptions"]:
         con.print(f"- {a['id']}: {a['text']}")
     t = Table(title="contracts", title_justify="left")
@@ -241,7 +242,7 @@ def show(
         t.add_row(m["id"], m["description"], ", ".join(m["killed_by"]))
     con.print(t)
     b = d["budget"]
-    con.print(f"[bold]budget[/bold]: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} "
+    con.print(f"budget: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} "
               f"updates and {b['max_tokens_per_seed']} sampled tokens per seed, <= {b['max_wall_seconds']} s, "
               f"downloads: {b['downloads']}")
     t = Table(title="paper-reported results (NOT measured here)", title_justify="left")
@@ -251,10 +252,10 @@ def show(
         t.add_row(r["id"], r["source"], r["model"], r["benchmark"], r["metric"],
                   f"{r.get('baseline', '')} {r.get('baseline_value', '')}".strip(), str(r["value"]))
     con.print(t)
-    con.print("[bold]promotion[/bold]: " + d["promotion"]["state"])
+    con.print("promotion: " + d["promotion"]["state"], style="bold")
     for reason in d["promotion"]["reasons"]:
         con.print(f"- {reason}")
-    con.print("[bold]latest receipts[/bold]" + ("" if recent else ": none yet (run contracts check "
+    con.print("latest receipts" + ("" if recent else ": none yet (run contracts check "
                                                                   f"{spec.key} --device cpu)"))
     for r in recent:
         con.print(f"- {r['file']}  {r['status']}  {r['state']}")
