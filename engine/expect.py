@@ -57,7 +57,7 @@ def evaluate(expectation: dict, measurements: dict[str, Any], dtype: str) -> dic
         else:
             ok = _is_number(value) and value == threshold
             record["passed"] = bool(ok)
-            record["margin"] = -abs(value - threshold) if _is_number(value) and math.isfinite(value) else None
+            record["margin"] = (0.0 - abs(value - threshold)) + 0.0 if _is_number(value) and math.isfinite(value) else None
         return record
     if not _is_number(value):
         record["message"] = f"measurement {metric!r} is {type(value).__name__}, not a number"

@@ -8,7 +8,10 @@ mutant could make fail (it has not shown it can fail).
 
 from __future__ import annotations
 
+import contextlib
 import platform
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -31,6 +34,29 @@ PASSED, FAILED, ERROR, INTERRUPTED = "passed", "failed", "error", "interrupted"
 
 class Interrupted(Exception):
     """SIGINT/SIGTERM during a run: finish nothing more, keep what is done."""
+
+
+class CheckTimeout(Exception):
+    """A check ran past budget.per_contract_timeout_seconds."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """Interrupt a check that runs too long (main thread only: that is where signals land)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):  # noqa: ARG001
+        raise CheckTimeout(f"check ran past the per-contract limit of {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @dataclass
@@ -141,7 +167,9 @@ class Runner:
         torch.manual_seed(seed)
         start = time.perf_counter()
         try:
-            measurements = _plain_measurements(check(impl, ctx))
+            with _time_limit(self.budget.get("per_contract_timeout_seconds")):
+                raw = check(impl, ctx)
+            measurements = _plain_measurements(raw)
             result["measurements"] = measurements
             records = [evaluate(e, measurements, dtype) for e in contract["expect"] if applies(e, dtype)]
             result["expectations"] = records
@@ -155,7 +183,7 @@ class Runner:
                     result["message"] = "; ".join(
                         r.get("message") or f"{r['metric']} = {r['value']} not {r['op']} {r['threshold']}"
                         for r in failed)
-        except (ContractViolation, BudgetExceeded) as exc:
+        except (ContractViolation, BudgetExceeded, CheckTimeout) as exc:
             result["status"] = FAILED
             result["message"] = f"{type(exc).__name__}: {exc}"
         except (KeyboardInterrupt, Interrupted):

@@ -1,0 +1,11 @@
+"""The TAPO implementation bundle that checks receive (or a mutant of it)."""
+
+from engine import registry
+from methods.tapo.objective import length_aware_clip, tapo_loss, trajectory_ratio
+
+IMPL = registry.implementation(
+    "tapo",
+    trajectory_ratio=trajectory_ratio,
+    length_aware_clip=length_aware_clip,
+    tapo_loss=tapo_loss,
+)

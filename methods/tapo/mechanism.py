@@ -1,0 +1,166 @@
+"""TAPO mechanism run beside a GRPO control: real sampling, real behaviour log-probs, real updates.
+
+Per seed and per arm (TAPO, GRPO control), from the same seeded initial policy:
+`groups` rollout groups, each one prompt sampled `group_size` times, GRPO group
+advantages from a programmatic verifier, then `inner_updates` proximal updates
+against the same behaviour log-probs. Both arms use the same training prompts,
+the same sampling stream, the same optimiser and the same number of updates;
+validation accuracy is measured on the same fixed prompts with the same
+sampling stream. The comparison is recorded as a diagnostic (formal=False):
+three seeds of a 16-token toy model are not evidence of capability.
+
+A group whose rewards are all equal has all-zero advantages: the TAPO loss must
+reject it (counted: `zero_adv_not_rejected` must stay 0) and the group is resampled
+(up to `max_attempts` times, then skipped and counted). The control resamples on
+the same rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine import registry
+from methods.common.grpo import group_advantages, grpo_token_loss
+from methods.common.policy import TinyGRUPolicy, param_l2_change, state_copy
+from methods.common.rollout import sample, sequence_logprobs
+from methods.common.tasks import TargetTokenTask
+
+ARMS = ("tapo", "grpo-control")
+
+
+def _grad_norm(module: torch.nn.Module) -> float:
+    total = torch.zeros((), dtype=torch.float64)
+    for p in module.parameters():
+        if p.grad is not None:
+            total += p.grad.detach().double().pow(2).sum().cpu()
+    return float(total.sqrt())
+
+
+@torch.no_grad()
+def _accuracy(policy, task, prompts, samples, max_new_tokens, generator, meter) -> float:
+    rep = prompts.repeat_interleave(samples, dim=0)
+    ro = sample(policy, rep, max_new_tokens, generator)
+    meter.add_tokens(ro.n_tokens)
+    return float(task.verify(ro.prompts, ro.responses, ro.mask).mean())
+
+
+@registry.check("tapo.mechanism")
+def mechanism(impl, ctx) -> dict:
+    p = ctx.params
+    groups = int(p.get("groups", 3))
+    group_size = int(p.get("group_size", 4))
+    inner = int(p.get("inner_updates", 2))
+    max_new = int(p.get("max_new_tokens", 6))
+    lr = float(p.get("lr", 0.02))
+    eps_min = float(p.get("eps_min", 0.1))
+    eps_max = float(p.get("eps_max", 0.2))
+    control_eps = float(p.get("control_clip_eps", 0.2))
+    n_val = int(p.get("validation_prompts", 8))
+    val_samples = int(p.get("validation_samples", 4))
+    max_attempts = int(p.get("max_attempts", 8))
+
+    task = TargetTokenTask()
+    train_prompts = task.prompts(groups, ctx.generator(101)).to(ctx.device)
+    val_prompts = task.prompts(n_val, ctx.generator(102)).to(ctx.device)
+
+    res = {arm: {"updates": 0, "grad": [], "change": [], "nonfinite": 0, "skipped": 0, "zero": 0} for arm in ARMS}
+    zero_not_rejected = 0
+    first_ratio_dev = 0.0
+    acc = {}
+    for arm in ARMS:
+        r = res[arm]
+        policy = TinyGRUPolicy.seeded(ctx.seed, ctx.device)
+        opt = torch.optim.Adam(policy.parameters(), lr=lr)
+        sampling = ctx.generator(103)  # the same sampling stream for both arms
+        for gi in range(groups):
+            prompt = train_prompts[gi : gi + 1].expand(group_size, -1)
+            ro = adv = None
+            for attempt in range(1, max_attempts + 1):
+                ro = sample(policy, prompt, max_new, sampling)
+                ctx.meter.add_tokens(ro.n_tokens)
+                adv = group_advantages(task.verify(ro.prompts, ro.responses, ro.mask), group_size)
+                if bool((adv != 0).any()):
+                    break
+                r["zero"] += 1
+                if arm == "tapo":  # the loss itself must refuse a zero-advantage group
+                    try:
+                        impl.tapo_loss(ro.old_logp, ro.old_logp, adv, ro.mask, eps_min, eps_max, group_size=group_size)
+                        zero_not_rejected += 1
+                    except ValueError:
+                        pass
+            else:
+                r["skipped"] += 1
+                continue
+            for k in range(inner):
+                before = state_copy(policy)
+                logp, _ = sequence_logprobs(policy, ro.prompts, ro.responses)
+                if arm == "tapo":
+                    loss, met = impl.tapo_loss(logp, ro.old_logp, adv, ro.mask, eps_min, eps_max, group_size=group_size)
+                    rmin, rmax, clip = met["ratio_min"], met["ratio_max"], met["clip_fraction"]
+                else:
+                    loss, met = grpo_token_loss(logp, ro.old_logp, adv, ro.mask, clip_eps=control_eps)
+                    with torch.no_grad():
+                        ratio = torch.exp(torch.where(ro.mask, logp - ro.old_logp, torch.zeros_like(logp)))
+                        rmin = float(torch.where(ro.mask, ratio, torch.full_like(ratio, math.inf)).min())
+                        rmax = float(torch.where(ro.mask, ratio, torch.full_like(ratio, -math.inf)).max())
+                    clip = met["clip_fraction"]
+                if k == 0:  # first update: the policy is the behaviour policy, the ratio must be 1
+                    first_ratio_dev = max(first_ratio_dev, abs(rmin - 1.0), abs(rmax - 1.0))
+                opt.zero_grad(set_to_none=True)
+                if loss.requires_grad:
+                    loss.backward()
+                gnorm = _grad_norm(policy)
+                ctx.meter.optimizer_step(opt)
+                change = param_l2_change(before, policy)
+                lval = float(loss.detach())
+                r["nonfinite"] += int(not (math.isfinite(lval) and math.isfinite(gnorm)))
+                r["updates"] += 1
+                r["grad"].append(gnorm)
+                r["change"].append(change)
+                ctx.record_step(
+                    arm=arm,
+                    group=gi,
+                    update=k,
+                    attempts=attempt,
+                    loss=lval,
+                    ratio_min=rmin,
+                    ratio_max=rmax,
+                    clip_fraction=clip,
+                    grad_norm=gnorm,
+                    param_l2_change=change,
+                    tokens=ro.n_tokens,
+                )
+        acc[arm] = _accuracy(policy, task, val_prompts, val_samples, max_new, ctx.generator(104), ctx.meter)
+
+    ctx.record_comparison(
+        name="validation_accuracy",
+        method="tapo",
+        control="grpo-control",
+        method_values=[acc["tapo"]],
+        control_values=[acc["grpo-control"]],
+        metric="accuracy",
+        formal=False,
+        note=(
+            f"diagnostic only: {n_val} fixed validation prompts x {val_samples} samples, tiny GRU, "
+            f"{groups} groups x {inner} proximal updates; not evidence of capability"
+        ),
+    )
+    t, c = res["tapo"], res["grpo-control"]
+    return {
+        "updates_made": t["updates"],
+        "control_updates": c["updates"],
+        "min_grad_norm": min(t["grad"], default=0.0),
+        "min_param_l2_change": min(t["change"], default=0.0),
+        "control_min_grad_norm": min(c["grad"], default=0.0),
+        "control_min_param_l2_change": min(c["change"], default=0.0),
+        "nonfinite_steps": t["nonfinite"] + c["nonfinite"],
+        "first_update_ratio_max_dev": first_ratio_dev,
+        "zero_adv_groups": t["zero"],
+        "zero_adv_not_rejected": zero_not_rejected,
+        "skipped_groups": t["skipped"] + c["skipped"],
+        "tapo_val_acc": acc["tapo"],
+        "control_val_acc": acc["grpo-control"],
+        "tokens": ctx.meter.tokens,
+    }

@@ -1,0 +1,205 @@
+"""Known-bad TAPO variants, one deliberate defect each; every one must be killed.
+
+Where a defect lives in a part the loss is built from (ratio, clip schedule, guard,
+surrogate), the mutant rebuilds the loss from the broken part with
+`build_tapo_loss`, so `trajectory_ratio` / `length_aware_clip` and `tapo_loss` carry
+the same single defect consistently.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine import registry
+from methods.tapo.impl import IMPL
+from methods.tapo.objective import (
+    as_bool_mask,
+    build_tapo_loss,
+    clip_schedule,
+    compute_dtype,
+    prefix_log_ratio,
+    reject_zero_advantage_groups,
+    trajectory_ratio,
+)
+
+
+def _clip_from(schedule):
+    def length_aware_clip(T, eps_min, eps_max, *, dtype=torch.float64, device=None):
+        pos = torch.arange(1, T + 1, dtype=torch.float64, device=device)
+        return schedule(pos, torch.tensor(float(T), dtype=torch.float64, device=device), eps_min, eps_max).to(dtype)
+
+    return length_aware_clip
+
+
+def _with_ratio(name, ratio_fn):
+    return IMPL.replace(name, trajectory_ratio=ratio_fn, tapo_loss=build_tapo_loss(ratio_fn=ratio_fn))
+
+
+# --- ratio defects ---------------------------------------------------------
+
+
+def _ratio_prefix_grad_leak(logp, old_logp, mask):
+    """Stop-gradient dropped: R~_t with its full gradient (1/t into every earlier position)."""
+    m = as_bool_mask(mask, logp.shape)
+    cdt = compute_dtype(logp.dtype)
+    zero = torch.zeros((), dtype=cdt, device=logp.device)
+    delta = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
+    count = m.cumsum(-1).clamp_min(1).to(cdt)
+    return torch.exp(torch.where(m, delta.cumsum(-1) / count, zero))
+
+
+@registry.mutant("tapo.prefix_grad_leak", base="tapo")
+def prefix_grad_leak():
+    return _with_ratio("tapo.prefix_grad_leak", _ratio_prefix_grad_leak)
+
+
+def _ratio_count_padding(logp, old_logp, mask):
+    """t is the position in the row (prompt, padding and holes counted), not the valid-token count."""
+    m = as_bool_mask(mask, logp.shape)
+    cdt = compute_dtype(logp.dtype)
+    zero = torch.zeros((), dtype=cdt, device=logp.device)
+    with torch.no_grad():
+        delta = torch.where(m, logp.detach().to(cdt) - old_logp.detach().to(cdt), zero)
+        pos = torch.arange(1, logp.shape[-1] + 1, dtype=cdt, device=logp.device)
+        r_tilde = torch.exp(torch.where(m, delta.cumsum(-1) / pos, zero))
+    lv = torch.where(m, logp.to(cdt), zero)
+    return r_tilde * torch.exp(lv - lv.detach())
+
+
+@registry.mutant("tapo.prefix_count_padding", base="tapo")
+def prefix_count_padding():
+    return _with_ratio("tapo.prefix_count_padding", _ratio_count_padding)
+
+
+def _ratio_one_over_t(logp, old_logp, mask):
+    """Value right, gradient R~_t / t * d logp_t (the 1/t dilution Eq15 removes)."""
+    m = as_bool_mask(mask, logp.shape)
+    cdt = compute_dtype(logp.dtype)
+    zero = torch.zeros((), dtype=cdt, device=logp.device)
+    r_tilde = torch.exp(prefix_log_ratio(logp, old_logp, m))
+    count = m.cumsum(-1).clamp_min(1).to(cdt)
+    lv = torch.where(m, logp.to(cdt), zero)
+    return r_tilde * torch.exp((lv - lv.detach()) / count)
+
+
+@registry.mutant("tapo.grad_one_over_t", base="tapo")
+def grad_one_over_t():
+    return _with_ratio("tapo.grad_one_over_t", _ratio_one_over_t)
+
+
+def _ratio_mask_multiply(logp, old_logp, mask):
+    """Masks applied by multiplication: NaN * 0 = NaN leaks from prompt/padding slots."""
+    m = as_bool_mask(mask, logp.shape)
+    cdt = compute_dtype(logp.dtype)
+    mf = m.to(cdt)
+    with torch.no_grad():
+        delta = (logp.detach().to(cdt) - old_logp.detach().to(cdt)) * mf
+        count = m.cumsum(-1).clamp_min(1).to(cdt)
+        r_tilde = torch.exp(delta.cumsum(-1) / count * mf)
+    lv = logp.to(cdt) * mf
+    return r_tilde * torch.exp(lv - lv.detach())
+
+
+@registry.mutant("tapo.mask_by_multiply", base="tapo")
+def mask_by_multiply():
+    return _with_ratio("tapo.mask_by_multiply", _ratio_mask_multiply)
+
+
+def _ratio_lowp_cumsum(logp, old_logp, mask):
+    """The prefix sum accumulated in bfloat16 (as under autocast), not float32 or wider."""
+    m = as_bool_mask(mask, logp.shape)
+    cdt = compute_dtype(logp.dtype)
+    zero = torch.zeros((), dtype=cdt, device=logp.device)
+    with torch.no_grad():
+        delta = torch.where(m, logp.detach().to(cdt) - old_logp.detach().to(cdt), zero)
+        csum = delta.to(torch.bfloat16).cumsum(-1).to(cdt)
+        count = m.cumsum(-1).clamp_min(1).to(cdt)
+        r_tilde = torch.exp(torch.where(m, csum / count, zero))
+    lv = torch.where(m, logp.to(cdt), zero)
+    return r_tilde * torch.exp(lv - lv.detach())
+
+
+@registry.mutant("tapo.lowp_cumsum", base="tapo")
+def lowp_cumsum():
+    return _with_ratio("tapo.lowp_cumsum", _ratio_lowp_cumsum)
+
+
+def _ratio_detached(logp, old_logp, mask):
+    """The whole ratio under stop-gradient: the loss moves, its gradient is gone (cf. TRL PR #6140)."""
+    return trajectory_ratio(logp, old_logp, mask).detach()
+
+
+@registry.mutant("tapo.ratio_detached", base="tapo")
+def ratio_detached():
+    return _with_ratio("tapo.ratio_detached", _ratio_detached)
+
+
+# --- clip schedule defects -------------------------------------------------
+
+
+def _schedule_reversed(pos, T, eps_min, eps_max):
+    """eps_1 = eps_min and eps_T = eps_max: the bound widens along the trajectory."""
+    return eps_min + eps_max - clip_schedule(pos, T, eps_min, eps_max)
+
+
+@registry.mutant("tapo.clip_reversed", base="tapo")
+def clip_reversed():
+    return IMPL.replace(
+        "tapo.clip_reversed",
+        length_aware_clip=_clip_from(_schedule_reversed),
+        tapo_loss=build_tapo_loss(schedule_fn=_schedule_reversed),
+    )
+
+
+def _schedule_batch_max(pos, T, eps_min, eps_max):
+    """T is the longest response of the batch for every row, not each response's own length."""
+    return clip_schedule(pos, T.max().expand_as(T), eps_min, eps_max)
+
+
+@registry.mutant("tapo.clip_t_batch_max", base="tapo")
+def clip_t_batch_max():
+    return IMPL.replace("tapo.clip_t_batch_max", tapo_loss=build_tapo_loss(schedule_fn=_schedule_batch_max))
+
+
+# --- guard defects ---------------------------------------------------------
+
+
+def _guard_none(adv, mask, group_size):
+    """No zero-advantage check at all."""
+
+
+@registry.mutant("tapo.zero_adv_accepted", base="tapo")
+def zero_adv_accepted():
+    return IMPL.replace("tapo.zero_adv_accepted", tapo_loss=build_tapo_loss(guard_fn=_guard_none))
+
+
+def zero_adv_counts_masked_loss():
+    """The zero-advantage test reads the raw advantages, masked slots included."""
+    unguarded = build_tapo_loss(guard_fn=_guard_none)
+
+    def tapo_loss(logp, old_logp, advantages, mask, eps_min, eps_max, horizon=None, *, group_size=None):
+        raw = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        everywhere = torch.ones_like(as_bool_mask(mask, logp.shape))
+        reject_zero_advantage_groups(raw, everywhere, group_size)
+        return unguarded(logp, old_logp, advantages, mask, eps_min, eps_max, horizon, group_size=group_size)
+
+    return tapo_loss
+
+
+@registry.mutant("tapo.zero_adv_counts_masked", base="tapo")
+def zero_adv_counts_masked():
+    return IMPL.replace("tapo.zero_adv_counts_masked", tapo_loss=zero_adv_counts_masked_loss())
+
+
+# --- surrogate defects -----------------------------------------------------
+
+
+def _surrogate_optimistic(ratio, adv, eps):
+    """max instead of PPO's pessimistic min: the clip never binds where it should."""
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps)
+    return -torch.maximum(ratio * adv, clipped * adv)
+
+
+@registry.mutant("tapo.surrogate_optimistic", base="tapo")
+def surrogate_optimistic():
+    return IMPL.replace("tapo.surrogate_optimistic", tapo_loss=build_tapo_loss(surrogate_fn=_surrogate_optimistic))

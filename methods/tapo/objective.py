@@ -1,0 +1,265 @@
+"""TAPO (arXiv 2610.13020): prefix-trajectory ratio, length-aware clipping, clipped surrogate.
+
+Notation (page 004, "核心公式"): for the response tokens t = 1..T of one response
+(prompt and padding excluded, t counts valid response tokens only),
+
+    R~_t = exp( (1/t) * sum_{i<=t} (l_theta,i - l_old,i) )                 prefix ratio
+    R^_t = sg[R~_t] * pi_theta(o_t|s_t) / sg[pi_theta(o_t|s_t)]           Eq15 local surrogate ratio
+    eps_t = eps_min + (eps_max - eps_min) * (t^-1/2 - T^-1/2) / (1 - T^-1/2)
+
+R^_t has the value R~_t and the gradient R~_t * grad l_theta,t: no 1/t dilution and
+no gradient into earlier positions.
+
+Choices this module makes (the page is silent on them; each is stated in the spec):
+
+* Arithmetic is done in float32 or wider: float16/bfloat16 inputs are upcast to
+  float32 (the compute dtype) and results come back in the compute dtype.
+* Masks are applied with ``torch.where``, never by multiplication, so NaN or
+  +/-1e4 junk in prompt/padding slots changes no value and no gradient.
+  Masked positions of ``trajectory_ratio`` hold exactly 1.0 with zero gradient.
+* A mask may have holes (e.g. tool output inside a response): t counts valid
+  tokens only, so a hole neither advances t nor enters the prefix mean.
+* T of the clip schedule is, per response, its own number of valid response
+  tokens (so eps_1 = eps_max and eps_T = eps_min hold on every response); with
+  ``horizon=H`` every response uses T = H instead (a response longer than H is
+  an error, not a silent truncation).
+* T = 1: eps_1 = eps_max. The formula is 0/0 there; every T > 1 gives
+  eps_1 = eps_max, and a one-token response has no history whose drift would
+  call for a tighter bound (R~_1 is the plain token ratio).
+* Loss aggregation: token mean over all valid response tokens of the call,
+  the same aggregation as the GRPO control (methods.common.grpo_token_loss).
+  The returned ``metrics["tokens"]`` lets a trainer that splits a batch weight
+  each part by its token count so the result equals the full-batch loss.
+* A group whose advantages are all exactly zero on its valid tokens is
+  rejected with ZeroAdvantageError (a ValueError). Advantage values in masked
+  slots do not count. Without ``group_size`` the whole call is one group.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = [
+    "ZeroAdvantageError",
+    "as_bool_mask",
+    "prefix_log_ratio",
+    "trajectory_ratio",
+    "clip_schedule",
+    "length_aware_clip",
+    "tapo_loss",
+    "build_tapo_loss",
+    "reject_zero_advantage_groups",
+    "ppo_surrogate",
+]
+
+
+class ZeroAdvantageError(ValueError):
+    """A group whose advantages are all zero: it carries no learning signal and is rejected."""
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 or wider: float16/bfloat16 are upcast, float32/float64 are kept."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def as_bool_mask(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The response mask as bool; a non-0/1 mask is refused (an advantage tensor passed
+    where the mask belonged silently weighted verl's loss, verl #2506)."""
+    if mask.shape != shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {tuple(shape)} (same as logp)")
+    if mask.dtype == torch.bool:
+        return mask
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(
+            "mask must be boolean or hold only 0 and 1; it holds other values "
+            "(was an advantage or log-prob tensor passed as the mask?)"
+        )
+    return mask != 0
+
+
+def prefix_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log R~_t = (1/t) sum_{i<=t} (l_theta,i - l_old,i), t counting valid tokens; detached.
+
+    One masked cumulative sum over the last dimension (O(T)); 0 at masked positions.
+    """
+    m = as_bool_mask(mask, logp.shape)
+    cdt = compute_dtype(logp.dtype)
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=cdt, device=logp.device)
+        delta = torch.where(m, logp.detach().to(cdt) - old_logp.detach().to(cdt), zero)
+        count = m.cumsum(dim=-1).clamp_min(1).to(cdt)
+        return torch.where(m, delta.cumsum(dim=-1) / count, zero)
+
+
+def trajectory_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """R^_t [B, T]: value R~_t, gradient R~_t * d logp_t only (Eq15).
+
+    Masked positions hold 1.0 and pass no gradient; junk there (NaN, +/-1e4) changes nothing.
+    """
+    m = as_bool_mask(mask, logp.shape)
+    cdt = compute_dtype(logp.dtype)
+    r_tilde = torch.exp(prefix_log_ratio(logp, old_logp, m))  # sg[R~_t]; exactly 1 where masked
+    zero = torch.zeros((), dtype=cdt, device=logp.device)
+    lv = torch.where(m, logp.to(cdt), zero)
+    # pi_theta / sg[pi_theta] = exp(l - sg[l]): value exactly 1, gradient d l_t.
+    return r_tilde * torch.exp(lv - lv.detach())
+
+
+def clip_schedule(pos: torch.Tensor, T: torch.Tensor, eps_min: float, eps_max: float) -> torch.Tensor:
+    """eps at position `pos` (1-based) of a response with horizon `T` (broadcasting tensors).
+
+    Computed in float64. T = 1 gives eps_max (see the module docstring).
+    """
+    _check_eps(eps_min, eps_max)
+    pos = pos.to(torch.float64)
+    T = T.to(torch.float64)
+    rT = T.rsqrt()
+    longer = T > 1
+    den = torch.where(longer, 1.0 - rT, torch.ones_like(rT))
+    frac = torch.where(longer, (pos.rsqrt() - rT) / den, torch.ones_like(den))
+    return eps_min + (eps_max - eps_min) * frac
+
+
+def length_aware_clip(
+    T: int,
+    eps_min: float,
+    eps_max: float,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """eps_t for t = 1..T as a [T] tensor: eps_1 = eps_max, eps_T = eps_min, non-increasing."""
+    if isinstance(T, bool) or not isinstance(T, int) or T < 1:
+        raise ValueError(f"T must be an integer >= 1, got {T!r}")
+    pos = torch.arange(1, T + 1, dtype=torch.float64, device=device)
+    eps = clip_schedule(pos, torch.tensor(float(T), dtype=torch.float64, device=device), eps_min, eps_max)
+    return eps.to(dtype)
+
+
+def _check_eps(eps_min: float, eps_max: float) -> None:
+    if not (0.0 <= float(eps_min) <= float(eps_max)):
+        raise ValueError(f"need 0 <= eps_min <= eps_max, got eps_min={eps_min}, eps_max={eps_max}")
+
+
+def reject_zero_advantage_groups(adv: torch.Tensor, mask: torch.Tensor, group_size: int | None) -> None:
+    """Raise ZeroAdvantageError if any group's advantages are all zero on its valid tokens.
+
+    `adv` is [B, T] with masked slots already replaced by 0; `mask` is bool [B, T].
+    """
+    B = adv.shape[0]
+    if group_size is None:
+        group_size = B
+    if group_size < 1 or B % group_size:
+        raise ValueError(f"batch of {B} rows does not split into groups of {group_size}")
+    row_has_signal = ((adv != 0) & mask).any(dim=-1)
+    group_has_signal = row_has_signal.reshape(-1, group_size).any(dim=-1)
+    if not bool(group_has_signal.all()):
+        bad = torch.nonzero(~group_has_signal).flatten().tolist()
+        raise ZeroAdvantageError(
+            f"advantages are all zero on the valid tokens of group(s) {bad} (group size {group_size}): "
+            "such a group carries no learning signal and is rejected; resample or drop it"
+        )
+
+
+def ppo_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """Per-token PPO loss -min(R A, clip(R, 1 - eps, 1 + eps) A) with per-position bounds."""
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps)
+    return -torch.minimum(ratio * adv, clipped * adv)
+
+
+def build_tapo_loss(
+    ratio_fn: Callable[..., torch.Tensor] = trajectory_ratio,
+    schedule_fn: Callable[..., torch.Tensor] = clip_schedule,
+    guard_fn: Callable[..., None] = reject_zero_advantage_groups,
+    surrogate_fn: Callable[..., torch.Tensor] = ppo_surrogate,
+):
+    """The TAPO loss assembled from its parts (ratio, clip schedule, zero-advantage guard,
+    surrogate). The method uses the defaults; a mutant swaps exactly one part."""
+
+    def tapo_loss(
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        eps_min: float,
+        eps_max: float,
+        horizon: int | None = None,
+        *,
+        group_size: int | None = None,
+    ):
+        """Token-mean clipped surrogate with R^_t and [1 - eps_t, 1 + eps_t] over response tokens.
+
+        `advantages` is [B] (one per response) or [B, T]. Returns (loss, metrics) where
+        metrics holds plain floats: ratio_min, ratio_max, clip_fraction (valid tokens whose
+        R^ lies outside its bounds), clip_active_fraction (tokens whose gradient the clip
+        zeroes), tokens, eps_lo, eps_hi.
+        """
+        if logp.dim() != 2:
+            raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+        if old_logp.shape != logp.shape:
+            raise ValueError(f"old_logp has shape {tuple(old_logp.shape)}, expected {tuple(logp.shape)}")
+        m = as_bool_mask(mask, logp.shape)
+        _check_eps(eps_min, eps_max)
+        cdt = compute_dtype(logp.dtype)
+        zero = torch.zeros((), dtype=cdt, device=logp.device)
+
+        if advantages.dim() == 1 and advantages.shape[0] == logp.shape[0]:
+            adv = advantages[:, None].expand_as(logp)
+        elif advantages.shape == logp.shape:
+            adv = advantages
+        else:
+            raise ValueError(
+                f"advantages must be [B] or [B, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}"
+            )
+        adv = torch.where(m, adv.detach().to(cdt), zero)
+
+        n_valid = m.sum()
+        if int(n_valid) == 0:
+            raise ValueError("the mask selects no response token: there is nothing to optimise")
+        if not bool(torch.isfinite(adv).all()):
+            raise ValueError("advantages hold NaN or inf at valid response positions")
+        guard_fn(adv, m, group_size)
+
+        count = m.cumsum(dim=-1)
+        if horizon is None:
+            T = m.sum(dim=-1, keepdim=True)
+        else:
+            if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+                raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+            longest = int(m.sum(dim=-1).max())
+            if longest > horizon:
+                raise ValueError(f"a response has {longest} valid tokens, more than horizon={horizon}")
+            T = torch.full_like(count[:, :1], horizon)
+        eps = schedule_fn(count.clamp_min(1), T.clamp_min(1), eps_min, eps_max).to(cdt)
+
+        ratio = ratio_fn(logp, old_logp, m)
+        per_token = surrogate_fn(ratio, adv, eps)
+        loss = torch.where(m, per_token, zero).sum() / n_valid.to(cdt)
+
+        with torch.no_grad():
+            r = ratio.detach()
+            big = torch.tensor(float("inf"), dtype=cdt, device=logp.device)
+            outside = (r < 1.0 - eps) | (r > 1.0 + eps)
+            active = ((adv > 0) & (r > 1.0 + eps)) | ((adv < 0) & (r < 1.0 - eps))
+            stats = torch.stack(
+                [
+                    torch.where(m, r, big).min(),
+                    torch.where(m, r, -big).max(),
+                    (outside & m).sum().to(cdt) / n_valid,
+                    (active & m).sum().to(cdt) / n_valid,
+                    n_valid.to(cdt),
+                    torch.where(m, eps, big).min(),
+                    torch.where(m, eps, -big).max(),
+                ]
+            ).tolist()
+        names = ("ratio_min", "ratio_max", "clip_fraction", "clip_active_fraction", "tokens", "eps_lo", "eps_hi")
+        metrics = dict(zip(names, stats))
+        metrics["tokens"] = int(metrics["tokens"])
+        return loss, metrics
+
+    return tapo_loss
+
+
+tapo_loss = build_tapo_loss()

@@ -1,0 +1,86 @@
+"""Independent float64 references for the TAPO checks: plain Python loops over floats.
+
+Nothing here calls the implementation or torch arithmetic; inputs arrive as nested
+lists (tensor.tolist() after a cast to float64) and every formula is written out
+from the page again.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def prefix_ratio(logp: list[list[float]], old: list[list[float]], mask: list[list[bool]]) -> list[list[float | None]]:
+    """R~_t per row; None at masked positions. t counts valid tokens only."""
+    out = []
+    for lrow, orow, mrow in zip(logp, old, mask):
+        acc, t, row = 0.0, 0, []
+        for l, o, v in zip(lrow, orow, mrow):
+            if not v:
+                row.append(None)
+                continue
+            t += 1
+            acc += l - o
+            row.append(math.exp(acc / t))
+        out.append(row)
+    return out
+
+
+def clip_eps(T: int, eps_min: float, eps_max: float) -> list[float]:
+    """eps_t for t = 1..T; T = 1 gives [eps_max] (the declared choice)."""
+    if T == 1:
+        return [eps_max]
+    rT = 1.0 / math.sqrt(T)
+    return [eps_min + (eps_max - eps_min) * (1.0 / math.sqrt(t) - rT) / (1.0 - rT) for t in range(1, T + 1)]
+
+
+def loss_and_grad(
+    logp: list[list[float]],
+    old: list[list[float]],
+    adv: list[list[float]],
+    mask: list[list[bool]],
+    eps_min: float,
+    eps_max: float,
+    horizon: int | None = None,
+    margin: float = 0.0,
+):
+    """Token-mean PPO surrogate with R^_t and per-position bounds, and its gradient w.r.t. logp.
+
+    Returns (loss, grad rows, near rows, scale): near[b][t] is True where R~_t is within a
+    relative `margin` of a clip bound (the active set is ambiguous there in finite
+    precision, so a caller may leave those positions out of a gradient comparison);
+    scale = mean |per-token term|, the size a rounding error of the loss is relative
+    to (the loss itself can cancel to near zero, so |loss| is not).
+    """
+    ratios = prefix_ratio(logp, old, mask)
+    n = sum(1 for mrow in mask for v in mrow if v)
+    total = abs_total = 0.0
+    grads, near = [], []
+    for rrow, arow, mrow in zip(ratios, adv, mask):
+        T = horizon if horizon is not None else sum(1 for v in mrow if v)
+        eps_row = clip_eps(T, eps_min, eps_max) if T >= 1 else []
+        t = 0
+        grow, nrow = [], []
+        for r, a, v in zip(rrow, arow, mrow):
+            if not v:
+                grow.append(0.0)
+                nrow.append(False)
+                continue
+            e = eps_row[t]
+            t += 1
+            lo, hi = 1.0 - e, 1.0 + e
+            clipped = min(max(r, lo), hi)
+            term = -min(r * a, clipped * a)
+            total += term
+            abs_total += abs(term)
+            # d/dl_t of -min(R A, clip(R) A) with dR/dl_t = R~_t (Eq15):
+            # the clipped branch is constant when it is the smaller one and R is outside.
+            if (a > 0 and r > hi) or (a < 0 and r < lo):
+                g = 0.0
+            else:
+                g = -a * r
+            grow.append(g / n)
+            nrow.append(abs(r - hi) <= margin * hi or abs(r - lo) <= margin * max(lo, 1e-300))
+        grads.append(grow)
+        near.append(nrow)
+    return total / n, grads, near, abs_total / n

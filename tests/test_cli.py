@@ -1,0 +1,143 @@
+"""The CLI end to end: exit codes, receipts, JSON output, and torch-free reads."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """One full CPU check of TAPO with the budget's three seeds, shared by the tests below."""
+    store = tmp_path_factory.mktemp("receipts")
+    r = invoke("check", "tapo-trajectory", "--device", "cpu", "--seeds", "42,43,44", "--receipts", str(store),
+               "--json")
+    return r, store
+
+
+def test_full_check_passes_and_writes_one_complete_receipt(full_run):
+    r, store = full_run
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    (run,) = out["runs"]
+    assert run["status"] == "passed"
+    files = list((store / "tapo-trajectory").glob("*.json"))
+    assert len(files) == 1
+    stmt = json.loads(files[0].read_text())
+    assert stmt["_type"] == "https://in-toto.io/Statement/v1"
+    names = {s["name"] for s in stmt["subject"]}
+    assert "specs/tapo-trajectory.yaml" in names and "methods/tapo/objective.py" in names
+    assert "engine/runner.py" in names and "methods/common/rollout.py" in names
+    p = stmt["predicate"]
+    for key in ("receipt_id", "method", "git", "environment", "request", "actual", "results", "mutants",
+                "mechanism", "budget", "cost", "status", "created_at"):
+        assert key in p, key
+    assert p["request"]["seeds"] == [42, 43, 44] and p["actual"]["seeds"] == [42, 43, 44]
+    assert p["environment"]["device"]["kind"] == "cpu" and p["environment"]["device"]["cuda"] is None
+    contracts = {c["id"] for c in json.loads(invoke("show", "tapo-trajectory", "--json").stdout)["spec"]["contracts"]}
+    seen = {(x["contract"], x["seed"]) for x in p["results"] if x["status"] == "passed"}
+    assert seen == {(c, s) for c in contracts for s in (42, 43, 44)}
+    assert all(m["killed"] for m in p["mutants"]) and len(p["mutants"]) >= 4
+    assert p["unproven_contracts"] == []
+    one = p["results"][0]
+    for key in ("measurements", "expectations", "status", "dtype", "seed", "cases_requested"):
+        assert key in one
+    e = one["expectations"][0]
+    assert {"threshold", "tolerance_source", "margin", "value", "passed"} <= set(e)
+    mech = [m for m in p["mechanism"] if m["contract"] == "mechanism"]
+    assert len(mech) == 3 and all(m["steps"] for m in mech)
+    assert p["cost"]["optimizer_updates"] > 0
+
+
+def test_receipt_holds_no_paths_hosts_or_users(full_run):
+    _, store = full_run
+    text = next((store / "tapo-trajectory").glob("*.json")).read_text()
+    assert str(ROOT) not in text and str(Path.home()) not in text and str(store) not in text
+    assert f'"{socket.gethostname()}"' not in text
+    user = getpass.getuser()
+    assert f'"{user}"' not in text and f"/{user}/" not in text
+
+
+def test_second_run_adds_a_receipt_and_leaves_the_first_byte_identical(tmp_path):
+    args = ("check", "tapo-trajectory", "--only", "clip_schedule", "--receipts", str(tmp_path))
+    assert invoke(*args).exit_code == 0
+    (first,) = list((tmp_path / "tapo-trajectory").glob("*.json"))
+    before = first.read_bytes()
+    assert invoke(*args).exit_code == 0
+    assert len(list((tmp_path / "tapo-trajectory").glob("*.json"))) == 2
+    assert first.read_bytes() == before
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_exits_4_with_one_line_and_writes_nothing(tmp_path):
+    store = tmp_path / "store"
+    r = invoke("check", "tapo-trajectory", "--device", "cuda", "--receipts", str(store))
+    assert r.exit_code == 4
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "CUDA" in lines[0] and "no silent fallback" in lines[0]
+    assert not store.exists()
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (("check", "tapo-trajectory", "--device", "tpu"), 2, "not a device"),
+    (("check", "tapo-trajectory", "--seeds", "1,2,3,4,5,6"), 2, "max_seeds"),
+    (("check", "tapo-trajectory", "--seeds", "4x"), 2, "comma-separated"),
+    (("check", "no-such-method"), 2, "valid methods: mrtpo, tapo-trajectory"),
+    (("check", "../etc/passwd"), 2, "not a method key"),
+    (("check", "tapo-trajectory", "--only", "nope"), 2, "valid contracts"),
+    (("check",), 2, "name a method"),
+    (("show", "no-such-method"), 2, "valid methods"),
+])
+def test_usage_errors_are_one_line_with_exit_2(args, code, words, tmp_path):
+    r = invoke(*args, "--receipts", str(tmp_path)) if args[0] == "check" else invoke(*args)
+    assert r.exit_code == code, r.output
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and words in lines[0], r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_validate_reports_a_broken_spec_with_exit_2(tmp_path):
+    text = (ROOT / "specs" / "tapo-trajectory.yaml").read_text().replace("check: tapo.mechanism", "check: nope")
+    (tmp_path / "tapo-trajectory.yaml").write_text(text)
+    r = invoke("validate", "--specs", str(tmp_path))
+    assert r.exit_code == 2
+    assert "tapo-trajectory.yaml:" in r.stderr and "$.contracts[9].check" in r.stderr
+
+
+def test_check_refuses_a_broken_spec_before_running(tmp_path):
+    text = (ROOT / "specs" / "tapo-trajectory.yaml").read_text().replace("level: L1", "level: L7")
+    (tmp_path / "tapo-trajectory.yaml").write_text(text)
+    r = invoke("check", "tapo-trajectory", "--specs", str(tmp_path), "--receipts", str(tmp_path / "r"))
+    assert r.exit_code == 2 and "$.level" in r.stderr and not (tmp_path / "r").exists()
+
+
+def test_show_json_has_contract_ids():
+    r = invoke("show", "tapo-trajectory", "--json")
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    assert "eq15_local_gradient" in {c["id"] for c in data["spec"]["contracts"]}
+
+
+@pytest.mark.parametrize("verb", [["list"], ["list", "--json"], ["show", "tapo-trajectory"], ["validate"]])
+def test_read_only_commands_do_not_import_torch(verb):
+    code = (f"import sys; from engine.cli import app; from typer.testing import CliRunner; "
+            f"r = CliRunner().invoke(app, {verb!r}); "
+            f"assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "NO_COLOR": "1"})

@@ -1,0 +1,165 @@
+"""Spec loading and validation: every broken spec gives one line with file:line:col and the JSON path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.spec import validate_file
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = (ROOT / "specs" / "tapo-trajectory.yaml").read_text(encoding="utf-8")
+
+
+def _where(text: str, needle: str, offset: int = 0) -> tuple[int, int]:
+    """1-based line and column of `needle` (plus offset) in `text`."""
+    i = text.index(needle) + offset
+    return text.count("\n", 0, i) + 1, i - (text.rfind("\n", 0, i) + 1) + 1
+
+
+def _broken(tmp_path: Path, text: str | bytes, name: str = "tapo-trajectory.yaml") -> list:
+    p = tmp_path / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    spec, errors = validate_file(p)
+    assert spec is None and errors, "a broken spec must not validate"
+    return errors
+
+
+def test_the_shipped_spec_is_valid():
+    spec, errors = validate_file(ROOT / "specs" / "tapo-trajectory.yaml")
+    assert errors == [] and spec.key == "tapo-trajectory"
+
+
+def test_string_tolerance(tmp_path):
+    old = "{metric: max_rel_err, dtype: float64, le: 1.0e-12}"
+    text = GOOD.replace(old, old.replace("le: 1.0e-12", 'le: "1.0e-12"'), 1)
+    (e,) = _broken(tmp_path, text)
+    assert (e.lineno, e.col) == _where(text, '"1.0e-12"')
+    assert e.path == "$.contracts[0].expect[0].le"
+    assert "string, not a number" in e.line() and "without quotes" in e.line()
+
+
+def test_unknown_check_name_lists_valid_ones(tmp_path):
+    text = GOOD.replace("check: tapo.clip_schedule", "check: tapo.clip_schedul", 1)
+    (e,) = _broken(tmp_path, text)
+    assert (e.lineno, e.col) == _where(text, "tapo.clip_schedul\n")
+    assert e.path == "$.contracts[3].check"
+    assert "tapo.clip_schedule" in e.fix  # the valid names are listed
+
+
+def test_killed_by_naming_no_contract(tmp_path):
+    text = GOOD.replace("killed_by: [masked_junk_invariance]", "killed_by: [masked_junk_invariants]", 1)
+    errors = _broken(tmp_path, text)
+    (e,) = [e for e in errors if "killed_by names no contract" in e.message]
+    assert (e.lineno, e.col) == _where(text, "masked_junk_invariants]")
+    assert e.path == "$.mutants[3].killed_by[0]" and "masked_junk_invariance" in e.fix
+    # And the contract it used to name is now killed by no mutant: also reported, at its id.
+    assert any("nothing shows it can fail" in e.message and e.path == "$.contracts[2].id" for e in errors)
+
+
+def test_unknown_top_level_key(tmp_path):
+    text = GOOD + "extra_field: 1\n"
+    (e,) = _broken(tmp_path, text)
+    assert (e.lineno, e.col) == _where(text, "extra_field")
+    assert e.path == "$.extra_field" and "unknown key" in e.message and "promotion" in e.fix
+
+
+def test_duplicate_key(tmp_path):
+    text = GOOD.replace("level: L1\n", "level: L1\nlevel: L2\n", 1)
+    (e,) = _broken(tmp_path, text)
+    assert e.lineno == _where(text, "level: L2")[0] and "duplicate" in e.line()
+
+
+@pytest.mark.parametrize("tag", ["!!python/object:os.system", "!!python/name:os.system", "!custom"])
+def test_constructing_tags_are_refused(tmp_path, tag):
+    text = GOOD.replace('title: "TAPO', f'title: {tag} "TAPO', 1)
+    (e,) = _broken(tmp_path, text)
+    assert (e.lineno, e.col) == _where(text, tag) and "not allowed" in e.message
+
+
+def test_anchors_and_aliases_are_refused(tmp_path):
+    text = GOOD.replace("level: L1\n", "level: &lvl L1\n", 1)
+    (e,) = _broken(tmp_path, text)
+    assert e.lineno == _where(text, "&lvl")[0] and "anchors and aliases" in e.message
+
+
+def test_missing_required_key_points_at_its_mapping(tmp_path):
+    start = GOOD.index("  - id: clip_schedule")
+    cut = GOOD.index("    cases: 1\n", start)
+    text = GOOD[:cut] + GOOD[cut + len("    cases: 1\n"):]
+    (e,) = _broken(tmp_path, text)
+    assert e.path == "$.contracts[3]" and "'cases' is a required property" in e.message
+    assert (e.lineno, e.col) == _where(text, "id: clip_schedule")
+
+
+def test_not_utf8(tmp_path):
+    raw = GOOD.encode("utf-8").replace(b"Tsinghua", b"Ts\xffinghua", 1)
+    (e,) = _broken(tmp_path, raw)
+    line = raw[: raw.index(b"\xff")].count(b"\n") + 1
+    assert e.lineno == line and "UTF-8" in e.message
+
+
+def test_method_key_must_match_file_name(tmp_path):
+    (e,) = _broken(tmp_path, GOOD, name="other-name.yaml")
+    assert e.path == "$.method" and "other-name" in e.message
+
+
+def test_unknown_dtype_and_nan_tolerance(tmp_path):
+    text = GOOD.replace("dtypes: [float64, float32]", "dtypes: [float64, float8]", 1)
+    errors = _broken(tmp_path, text)
+    assert any(e.path.endswith(".dtypes[1]") for e in errors)
+    text = GOOD.replace("{metric: max_rel_err, dtype: float64, le: 1.0e-12}",
+                        "{metric: max_rel_err, dtype: float64, le: .nan}", 1)
+    errors = _broken(tmp_path, text)
+    assert errors[0].path == "$.contracts[0].expect[0].le" and "non-finite" in errors[0].message
+
+
+def test_two_comparisons_in_one_expectation(tmp_path):
+    text = GOOD.replace("{metric: max_rel_err, dtype: float64, le: 1.0e-12}",
+                        "{metric: max_rel_err, dtype: float64, le: 1.0e-12, ge: 0}", 1)
+    (e,) = _broken(tmp_path, text)
+    assert e.path == "$.contracts[0].expect[0]" and "exactly one comparison" in e.message
+
+
+def test_every_error_is_one_line(tmp_path):
+    text = GOOD.replace("level: L1", "level: L9").replace("check: tapo.mechanism", "check: nope")
+    for e in _broken(tmp_path, text):
+        assert "\n" not in e.line()
+        assert e.line().startswith(f"{tmp_path.name}/tapo-trajectory.yaml:") or ":" in e.line().split(" ")[0]
+
+
+def test_static_and_runtime_registries_agree():
+    """Read-only commands trust the ast scan; it must see exactly what the decorators register."""
+    from engine import registry
+
+    static = registry.static_names()
+    runtime = registry.load()
+    assert set(static.checks) == set(runtime.checks)
+    assert dict(static.mutants) == {k: v.base for k, v in runtime.mutants.items()}
+    assert {k: tuple(v) for k, v in static.implementations.items()} == {
+        k: v.functions for k, v in runtime.implementations.items()}
+
+
+def test_lookup_failures_list_the_valid_names():
+    from engine import registry
+    from engine.errors import LookupFailure
+
+    reg = registry.load()
+    with pytest.raises(LookupFailure, match="tapo.mechanism"):
+        reg.get_check("tapo.mechanisms")
+    with pytest.raises(LookupFailure, match="valid mutants: .*tapo.clip_reversed"):
+        reg.get_mutant("nope")
+    with pytest.raises(LookupFailure, match="tapo"):
+        reg.get_implementation("tap")
+    with pytest.raises(LookupFailure, match="trajectory_ratio"):
+        reg.get_implementation("tapo").replace("x", no_such_function=lambda: None)
+
+
+def test_validate_never_imports_torch():
+    code = ("import sys; from engine.cli import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['validate']); "
+            "assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
