@@ -692,7 +692,7 @@ def tui(
         from tui.data import build_model, model_as_dict
 
         model = build_model(specs_dir, receipts_dir, project_root(), ReceiptIndex(receipts_dir),
-                            Freshness(project_root(), specs_dir))
+                            Freshness(project_root(), specs_dir), gates=True)
         _print_json(model_as_dict(model))
         return
     if not (sys.stdin.isatty() and sys.stdout.isatty()):

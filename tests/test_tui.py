@@ -15,11 +15,14 @@ from typer.testing import CliRunner
 
 import engine.registry as registry
 from benchmarks.synthetic_store import add_receipt, build_fixture_store, demo_static_names, write_demo_project
+from benchmarks.synthetic_store import predicate, stamp, subject_for
+from engine import gate as engine_gate
 from engine.index import INDEX_NAME, Freshness, ReceiptIndex, freshness_of
-from engine.receipts import check_receipt
+from engine.receipts import statement, write_receipt
 from engine.spec import load_spec
+from engine.verify import assess_receipts
 from tui.app import binding_ids, create_app, parse_keys
-from tui.data import build_model, paired_ci
+from tui.data import build_model, gate_flags
 from tui.diff import diff_predicates
 from tui.screens.diff import DiffScreen
 from tui.screens.main import MainScreen
@@ -83,16 +86,46 @@ def test_index_parses_only_new_files_and_survives_a_restart(store):
     assert third.parsed == 1 and third.cached == 6 and len(third.added) == 1
 
 
-def test_index_states_agree_with_check_receipt(store):
+def test_index_states_agree_with_contracts_verify(store):
+    """Every state and message the index gives is the one engine.verify gives, odd files included."""
+    rd = store["receipts"]
+    spec = load_spec(store["specs"] / "demo-method.yaml", store["root"]).data
+    (rd / "demo-method" / "notes.txt").write_text("not a receipt")
+    (rd / "stray.json").write_text("{}")
+    (rd / "other-method").mkdir()
+    (rd / "other-method" / "moved.json").write_bytes(store["passed"].read_bytes())  # filed under another method
+    pred = predicate(spec, stamp(30))
+    del pred["environment"]  # intact (the id covers the edit) but not the receipt schema's shape
+    write_receipt(rd, statement(subject_for(store["root"], "demo-method"), pred))
+    idx = ReceiptIndex(rd)
+    idx.refresh()
+    fresh = Freshness(store["root"], store["specs"])
+    ours = {e["file"]: (freshness_of(e, idx, fresh)[0], e["message"]) for e in idx.entries()}
+    theirs, _ = assess_receipts(rd, store["root"], store["specs"])
+    assert len(ours) == len(theirs) == 10
+    for a in theirs:
+        state, message = ours[a.file]
+        assert state == a.state, a.file
+        if a.state != "stale":
+            assert message == a.message, a.file
+    assert sorted(s for s, _ in ours.values()) == ["fresh", "fresh", "fresh", "invalid", "invalid", "invalid",
+                                                   "invalid", "invalid", "stale", "tampered"]
+
+
+def test_a_promote_does_not_make_receipts_stale(store):
+    """As in check_receipt: a spec that differs only in promotion.state is the same spec."""
+    from engine.promote import with_state
+
+    path = store["specs"] / "demo-method.yaml"
+    path.write_text(with_state(path.read_text(), "promoted"))
     idx = ReceiptIndex(store["receipts"])
     idx.refresh()
     fresh = Freshness(store["root"], store["specs"])
-    for e in idx.entries():
-        state, _ = freshness_of(e, idx, fresh)
-        path = store["receipts"] / e["file"]
-        assert state == check_receipt(path, store["root"], store["specs"]).state, e["file"]
     states = sorted(freshness_of(e, idx, fresh)[0] for e in idx.entries())
-    assert states == ["fresh", "fresh", "fresh", "invalid", "stale", "tampered"]
+    assert states.count("fresh") == 3
+    path.write_text(path.read_text().replace("Demo method", "Demo method, edited"))
+    fresh.forget()
+    assert "fresh" not in [freshness_of(e, idx, Freshness(store["root"], store["specs"]))[0] for e in idx.entries()]
 
 
 def test_index_reparses_a_file_whose_size_or_mtime_changed(store):
@@ -145,44 +178,56 @@ def test_no_torch_on_the_tui_import_path():
 # --- the model ------------------------------------------------------------------------
 
 
-def test_model_rows_and_provisional_gate(store):
-    m = build_model(store["specs"], store["receipts"], store["root"], ReceiptIndex(store["receipts"]),
-                    Freshness(store["root"], store["specs"]))
-    demo = m.method("demo-method")
+def _model(store_or_root, specs=None, receipts=None, **kw):
+    if isinstance(store_or_root, dict):
+        root, specs, receipts = store_or_root["root"], store_or_root["specs"], store_or_root["receipts"]
+    else:
+        root = store_or_root
+    return build_model(specs, receipts, root, ReceiptIndex(receipts), Freshness(root, specs), **kw)
+
+
+def test_model_rows(store):
+    demo = _model(store).method("demo-method")
     rows_by_id = {c.id: c for c in demo.contracts}
     assert rows_by_id["loss-gradient"].overall == "failed"  # the newest cpu run failed it
     assert rows_by_id["loss-gradient"].cells["cuda"] == ("passed", "fresh")
     assert rows_by_id["ratio-forward"].overall == "passed"
-    assert demo.summary() == "3/4 contracts passed, 3/3 mutants killed, gate closed"
-    unmet = " | ".join(w for w, _ in demo.gate.unmet)
-    assert "review is IN-REVIEW" in unmet and "stale receipt" in unmet and "tampered or corrupt" in unmet
-    assert "not passed on cuda" in unmet
-    other = m.method("other-method")
-    assert any(w == "no fresh cuda receipt" for w, _ in other.gate.unmet)
+    assert demo.gate.verdict == "unknown"  # the first paint does not wait for the gate
+    assert demo.summary() == "3/4 contracts passed, 3/3 mutants killed, gate pending"
 
 
-def test_provisional_gate_opens_only_with_everything(tmp_path, demo_names):
+def test_gate_from_the_index_is_contracts_gate(store):
+    """The index-fed evaluation gives exactly what engine.gate gives reading every receipt itself."""
+    model = _model(store, gates=True)
+    for key in ("demo-method", "other-method"):
+        m = model.method(key)
+        flags = gate_flags(store["receipts"], store["specs"], store["root"])
+        theirs = engine_gate.evaluate(m.spec_obj, store["receipts"], store["root"], store["specs"], flags)
+        unmet = [(f"{r['id']}: {r['detail']}", r["fix"]) for r in theirs["requirements"]
+                 if r["required"] and not r["met"]]
+        assert m.gate.source == "engine.gate"
+        assert m.gate.verdict == ("open" if theirs["promotable"] else "closed") == "closed"
+        assert m.gate.unmet == unmet and m.gate.warnings == theirs["warnings"]
+    ids = [w.split(": ")[0] for w, _ in model.method("demo-method").gate.unmet]
+    assert ids == ["review", "device:cpu", "device:cuda"]
+
+
+def test_gate_opens_only_with_everything(tmp_path, demo_names):
     root = tmp_path / "p"
     specs = write_demo_project(root, review="DONE")
     spec = load_spec(specs / "demo-method.yaml", root).data
     rd = root / "receipts"
     add_receipt(rd, root, spec, 0, device="cpu")
 
-    def verdict():
-        return build_model(specs, rd, root, ReceiptIndex(rd), Freshness(root, specs)).method("demo-method").gate
+    def gate():
+        return _model(root, specs, rd, gates=True).method("demo-method").gate
 
-    assert verdict().verdict == "closed"  # no cuda receipt yet
+    assert gate().verdict == "closed"  # no cuda receipt yet
     add_receipt(rd, root, spec, 1, device="cuda")
-    assert verdict().verdict == "open", verdict().unmet
+    assert gate().verdict == "open", gate().unmet
     (root / "engine" / "demo_engine.py").write_text("# edited\n")  # every receipt goes stale
-    g = verdict()
-    assert g.verdict == "closed" and any("stale" in w for w, _ in g.unmet)
-
-
-def test_paired_ci():
-    mean, lo, hi = paired_ci([1.0, 2.0, 3.0], [0.0, 1.0, 1.5])
-    assert mean == pytest.approx(7 / 6) and lo < mean < hi
-    assert paired_ci([1.0], [0.0]) is None and paired_ci([1.0, 2.0], [1.0]) is None
+    g = gate()
+    assert g.verdict == "closed" and any("stale" in w for w in g.warnings)
 
 
 def test_diff_predicates_names_moved_measurements_and_changed_statuses(store):
@@ -443,28 +488,20 @@ def test_no_color_keeps_marks_and_words(store, monkeypatch):
     run(go())
 
 
-def test_engine_gate_replaces_the_provisional_verdict_when_present(store, monkeypatch):
-    """Once engine.gate is merged, its verdict is what the tree and the Gate tab show."""
-    import types
-
-    fake = types.ModuleType("engine.gate")
-    fake.evaluate = lambda spec, receipts_dir, root, specs_dir: {
-        "promotable": False, "warnings": ["w1"],
-        "requirements": [{"id": "review", "required": True, "met": False, "detail": "review is IN-REVIEW",
-                          "fix": "finish the review"},
-                         {"id": "device:cpu", "required": True, "met": True, "detail": "ok", "fix": ""}]}
-    monkeypatch.setitem(sys.modules, "engine.gate", fake)
-
+def test_gate_tab_and_tree_show_the_engine_gate_verdict(store):
     async def go():
         app = make_app(store)
         async with app.run_test(size=SIZE) as pilot:
             await app.wait_loaded()
             await settle(app, pilot)
-            g = app.model.method("demo-method").gate
-            assert g.source == "engine.gate" and g.unmet == [("review: review is IN-REVIEW", "finish the review")]
+            assert app.model.method("demo-method").gate.source == "engine.gate"
             await pilot.press("5")
             await settle(app, pilot)
-            assert "verdict from engine.gate" in str(app.screen.query_one("#gate-view").render())
+            text = str(app.screen.query_one("#gate-view").render())
+            assert "✗ gate closed" in text and "verdict from engine.gate" in text
+            assert "device:cuda:" in text and "$ contracts check demo-method --device cuda --specs" in text
+            tree = app.screen.query_one("#methods")
+            assert str(tree.get_node_at_line(0).label).startswith("✗ demo-method")
 
     run(go())
 

@@ -13,7 +13,7 @@ from textual.binding import Binding
 from engine.index import Freshness, ReceiptIndex
 from engine.spec import display_path
 from tui.commands import ContractsCommands
-from tui.data import Model, build_model, engine_gate_view, previous_receipt
+from tui.data import GateView, Model, build_model, gate_for, previous_receipt
 
 DEFAULT_POLL_SECONDS = 3.0
 
@@ -101,30 +101,27 @@ class ContractsApp(App):
 
     @work(thread=True, group="gate", exclusive=True)
     def refine_gates(self, model: Model) -> None:
-        """Replace the index-based verdicts with engine.gate's (it reads receipts in full: off the UI thread)."""
+        """engine.gate's verdict per method, after the first paint (it decodes every receipt's gate slice)."""
         for m in model.methods:
-            if m.spec_obj is None:
+            if m.spec_obj is None or model is not self.model:
                 continue
             try:
-                view = engine_gate_view(m.spec_obj, self.receipts_dir, self.root, self.specs_dir)
-            except Exception as err:  # keep the provisional verdict, and say why
-                self.call_from_thread(self.notify, f"engine.gate failed for {m.key}: {type(err).__name__}: {err}",
-                                      severity="warning")
-                continue
-            if view is None:
-                return  # engine.gate is not there: the provisional verdicts stand
+                with self._build_lock:  # the index decodes lazily; a reload must not refresh it meanwhile
+                    view = gate_for(m, self.index, self.receipts_dir, self.root, self.specs_dir)
+            except Exception as err:  # a bug here must not take the browser down: say so on the Gate tab
+                view = GateView("unknown", [(f"engine.gate raised {type(err).__name__}: {err}",
+                                             f"contracts gate {m.key}")], "engine.gate (failed)")
             self.call_from_thread(self._apply_gate, model, m.key, view)
 
     def _apply_gate(self, model: Model, key: str, view) -> None:
         if model is not self.model:
             return  # a newer model has been drawn since
-        m = model.method(key)
-        m.gate = view
+        model.method(key).gate = view
         from tui.screens.main import MainScreen
 
         for screen in self.screen_stack:
             if isinstance(screen, MainScreen):
-                screen.show_model(model)
+                screen.update_gate(key)
 
     def _store_signature(self) -> tuple:
         """Cheap change detector: mtimes of the store, its method folders, the specs folder and files."""

@@ -5,21 +5,21 @@ receipt index incrementally, works out freshness, and condenses everything
 into per-method rows the screens only have to draw.
 
 The gate verdict comes from `gate_for` below, the one place the TUI asks for
-it. engine/gate.py is being written on another branch; until it is merged this
-adapter evaluates the spec's `promotion.requires` itself (provisionally, from
-the index summaries) and says so on the Gate tab.
+it: engine.gate.evaluate, fed with the index's receipt states and predicate
+slices instead of re-reading every receipt, so it gives `contracts gate`'s
+verdict at any store size (tests/test_tui.py checks the two agree).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of
+from engine.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of, gate_predicate
 from engine.spec import display_path, spec_files, validate_file
+from tui import fmt
 
 # --- rows -------------------------------------------------------------------
 
@@ -32,10 +32,16 @@ class ReceiptRow:
     entry: dict
     freshness: str  # fresh | stale | tampered | invalid
     changed: tuple = ()
+    contracts: list = field(default_factory=list)  # contract ids it holds results for
+
+    @property
+    def folder(self) -> str:
+        """The method folder it is filed under ('' for a file at the top of the store)."""
+        return self.file.rsplit("/", 1)[0] if "/" in self.file else ""
 
     @property
     def method(self) -> str:
-        return self.entry.get("method") or self.file.split("/", 1)[0]
+        return self.entry.get("method") or self.folder
 
     @property
     def receipt_id(self) -> str | None:
@@ -162,8 +168,9 @@ class MethodModel:
             return "spec missing or broken, gate closed"
         passed = sum(c.overall == "passed" for c in self.contracts)
         killed = sum(m.killed is True for m in self.mutants)
+        verdict = "pending" if self.gate.verdict == "unknown" else self.gate.verdict
         return (f"{passed}/{len(self.contracts)} contracts passed, {killed}/{len(self.mutants)} mutants killed, "
-                f"gate {self.gate.verdict}")
+                f"gate {verdict}")
 
 
 @dataclass
@@ -179,42 +186,42 @@ class Model:
         return next((m for m in self.methods if m.key == key), None)
 
     def receipt(self, file: str) -> ReceiptRow | None:
-        key = file.split("/", 1)[0]
-        m = self.method(key)
-        return next((r for r in m.receipts if r.file == file), None) if m else None
+        for m in self.methods:
+            for r in m.receipts:
+                if r.file == file:
+                    return r
+        return None
 
 
 # --- building ---------------------------------------------------------------
 
 
-def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str]) -> list[ContractRow]:
+def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str], index: ReceiptIndex) -> list[ContractRow]:
     budget_seeds = list(spec["budget"]["seeds"])
     usable = [r for r in receipts if r.freshness in (FRESH, STALE)]  # tampered/corrupt say nothing
     rows = []
     for c in spec["contracts"]:
         cid = c["id"]
         cells: dict[str, tuple] = {}
-        margins = []
         files: dict[str, str] = {}
+        margins = []
         for dev in devices:
-            hit = next((r for r in usable if r.device == dev and cid in r.entry["contracts"]), None)
-            if hit is None:
+            hit = next((r for r in usable if r.device == dev and cid in r.contracts), None)
+            d = (index.heavy(hit.file) or {}).get("c", {}).get(cid) if hit else None
+            if d is None:
                 cells[dev] = (None, None)
                 continue
-            d = hit.entry["contracts"][cid]
             cells[dev] = (d[0], hit.freshness)
             files[dev] = hit.file
             if d[4][4] is not None:
                 margins.append(d[4][4])
             elif d[0] != "passed":
                 margins.append(-math.inf)
-        newest = next((r for r in usable if cid in r.entry["contracts"]), None)
-        if newest is not None:
-            d = newest.entry["contracts"][cid]
+        newest = next((r for r in usable if cid in r.contracts), None)
+        d = (index.heavy(newest.file) or {}).get("c", {}).get(cid) if newest else None
+        if d is not None:
             metric, value, op, threshold, _ = d[4]
-            from tui.fmt import expectation
-
-            latest = f"{newest.device}: {expectation(metric, value, op, threshold)}"
+            latest = f"{newest.device}: {fmt.expectation(metric, value, op, threshold)}"
             passed = [s for s in d[1] if s in budget_seeds]
             seeds = f"{len(passed)}/{len(budget_seeds)}"
             status = d[0]
@@ -222,27 +229,38 @@ def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str]) -
             latest, seeds, status = "never run", f"0/{len(budget_seeds)}", None
         rows.append(ContractRow(id=cid, kind=c["kind"], description=c["description"], cells=cells,
                                 worst_margin=min(margins) if margins else None, latest=latest, seeds_passed=seeds,
-                                newest_status=status, newest_file=newest.file if newest else None,
+                                newest_status=status, newest_file=newest.file if d is not None else None,
                                 cell_files=files))
     return rows
 
 
-def _mutant_rows(spec: dict, receipts: list[ReceiptRow]) -> list[MutantRow]:
+def _mutant_rows(spec: dict, receipts: list[ReceiptRow], index: ReceiptIndex) -> list[MutantRow]:
     usable = [r for r in receipts if r.freshness in (FRESH, STALE)]
     out = []
     for m in spec["mutants"]:
-        hit = next((r for r in usable if m["id"] in r.entry["mutants"]), None)
-        out.append(MutantRow(id=m["id"], description=m["description"], killed_by=list(m["killed_by"]),
-                             killed=None if hit is None else hit.entry["mutants"][m["id"]]))
+        killed = None
+        for r in usable:  # newest first: stop at the first receipt that ran this mutant
+            verdicts = (index.heavy(r.file) or {}).get("m", {})
+            if m["id"] in verdicts:
+                killed = verdicts[m["id"]]
+                break
+        out.append(MutantRow(id=m["id"], description=m["description"], killed_by=list(m["killed_by"]), killed=killed))
     return out
 
 
+PENDING = GateView("unknown", [], "engine.gate (evaluating ...)")
+
+
 def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptIndex,
-                fresh: Freshness, progress=None) -> Model:
-    """Validate specs, refresh the index (parsing only new receipts), condense per method."""
+                fresh: Freshness, progress=None, gates: bool = False) -> Model:
+    """Validate specs, refresh the index (parsing only new receipts), condense per method.
+
+    With `gates`, evaluate every gate now; otherwise verdicts are PENDING until
+    `evaluate_gates` runs (the app does that in a worker after the first paint).
+    """
     specs_dir, receipts_dir = Path(specs_dir), Path(receipts_dir)
     problems: list[str] = []
-    specs: dict[str, tuple[dict | None, str, list[str]]] = {}
+    specs: dict[str, tuple[Any, str, list[str]]] = {}
     if not specs_dir.is_dir():
         problems.append(f"no specs folder {display_path(specs_dir, root)}/: pass --specs DIR or run from the "
                         "project checkout")
@@ -258,14 +276,14 @@ def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptI
                 spec, errs = None, [err]
             key = spec.key if spec is not None else f.stem
             lines = [e.line() if hasattr(e, "line") else f"{type(e).__name__}: {e}" for e in errs]
-            specs[key] = (spec if spec else None, display_path(f, root), lines)
+            specs[key] = (spec, display_path(f, root), lines)
     refresh = index.refresh(progress)
     fresh.forget()
     by_method: dict[str, list[ReceiptRow]] = {}
     for e in index.entries():
         state, changed = freshness_of(e, index, fresh)
-        row = ReceiptRow(file=e["file"], entry=e, freshness=state, changed=changed)
-        by_method.setdefault(e["file"].split("/", 1)[0], []).append(row)
+        row = ReceiptRow(file=e["file"], entry=e, freshness=state, changed=changed, contracts=index.contracts_of(e))
+        by_method.setdefault(row.folder, []).append(row)
     for rows in by_method.values():
         rows.reverse()  # newest first
     if not len(index):
@@ -273,149 +291,87 @@ def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptI
                         "contracts check METHOD --device cpu")
     methods = []
     for key in sorted(set(specs) | set(by_method)):
-        spec_obj, shown, errs = specs.get(key, (None, f"specs/{key}.yaml", [f"specs/{key}.yaml: no spec for the "
-                                                                                f"receipts in {key}/"]))
-        data = spec_obj.data if spec_obj is not None else None
+        missing = [f"specs/{key}.yaml: no spec for the receipts in {key}/"] if key else [
+            "receipts outside any method folder (see contracts verify)"]
+        spec_obj, shown, errs = specs.get(key, (None, f"specs/{key}.yaml", missing))
         receipts = by_method.get(key, [])
-        if data is None:
-            methods.append(MethodModel(key=key, spec=None, spec_file=shown, problems=errs, receipts=receipts,
-                                       contracts=[], mutants=[], devices=sorted({r.device for r in receipts}),
+        if spec_obj is None:
+            methods.append(MethodModel(key=key or "(no folder)", spec=None, spec_file=shown, problems=errs,
+                                       receipts=receipts, contracts=[], mutants=[],
+                                       devices=sorted({r.device for r in receipts}),
                                        gate=GateView("closed", [(errs[0] if errs else "spec is broken",
                                                                  f"contracts validate {shown}")], "tui")))
             continue
+        data = spec_obj.data
         required = list(data["promotion"]["requires"]["devices"])
         devices = required + sorted({r.device for r in receipts if r.device not in required and r.device != "?"})
-        contracts = _contract_rows(data, receipts, devices)
-        mutants = _mutant_rows(data, receipts)
-        gate = gate_for(key, data, shown, receipts)
         methods.append(MethodModel(key=key, spec=data, spec_file=shown, problems=[], receipts=receipts,
-                                   contracts=contracts, mutants=mutants, gate=gate, devices=devices,
+                                   contracts=_contract_rows(data, receipts, devices, index),
+                                   mutants=_mutant_rows(data, receipts, index), gate=PENDING, devices=devices,
                                    spec_obj=spec_obj))
     if not refresh.persisted and refresh.parsed:
         problems.append(f"index not saved ({display_path(receipts_dir, root)}/ is not writable): receipts are "
                         "re-read on every start")
-    return Model(methods=methods, problems=problems, receipts_total=len(index), specs_dir=specs_dir,
-                 receipts_dir=receipts_dir, parsed=refresh.parsed)
+    model = Model(methods=methods, problems=problems, receipts_total=len(index), specs_dir=specs_dir,
+                  receipts_dir=receipts_dir, parsed=refresh.parsed)
+    if gates:
+        for m in model.methods:
+            if m.spec_obj is not None:
+                m.gate = gate_for(m, index, receipts_dir, root, specs_dir)
+    return model
 
 
 # --- the gate: the one place the TUI asks for a verdict --------------------------
 
 
-def gate_for(key: str, spec: dict, spec_file: str, receipts: list[ReceiptRow]) -> GateView:
-    """The first verdict drawn, from the index alone (instant at any store size).
+def gate_flags(receipts_dir: Path, specs_dir: Path, root: Path) -> str:
+    """--specs/--receipts for suggested commands when the folders are not the defaults."""
+    import shlex
 
-    `engine_gate_view` then replaces it with engine.gate's own verdict in a
-    worker, where engine.gate exists, so the TUI and `contracts gate` agree.
+    from engine.paths import default_receipts_dir, default_specs_dir
+
+    out = ""
+    if Path(specs_dir).resolve() != default_specs_dir().resolve():
+        out += f" --specs {shlex.quote(display_path(specs_dir, root))}"
+    if Path(receipts_dir).resolve() != default_receipts_dir().resolve():
+        out += f" --receipts {shlex.quote(display_path(receipts_dir, root))}"
+    return out
+
+
+def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
+    """engine.verify.Assessed records built from the index, as engine.gate.evaluate takes them.
+
+    The same states and messages `contracts verify` gives (the index applies its
+    rules), and for fresh and stale receipts the slice of the predicate the gate
+    reads: no receipt file is opened.
     """
-    return provisional_gate(key, spec, spec_file, receipts)
+    from engine.verify import Assessed
+
+    out = []
+    for r in reversed(m.receipts):  # oldest first, as assess_receipts lists them
+        e = r.entry
+        usable = r.freshness in (FRESH, STALE)
+        g = (index.heavy(r.file) or {}).get("g") if usable else None
+        out.append(Assessed(file=r.file, state=r.freshness if g is not None or not usable else "invalid",
+                            message=r.problem if g is not None or not usable else "index holds no gate data",
+                            method=e.get("method"), receipt_id=e.get("receipt_id"), status=e.get("status"),
+                            created_at=e.get("created_at"), device=e.get("device") if g is not None else None,
+                            changed=list(r.changed), predicate=gate_predicate(g) if g is not None else None))
+    return out
 
 
-def engine_gate_view(spec_obj: Any, receipts_dir: Path, root: Path, specs_dir: Path) -> GateView | None:
-    """engine.gate's verdict as a GateView; None while engine.gate is not merged (ImportError)."""
-    try:
-        from engine import gate as engine_gate
-    except ImportError:
-        return None
-    result = engine_gate.evaluate(spec_obj, Path(receipts_dir), Path(root), Path(specs_dir))
+def gate_for(m: MethodModel, index: ReceiptIndex, receipts_dir: Path, root: Path, specs_dir: Path) -> GateView:
+    """engine.gate's verdict for one method, fed from the index (the same verdict `contracts gate` gives)."""
+    from engine import gate as engine_gate
+
+    result = engine_gate.evaluate(m.spec_obj, Path(receipts_dir), Path(root), Path(specs_dir),
+                                  gate_flags(receipts_dir, specs_dir, root), assessed=assessed_from_index(m, index))
     reqs = [r for r in result.get("requirements") or [] if isinstance(r, dict)]
     unmet = [(f"{r.get('id')}: {r.get('detail')}", r.get("fix") or "") for r in reqs
              if r.get("required", True) and not r.get("met")]
     met = [f"{r.get('id')}: {r.get('detail')}" for r in reqs if r.get("met")]
     return GateView("open" if result.get("promotable") else "closed", unmet, "engine.gate", met,
                     list(result.get("warnings") or []))
-
-
-# Two-sided 95% Student t quantiles, df 1..30 (beyond: normal 1.96).
-_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042]
-
-
-def paired_ci(method: list, control: list) -> tuple[float, float, float] | None:
-    """(mean difference, low, high): paired t 95% interval of method - control; None if it cannot be formed."""
-    if not method or len(method) != len(control) or len(method) < 2:
-        return None
-    diffs = [float(a) - float(b) for a, b in zip(method, control)]
-    if not all(math.isfinite(d) for d in diffs):
-        return None
-    mean = statistics.fmean(diffs)
-    half = (_T95[len(diffs) - 2] if len(diffs) - 1 <= 30 else 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
-
-
-def provisional_gate(key: str, spec: dict, spec_file: str, receipts: list[ReceiptRow]) -> GateView:
-    """DESIGN.md's gate rules over fresh, untampered receipts (stand-in until engine.gate lands)."""
-    req = spec["promotion"]["requires"]
-    seeds = list(spec["budget"]["seeds"])
-    seeds_arg = ",".join(map(str, seeds))
-    fresh = [r for r in receipts if r.counts_for_gate]
-    unmet, met = [], []
-    review = spec["promotion"]["review"]
-    if review != req["review"]:
-        unmet.append((f"review is {review}, not {req['review']}",
-                      f"a reviewer sets promotion.review: {req['review']} in {spec_file}"))
-    else:
-        met.append(f"review {review}")
-    stale = [r for r in receipts if r.freshness == STALE]
-    if stale:
-        changed = sorted({c for r in stale for c in r.changed})
-        unmet.append((f"{len(stale)} stale receipt(s) do not count (changed: {', '.join(changed[:3])}"
-                      f"{' ...' if len(changed) > 3 else ''})", f"contracts check {key} --device cpu"))
-    bad = [r for r in receipts if r.freshness not in (FRESH, STALE)]
-    if bad:
-        unmet.append((f"{len(bad)} tampered or corrupt receipt(s) ignored", f"contracts verify {key}"))
-    for dev in req["devices"]:
-        on_dev = [r for r in fresh if r.device == dev]
-        if not on_dev:
-            unmet.append((f"no fresh {dev} receipt", f"contracts check {key} --device {dev} --seeds {seeds_arg}"))
-            continue
-        missing = []
-        for c in spec["contracts"]:
-            decided: dict = {}  # seed -> passed, as the newest fresh receipt running that seed says
-            for r in on_dev:
-                d = r.entry["contracts"].get(c["id"])
-                if d is not None:
-                    for s in r.entry.get("seeds") or []:
-                        decided.setdefault(s, s in d[1])
-            passed = {s for s, ok in decided.items() if ok}
-            ok = set(seeds) <= passed if req["all_budget_seeds"] else bool(passed)
-            if not ok:
-                lacking = sorted(set(seeds) - passed) if req["all_budget_seeds"] else seeds[:1]
-                missing.append(f"{c['id']} (seeds {','.join(map(str, lacking))})")
-        if missing:
-            unmet.append((f"not passed on {dev} in a fresh receipt: {', '.join(missing[:3])}"
-                          f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}",
-                          f"contracts check {key} --device {dev} --seeds {seeds_arg}"))
-        else:
-            met.append(f"every contract passed on {dev} for seeds {seeds_arg}")
-    if req["mutants_killed"]:
-        killed = {mid for r in fresh for mid, k in r.entry["mutants"].items() if k}
-        alive = [m["id"] for m in spec["mutants"] if m["id"] not in killed]
-        if alive:
-            unmet.append((f"mutant(s) not killed in a fresh receipt: {', '.join(alive[:3])}"
-                          f"{f' and {len(alive) - 3} more' if len(alive) > 3 else ''}",
-                          f"contracts check {key} --device {req['devices'][0]}"))
-        else:
-            met.append(f"all {len(spec['mutants'])} mutants killed")
-    if req["formal_comparison"]:
-        best = None
-        for r in fresh:
-            for comp in r.entry.get("formal") or []:
-                ci = paired_ci(comp.get("method_values") or [], comp.get("control_values") or [])
-                if ci is not None and ci[1] > 0:
-                    best = (r, comp, ci)
-                    break
-            if best:
-                break
-        if best is None:
-            unmet.append(("no fresh formal comparison showing the method ahead of its control (95% paired t "
-                          "interval of method - control above zero)",
-                          f"contracts check {key} --device {req['devices'][-1]} --seeds {seeds_arg}"))
-        else:
-            _, comp, (mean, lo, hi) = best
-            met.append(f"formal comparison {comp.get('name')}: {mean:+.3g} [{lo:+.3g}, {hi:+.3g}]")
-    return GateView("closed" if unmet else "open", unmet, "provisional (tui/data.py; engine.gate not merged yet)",
-                    met)
 
 
 # --- details, on demand -------------------------------------------------------------
@@ -458,13 +414,9 @@ def previous_receipt(model: Model, file: str) -> ReceiptRow | None:
     row = model.receipt(file)
     if row is None:
         return None
-    rows = model.method(row.file.split("/", 1)[0]).receipts  # newest first
+    rows = next(m.receipts for m in model.methods if row in m.receipts)  # newest first
     i = next(i for i, r in enumerate(rows) if r.file == file)
     return next((r for r in rows[i + 1:] if r.freshness in (FRESH, STALE)), None)
-
-
-def method_of(file: str) -> str:
-    return file.split("/", 1)[0]
 
 
 def as_text(value: Any) -> str:

@@ -28,7 +28,8 @@ def state(value: str) -> Text:
 
 
 def gate(verdict: str) -> Text:
-    return Text(f"{GATE_MARK.get(verdict, '?')} gate {verdict}", style=GATE_STYLE.get(verdict, ""))
+    word = "pending" if verdict == "unknown" else verdict
+    return Text(f"{GATE_MARK.get(verdict, '?')} gate {word}", style=GATE_STYLE.get(verdict, ""))
 
 
 def num(x: Any) -> str:

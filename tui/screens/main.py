@@ -51,7 +51,7 @@ class MainScreen(Screen):
         with Horizontal(id="body"):
             with Vertical(id="left"):
                 yield MethodTree("methods", id="methods")
-                yield Static(Text("gate ✓ open ✗ closed\ncontract ✓ pass ✗ fail ! error · none",
+                yield Static(Text("gate ✓ open ✗ closed … pending\ncontract ✓ pass ✗ fail ! error · none",
                                   style="dim"), id="legend")
             with Vertical(id="right"):
                 yield Static("loading specs and the receipt index ...", id="status")
@@ -119,6 +119,19 @@ class MainScreen(Screen):
         self._select_tree_line()
         self.refresh_method()
 
+    def update_gate(self, key: str) -> None:
+        """A verdict arrived: relabel that method and, if it is shown, its title and Gate tab."""
+        if not self._ready or self.app.model is None:
+            return
+        m = self.app.model.method(key)
+        for node in self.query_one(MethodTree).root.children:
+            if node.data and node.data[0] == "method" and node.data[1] == key:
+                node.set_label(self._method_label(m))
+        if key == self.method:
+            self.query_one("#right").border_title = m.summary()
+            self._fill_status(m)
+            self._fill_gate(m)
+
     def _select_tree_line(self) -> None:
         tree = self.query_one(MethodTree)
         for line in range(tree.last_line + 1):
@@ -160,6 +173,14 @@ class MainScreen(Screen):
         shown = (["failures only"] if self.failures_only else []) + (
             [f"filter '{self.filter_text}'"] if self.filter_text else [])
         right.border_subtitle = ", ".join(shown)
+        self._fill_status(m)
+        self._fill_contracts(m)
+        self._fill_receipts(m)
+        self._fill_spec(m)
+        self._fill_paper(m)
+        self._fill_gate(m)
+
+    def _fill_status(self, m: MethodModel) -> None:
         status = Text()
         status.append(m.key, style="bold")
         status.append(f"  review {m.review}  promotion {m.promotion}  ")
@@ -167,11 +188,6 @@ class MainScreen(Screen):
         if m.problems:
             status.append("\n" + "\n".join(m.problems[:3]), style="bold red")
         self.query_one("#status", Static).update(status)
-        self._fill_contracts(m)
-        self._fill_receipts(m)
-        self._fill_spec(m)
-        self._fill_paper(m)
-        self._fill_gate(m)
 
     def _match(self, text: str) -> bool:
         return not self.filter_text or self.filter_text.lower() in text
@@ -200,7 +216,7 @@ class MainScreen(Screen):
     def _visible_receipts(self, m: MethodModel) -> list:
         rows = m.receipts
         if self.contract:
-            rows = [r for r in rows if self.contract in r.entry.get("contracts", {}) or r.freshness == "invalid"]
+            rows = [r for r in rows if self.contract in r.contracts or r.freshness == "invalid"]
         if self.failures_only:
             rows = [r for r in rows if r.status != "passed" or r.freshness in ("tampered", "invalid")]
         if self.filter_text:
@@ -296,7 +312,8 @@ class MainScreen(Screen):
         g = m.gate
         out = Text()
         out.append_text(fmt.gate(g.verdict))
-        out.append(f"  ({'promotable' if g.verdict == 'open' else 'not promotable'}; verdict from {g.source})\n\n")
+        word = {"open": "promotable", "closed": "not promotable"}.get(g.verdict, "not decided yet")
+        out.append(f"  ({word}; verdict from {g.source})\n\n")
         if g.unmet:
             out.append("unmet requirements, each with what would meet it:\n", style="bold")
             for what, how in g.unmet:

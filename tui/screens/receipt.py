@@ -15,7 +15,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Header, Static, TabbedContent, TabPane, TextArea
 
 from tui import fmt
-from tui.data import Detail, ReceiptRow, load_detail, paired_ci
+from tui.data import Detail, ReceiptRow, load_detail
 from tui.widgets import FilterBar, KeyBar, VimTable
 
 MAX_STEP_COLUMNS = 8
@@ -209,9 +209,10 @@ class ReceiptScreen(Screen):
             out.append(f"{c.get('name')} [{label}]: {c.get('method')} vs {c.get('control')} on {c.get('metric')} "
                        f"(contract {m.get('contract')}, seed {m.get('seed')})\n", style="bold")
             out.append(f"  method  {c.get('method_values')}\n  control {c.get('control_values')}\n")
-            ci = paired_ci(c.get("method_values") or [], c.get("control_values") or [])
-            if ci:
-                out.append(f"  method - control {ci[0]:+.4g}, 95% paired t interval [{ci[1]:+.4g}, {ci[2]:+.4g}]\n")
+            mv, cv = _numbers(c.get("method_values")), _numbers(c.get("control_values"))
+            if mv and cv:
+                out.append(f"  mean(method) - mean(control) = {sum(mv) / len(mv) - sum(cv) / len(cv):+.4g} "
+                           "(the gate's interval is over seeds: Gate tab)\n")
             if c.get("note"):
                 out.append(f"  {c['note']}\n", style="italic")
         self.query_one("#comparisons", Static).update(out)
@@ -309,3 +310,13 @@ def _worst(expectations: list) -> dict:
         if key is None or k < key:
             best, key = e, k
     return best
+
+
+def _numbers(values) -> list[float]:
+    """Finite numbers only; an empty list when any value is not one."""
+    import math
+
+    if not isinstance(values, list):
+        return []
+    ok = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return ok if len(ok) == len(values) else []
