@@ -175,6 +175,40 @@ def test_no_torch_on_the_tui_import_path():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_spec_cache_revalidates_exactly_when_an_input_changes(store, monkeypatch, tmp_path):
+    import tui.specs as specs_mod
+
+    calls = []
+    real = specs_mod.validate_file
+    monkeypatch.setattr(specs_mod, "validate_file", lambda f, root=None: calls.append(f.name) or real(f, root))
+    methods = tmp_path / "methods"
+    methods.mkdir()
+    (methods / "m.py").write_text("x = 1\n")
+    monkeypatch.setattr(registry, "methods_root", lambda: methods)
+    (store["specs"] / "broken.yaml").write_text("spec_version: 1\ntitle: [unclosed\n")
+
+    def load():
+        return specs_mod.load_specs(store["specs"], store["root"], store["receipts"])
+
+    first = load()
+    assert sorted(calls) == ["broken.yaml", "demo-method.yaml", "other-method.yaml"]
+    calls.clear()
+    second = load()
+    assert calls == []  # every spec from the cache
+    for key in first:
+        a, b = first[key], second[key]
+        assert (a[0].data if a[0] else None) == (b[0].data if b[0] else None) and a[1:] == b[1:]
+    assert second["broken"][0] is None and "YAML" in second["broken"][2][0]
+    assert second["demo-method"][0].sha256 == first["demo-method"][0].sha256
+    path = store["specs"] / "other-method.yaml"
+    path.write_text(path.read_text().replace("review: IN-REVIEW", "review: DONE"))
+    assert load()["other-method"][0].data["promotion"]["review"] == "DONE" and calls == ["other-method.yaml"]
+    calls.clear()
+    (methods / "m.py").write_text("x = 2\n")  # the registry the references are checked against changed
+    load()
+    assert len(calls) == 3
+
+
 # --- the model ------------------------------------------------------------------------
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of, gate_predicate
-from engine.spec import display_path, spec_files, validate_file
+from engine.spec import display_path
 from tui import fmt
+from tui.specs import load_specs
 
 # --- rows -------------------------------------------------------------------
 
@@ -265,18 +266,10 @@ def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptI
         problems.append(f"no specs folder {display_path(specs_dir, root)}/: pass --specs DIR or run from the "
                         "project checkout")
     else:
-        files = spec_files(specs_dir)
-        if not files:
+        specs = load_specs(specs_dir, root, receipts_dir)
+        if not specs:
             problems.append(f"no spec files in {display_path(specs_dir, root)}/: add specs/<method>.yaml "
                             "(see README, 'Adding a method')")
-        for f in files:
-            try:
-                spec, errs = validate_file(f, root)
-            except Exception as err:  # a bug of ours must not take the browser down
-                spec, errs = None, [err]
-            key = spec.key if spec is not None else f.stem
-            lines = [e.line() if hasattr(e, "line") else f"{type(e).__name__}: {e}" for e in errs]
-            specs[key] = (spec, display_path(f, root), lines)
     refresh = index.refresh(progress)
     fresh.forget()
     by_method: dict[str, list[ReceiptRow]] = {}
