@@ -337,15 +337,21 @@ class ReceiptIndex:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        workers = max(1, min(8, (os.cpu_count() or 2) - 1))
-        size = 100
+        from concurrent.futures.process import BrokenProcessPool
+
+        workers = max(1, min(8, os.cpu_count() or 1))
+        size = 50
         batches = [jobs[i:i + size] for i in range(0, len(jobs), size)]
         out: list = []
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for res in pool.map(_index_batch, batches):
-                out.extend(res)
-                if progress is not None:
-                    progress(len(out), len(jobs))
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                for res in pool.map(_index_batch, batches):
+                    out.extend(res)
+                    if progress is not None:
+                        progress(len(out), len(jobs))
+        except (BrokenProcessPool, OSError):  # no worker processes here: do the rest in this one
+            for job in jobs[len(out):]:
+                out.append(index_file(*job))
         return out
 
     def refresh(self, progress: Callable[[int, int], None] | None = None) -> RefreshResult:
