@@ -442,6 +442,61 @@ def test_corrupt_and_tampered_receipts_open_without_crashing(store):
     run(go())
 
 
+def test_a_receipt_of_any_shape_opens_and_diffs_without_crashing(store):
+    data = json.loads(store["passed"].read_text())
+    p = data["predicate"]
+    p["results"] = [1, "x", {"contract": 5, "expectations": "no", "seed": [1]}, {"contract": "c", "expectations": [3]}]
+    p["mutants"] = [{"id": "m", "killed_by": 7}, "y"]
+    p["mechanism"] = [{"steps": "zzz", "comparisons": [5]}, 3]
+    p["environment"] = "nowhere"
+    odd = store["receipts"] / "demo-method" / "20260105T100000000000Z_demo-method_odd.json"
+    odd.write_text(json.dumps(data, indent=1) + "\n")
+
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            row = app.model.receipt("demo-method/" + odd.name)
+            assert row.freshness == "tampered"
+            app.open_receipt(row.file)
+            await settle(app, pilot)
+            assert isinstance(app.screen, ReceiptScreen) and app.is_running
+            await pilot.press("f", "slash", "x", "enter", "y")
+            await settle(app, pilot)
+            app.pop_screen()
+            await settle(app, pilot)
+            app.open_diff(row.file)
+            await settle(app, pilot)
+            assert isinstance(app.screen, DiffScreen) and app.is_running
+
+    run(go())
+
+
+def test_closing_a_receipt_before_it_is_read_is_harmless(store, monkeypatch):
+    import threading
+
+    import tui.screens.receipt as receipt_mod
+
+    release = threading.Event()
+    real = receipt_mod.load_detail
+    monkeypatch.setattr(receipt_mod, "load_detail", lambda *a: release.wait(5) and real(*a))
+
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            app.open_receipt(f"demo-method/{store['passed'].name}")
+            await pilot.pause()
+            await pilot.press("escape")  # gone before its worker delivers
+            await pilot.pause()
+            release.set()
+            await settle(app, pilot)
+            assert isinstance(app.screen, MainScreen) and app.is_running
+
+    run(go())
+
+
 def test_empty_store_and_broken_spec_say_what_to_do(tmp_path, demo_names):
     root = tmp_path / "p"
     specs = write_demo_project(root)

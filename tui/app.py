@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from pathlib import Path
@@ -13,7 +14,7 @@ from textual.binding import Binding
 from engine.index import Freshness, ReceiptIndex
 from engine.spec import display_path
 from tui.commands import ContractsCommands
-from tui.data import GateView, Model, build_model, gate_for, previous_receipt
+from tui.data import GateView, Model, build_model, gate_flags, gate_for, previous_receipt
 
 DEFAULT_POLL_SECONDS = 3.0
 
@@ -41,8 +42,24 @@ class ContractsApp(App):
         self.freshness = Freshness(self.root, self.specs_dir)
         self._build_lock = threading.Lock()  # one index refresh at a time: `r` and the poll may overlap
         self._signature: tuple | None = None
+        self.flags = gate_flags(self.receipts_dir, self.specs_dir, self.root)  # for commands we suggest or copy
         if keymap:
             self.set_keymap(keymap)
+
+    def ui(self, callback, *args, **kwargs):
+        """Run `callback` on the UI thread from a worker; nothing once the app is shutting down.
+
+        call_from_thread raises when the app has stopped, and a worker finishing
+        a moment after `q` must not turn a clean exit into an error.
+        """
+        if not self.is_running:
+            return None
+        try:
+            return self.call_from_thread(callback, *args, **kwargs)
+        except RuntimeError:
+            if self.is_running:
+                raise  # the callback's own error, not a shutdown
+            return None
 
     def get_default_screen(self):
         from tui.screens.main import MainScreen
@@ -62,18 +79,25 @@ class ContractsApp(App):
         """Validate specs and refresh the index off the UI thread, then redraw."""
         with self._build_lock:
             self._signature = self._store_signature()
+            # The index of a big store is a million small objects; a full GC pass over them mid-build costs
+            # a few hundred ms, and would repeat on every later pass unless they are frozen (apply_model).
+            gc_was_on = gc.isenabled()
+            gc.disable()
             try:
                 model = build_model(self.specs_dir, self.receipts_dir, self.root, self.index, self.freshness,
                                     progress=self._progress)
             except Exception as err:  # a bug of ours: say so, keep the app alive
-                self.call_from_thread(self.notify, f"could not load: {type(err).__name__}: {err}",
+                self.ui(self.notify, f"could not load: {type(err).__name__}: {err}",
                                       severity="error", timeout=10)
                 return
-        self.call_from_thread(self.apply_model, model, announce)
+            finally:
+                if gc_was_on:
+                    gc.enable()
+        self.ui(self.apply_model, model, announce)
 
     def _progress(self, done: int, total: int) -> None:
         if total > 200:
-            self.call_from_thread(self._show_progress, done, total)
+            self.ui(self._show_progress, done, total)
 
     def _show_progress(self, done: int, total: int) -> None:
         from tui.screens.main import MainScreen
@@ -93,6 +117,7 @@ class ContractsApp(App):
         for screen in self.screen_stack:
             if isinstance(screen, MainScreen):
                 screen.show_model(model)
+        gc.freeze()  # long-lived: keep the cyclic GC from walking the index on every collection
         self.refine_gates(model)
         if announce or (before is not None and before != model.receipts_total):
             added = model.receipts_total - (before or 0)
@@ -111,7 +136,7 @@ class ContractsApp(App):
             except Exception as err:  # a bug here must not take the browser down: say so on the Gate tab
                 view = GateView("unknown", [(f"engine.gate raised {type(err).__name__}: {err}",
                                              f"contracts gate {m.key}")], "engine.gate (failed)")
-            self.call_from_thread(self._apply_gate, model, m.key, view)
+            self.ui(self._apply_gate, model, m.key, view)
 
     def _apply_gate(self, model: Model, key: str, view) -> None:
         if model is not self.model:
@@ -145,7 +170,7 @@ class ContractsApp(App):
         if self._build_lock.locked():
             return
         if self._store_signature() != self._signature:
-            self.call_from_thread(self.load_model)
+            self.ui(self.load_model)
 
     # -- navigation used by screens and the palette ------------------------------------------
 

@@ -21,7 +21,7 @@ class ContractsCommands(Provider):
                         f"{m.review}, {m.promotion}, gate {m.gate.verdict}"))
         for m in model.methods:
             for dev in ("cuda", "cpu"):
-                cmd = f"contracts check {m.key} --device {dev}"
+                cmd = f"contracts check {m.key} --device {dev}{app.flags}"
                 out.append((f"copy: {cmd}", partial(app.copy_text, cmd), "copy this command to the clipboard"))
         out.append(("filter: failures only", app.toggle_failures, "show only failed, errored, tampered or corrupt"))
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.message import Message
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable, Input, Static, Tree
 
@@ -31,6 +32,8 @@ class VimTable(DataTable):
             self.table, self.row, self.key = table, row, key
             super().__init__()
 
+    MAX_WIDTH = 60  # longer cells are cut on screen; y copies them whole, enter shows them whole
+
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("cursor_type", "row")
         kwargs.setdefault("zebra_stripes", True)
@@ -47,10 +50,30 @@ class VimTable(DataTable):
         self._pending_raw = None
         return super().add_row(*cells, **kwargs)
 
-    def add_raw_row(self, cells: list, raw: list, key: str | None = None):
+    def add_raw_row(self, cells: list, raw: list | None, key: str | None = None):
         """A row shown as `cells`, copied as `raw`."""
         self._pending_raw = raw
         return self.add_row(*cells, key=key)
+
+    def fill(self, columns: list, rows: list) -> None:
+        """Replace every column and row: `columns` are labels or (label, key); `rows` are (cells, raw, key).
+
+        Column widths are computed here from the text (capped at MAX_WIDTH), not
+        left to DataTable's measuring pass on idle: the picture is the same
+        whenever it is taken, and no cell is measured twice.
+        """
+        cols = [c if isinstance(c, tuple) else (c, None) for c in columns]
+        widths = [cell_len(label) for label, _ in cols]
+        for cells, _raw, _key in rows:
+            for i, cell in enumerate(cells[:len(widths)]):
+                w = cell.cell_len if isinstance(cell, Text) else cell_len(str(cell))
+                if w > widths[i]:
+                    widths[i] = min(w, self.MAX_WIDTH)
+        self.clear(columns=True)
+        for (label, key), width in zip(cols, widths):
+            self.add_column(label, width=width, key=key)
+        for cells, raw, key in rows:
+            self.add_raw_row(cells, raw, key)
 
     def action_select_cursor(self) -> None:
         if not self.row_count:

@@ -51,8 +51,6 @@ class DiffScreen(Screen):
     def on_mount(self) -> None:
         self.sub_title = "diff"
         self.query_one("#filter").display = False
-        self.query_one("#diff-table", VimTable).add_columns("change", "contract seed dtype", "what", "old", "new",
-                                                             "delta")
         self.compare()
 
     @work(thread=True, exclusive=True, group="diff")
@@ -61,12 +59,18 @@ class DiffScreen(Screen):
         b = load_detail(self.app.receipts_dir, self.new.file)
         if a.data is None or b.data is None:
             bad = a if a.data is None else b
-            self.app.call_from_thread(self.show, [], 0, f"cannot compare: {bad.file}: {bad.error}")
+            self.app.ui(self.show, [], 0, f"cannot compare: {bad.file}: {bad.error}")
             return
-        rows, same = diff_predicates(a.data["predicate"], b.data["predicate"])
-        self.app.call_from_thread(self.show, rows, same, "")
+        try:
+            rows, same = diff_predicates(a.data["predicate"], b.data["predicate"])
+        except Exception as err:  # a tampered file can hold any JSON at all
+            self.app.ui(self.show, [], 0, f"cannot compare: {type(err).__name__}: {err}")
+            return
+        self.app.ui(self.show, rows, same, "")
 
     def show(self, rows: list[DiffRow], same: int, error: str) -> None:
+        if not self.is_mounted:
+            return  # closed before the comparison finished
         self.rows, self.same, self.error = rows, same, error
         self._fill()
         self.query_one("#diff-table").focus()
@@ -83,17 +87,17 @@ class DiffScreen(Screen):
                         f"{sum(r.kind == 'mutant' for r in self.rows)} mutant verdict(s) changed, "
                         f"{self.same} measurement(s) unchanged")
         self.query_one("#diff-header", Static).update(head)
-        t = self.query_one("#diff-table", VimTable)
-        t.clear()
+        rows = []
         needle = self.filter_text.lower()
         for r in self.rows:
             if self.failures_only and r.kind not in ("status", "mutant", "run"):
                 continue
             if needle and needle not in f"{r.kind} {r.where} {r.name} {r.change}".lower():
                 continue
-            t.add_raw_row([Text(r.kind, style=KIND_STYLE.get(r.kind, "")), r.where, r.name, fmt.num(r.old),
-                           fmt.num(r.new), r.change],
-                          [r.kind, r.where, r.name, r.old, r.new, r.change])
+            rows.append(([Text(r.kind, style=KIND_STYLE.get(r.kind, "")), r.where, str(r.name), fmt.num(r.old),
+                          fmt.num(r.new), r.change], [r.kind, r.where, r.name, r.old, r.new, r.change], None))
+        self.query_one("#diff-table", VimTable).fill(["change", "contract seed dtype", "what", "old", "new", "delta"],
+                                                     rows)
 
     def action_back(self) -> None:
         self.app.pop_screen()

@@ -79,8 +79,6 @@ class MainScreen(Screen):
         tree.show_root = False
         tree.guide_depth = 2
         self.query_one("#filter").display = False
-        t = self.query_one("#receipts-table", VimTable)
-        t.add_columns("time (UTC)", "device", "seeds", "status", "evidence", "commit", "id")
         if self.app.model is not None:
             self.show_model(self.app.model)
         self.refresh_bindings()
@@ -195,12 +193,7 @@ class MainScreen(Screen):
     def _fill_contracts(self, m: MethodModel) -> None:
         t = self.query_one("#contracts-table", VimTable)
         cursor_key = self._cursor_key(t)
-        t.clear(columns=True)
-        t.add_column("contract", key="contract")
-        t.add_column("kind", key="kind")
-        for dev in m.devices:
-            t.add_column(dev, key=f"dev:{dev}")
-        t.add_columns("worst margin", "latest value vs tolerance", "seeds passed")
+        rows = []
         for c in m.contracts:
             if (self.failures_only and not c.failing) or not self._match(c.search_text()):
                 continue
@@ -208,9 +201,10 @@ class MainScreen(Screen):
             for dev in m.devices:
                 st, fr = c.cells.get(dev, (None, None))
                 cells.append(fmt.status(st, " (stale)" if fr == "stale" else ""))
-            t.add_raw_row([c.id, c.kind, *cells, fmt.num(c.worst_margin), c.latest, c.seeds_passed],
-                          [c.id, c.kind, *[fmt_plain(x) for x in cells], c.worst_margin, c.latest, c.seeds_passed],
-                          key=c.id)
+            rows.append(([c.id, c.kind, *cells, fmt.num(c.worst_margin), c.latest, c.seeds_passed],
+                         [c.id, c.kind, *[fmt_plain(x) for x in cells], c.worst_margin, c.latest, c.seeds_passed],
+                         c.id))
+        t.fill(["contract", "kind", *m.devices, "worst margin", "latest value vs tolerance", "seeds passed"], rows)
         self._restore_cursor(t, self.contract or cursor_key)
 
     def _visible_receipts(self, m: MethodModel) -> list:
@@ -227,16 +221,14 @@ class MainScreen(Screen):
     def _fill_receipts(self, m: MethodModel) -> None:
         t = self.query_one("#receipts-table", VimTable)
         cursor_key = self.selected_receipt()
-        t.clear()
         rows = self._visible_receipts(m)
         shown = rows[:MAX_RECEIPT_ROWS]
-        t.add_rows(
-            [fmt.when(r.created_at), r.device, ",".join(map(str, r.entry.get("seeds") or [])) or "–",
-             fmt.status(r.status) if r.status else Text("? unknown", style="bold red"), fmt.state(r.freshness), fmt.commit(r.entry.get("commit"), r.entry.get("dirty")),
-             r.short_id]
-            for r in shown)
-        # add_rows keys rows by position; keep our own map from row index to file
-        self._receipt_files = [r.file for r in shown]
+        t.fill(["time (UTC)", "device", "seeds", "status", "evidence", "commit", "id"], [
+            ([fmt.when(r.created_at), r.device, ",".join(map(str, r.entry.get("seeds") or [])) or "–",
+              fmt.status(r.status) if r.status else Text("? unknown", style="bold red"), fmt.state(r.freshness),
+              fmt.commit(r.entry.get("commit"), r.entry.get("dirty")), r.short_id], None, None)
+            for r in shown])
+        self._receipt_files = [r.file for r in shown]  # row index -> file (rows are not keyed)
         parts = [f"{len(m.receipts)} receipt(s)"]
         if self.contract:
             parts.append(f"holding contract {self.contract}")

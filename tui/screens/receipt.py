@@ -64,10 +64,6 @@ class ReceiptScreen(Screen):
     def on_mount(self) -> None:
         self.sub_title = self.row.file
         self.query_one("#filter").display = bool(self.filter_text)
-        t = self.query_one("#results-table", VimTable)
-        t.add_columns("contract", "kind", "seed", "dtype", "status", "worst expectation", "margin", "message")
-        self.query_one("#mutants-table", VimTable).add_columns("mutant", "killed", "killed by", "expected killers",
-                                                                "breaks")
         self.query_one("#results-note", Static).update(Text("reading the receipt ...", style="dim"))
         self.load()
 
@@ -76,18 +72,27 @@ class ReceiptScreen(Screen):
     @work(thread=True, exclusive=True, group="detail")
     def load(self) -> None:
         detail = load_detail(self.app.receipts_dir, self.row.file)
-        self.app.call_from_thread(self.show_detail, detail)
+        self.app.ui(self.show_detail, detail)
 
     def show_detail(self, detail: Detail) -> None:
+        if not self.is_mounted:
+            return  # closed (escape) before the file was read
         self.detail = detail
         pred = (detail.data or {}).get("predicate") or {}
         self._results = [r for r in pred.get("results") or [] if isinstance(r, dict)]
-        self.query_one("#receipt-header", Static).update(self._header_text(pred, detail.error))
-        self._fill_results()
-        self._fill_mutants(pred)
-        self._fill_mechanism(pred)
         raw = self.query_one("#raw-text", TextArea)
         raw.load_text(detail.text)
+        try:
+            self.query_one("#receipt-header", Static).update(self._header_text(pred, detail.error))
+            self._fill_results()
+            self._fill_mutants(pred)
+            self._fill_mechanism(pred)
+        except Exception as err:  # a tampered file can hold any JSON at all: show it raw, never crash
+            self.detail = Detail(detail.file, None, detail.text,
+                                 f"cannot be shown as a receipt ({type(err).__name__}: {err})")
+            self.query_one("#results-note", Static).update(Text(f"{self.detail.error}; see Raw JSON",
+                                                                style="bold red"))
+            detail = self.detail
         if detail.data is None:
             self.query_one(TabbedContent).active = "raw"
             raw.focus()
@@ -130,9 +135,8 @@ class ReceiptScreen(Screen):
 
     def _fill_results(self) -> None:
         t = self.query_one("#results-table", VimTable)
-        t.clear()
         needle = self.filter_text.lower()
-        shown = 0
+        rows = []
         self._result_rows = []
         for r in self._results:
             if self.failures_only and r.get("status") == "passed":
@@ -141,17 +145,17 @@ class ReceiptScreen(Screen):
                    f"{r.get('message') or ''}".lower()
             if needle and needle not in text:
                 continue
-            worst = _worst(r.get("expectations") or [])
-            cells = [r.get("contract"), r.get("kind"), fmt.num(r.get("seed")), r.get("dtype"),
-                     fmt.status(r.get("status")),
+            worst = _worst(r.get("expectations") if isinstance(r.get("expectations"), list) else [])
+            cells = [str(r.get("contract")), str(r.get("kind")), fmt.num(r.get("seed")), str(r.get("dtype")),
+                     fmt.status(r.get("status") if isinstance(r.get("status"), str) else None),
                      fmt.expectation(worst.get("metric"), worst.get("value"), worst.get("op"), worst.get("threshold")),
-                     fmt.num(worst.get("margin")), (r.get("message") or "")[:120]]
+                     fmt.num(worst.get("margin")), str(r.get("message") or "")[:120]]
             raw = [r.get("contract"), r.get("kind"), r.get("seed"), r.get("dtype"), r.get("status"),
                    worst.get("value"), worst.get("margin"), r.get("message") or ""]
-            t.add_raw_row(cells, raw)
+            rows.append((cells, raw, None))
             self._result_rows.append(r)
-            shown += 1
-        total = len(self._results)
+        t.fill(["contract", "kind", "seed", "dtype", "status", "worst expectation", "margin", "message"], rows)
+        total, shown = len(self._results), len(rows)
         parts = [f"{shown} of {total} result(s)"]
         if self.failures_only:
             parts.append("failures only")
@@ -164,42 +168,41 @@ class ReceiptScreen(Screen):
         self.query_one("#results-note", Static).update(Text(", ".join(parts), style="dim"))
 
     def _fill_mutants(self, pred: dict) -> None:
-        t = self.query_one("#mutants-table", VimTable)
-        t.clear()
+        rows = []
         for m in pred.get("mutants") or []:
             if not isinstance(m, dict):
                 continue
             if self.failures_only and m.get("killed"):
                 continue
             killed = Text("✓ killed", style="green") if m.get("killed") else Text("✗ SURVIVED", style="bold red")
-            desc = m.get("description") or ""
+            desc = str(m.get("description") or "")
             if m.get("error"):
                 desc = f"{desc} [{m['error']}]"
-            t.add_raw_row([m.get("id"), killed, ", ".join(m.get("killed_by") or []) or "–",
-                           ", ".join(m.get("expected_killers") or []), desc],
-                          [m.get("id"), m.get("killed"), ", ".join(m.get("killed_by") or []),
-                           ", ".join(m.get("expected_killers") or []), desc])
+            killers, expected = _names(m.get("killed_by")), _names(m.get("expected_killers"))
+            rows.append(([str(m.get("id")), killed, killers or "–", expected, desc],
+                         [m.get("id"), m.get("killed"), killers, expected, desc], None))
+        self.query_one("#mutants-table", VimTable).fill(["mutant", "killed", "killed by", "expected killers",
+                                                         "breaks"], rows)
 
     def _fill_mechanism(self, pred: dict) -> None:
-        t = self.query_one("#steps-table", VimTable)
-        t.clear(columns=True)
         mech = [m for m in pred.get("mechanism") or [] if isinstance(m, dict)]
         fields: list[str] = []
         for m in mech:
-            for s in m.get("steps") or []:
-                for k in s if isinstance(s, dict) else []:
+            for st in m.get("steps") if isinstance(m.get("steps"), list) else []:
+                for k in st if isinstance(st, dict) else []:
                     if k not in fields:
                         fields.append(k)
         fields = fields[:MAX_STEP_COLUMNS]
-        t.add_columns("contract", "seed", "dtype", "#", *fields)
+        rows = []
         for m in mech:
-            for i, s in enumerate(m.get("steps") or []):
-                if not isinstance(s, dict):
+            for i, st in enumerate(m.get("steps") if isinstance(m.get("steps"), list) else []):
+                if not isinstance(st, dict):
                     continue
-                vals = [s.get(k) for k in fields]
-                t.add_raw_row([m.get("contract"), fmt.num(m.get("seed")), m.get("dtype"), str(i),
-                               *[fmt.num(v) if not isinstance(v, list) else f"[{len(v)} values]" for v in vals]],
-                              [m.get("contract"), m.get("seed"), m.get("dtype"), i, *vals])
+                vals = [st.get(k) for k in fields]
+                rows.append(([str(m.get("contract")), fmt.num(m.get("seed")), str(m.get("dtype")), str(i),
+                              *[f"[{len(v)} values]" if isinstance(v, list) else fmt.num(v) for v in vals]],
+                             [m.get("contract"), m.get("seed"), m.get("dtype"), i, *vals], None))
+        self.query_one("#steps-table", VimTable).fill(["contract", "seed", "dtype", "#", *fields], rows)
         out = Text()
         comps = [(m, c) for m in mech for c in m.get("comparisons") or [] if isinstance(c, dict)]
         if not mech:
@@ -320,3 +323,10 @@ def _numbers(values) -> list[float]:
         return []
     ok = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
     return ok if len(ok) == len(values) else []
+
+
+def _names(value) -> str:
+    """A list of ids as 'a, b'; anything else as its text (a tampered receipt may hold anything)."""
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return "" if value is None else str(value)
