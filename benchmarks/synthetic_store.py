@@ -121,7 +121,7 @@ promotion:
     devices: [cpu, cuda]
     all_budget_seeds: true
     mutants_killed: true
-    formal_comparison: false
+    formal_comparison: {formal}
 """
 
 
@@ -137,7 +137,7 @@ def demo_static_names():
     )
 
 
-def write_demo_project(root: Path, keys=("demo-method",), review: str = "IN-REVIEW") -> Path:
+def write_demo_project(root: Path, keys=("demo-method",), review: str = "IN-REVIEW", formal: bool = False) -> Path:
     """A project folder with demo sources and one spec per key; returns the specs folder."""
     root = Path(root)
     for rel, text in DEMO_SOURCES.items():
@@ -147,7 +147,7 @@ def write_demo_project(root: Path, keys=("demo-method",), review: str = "IN-REVI
     specs = root / "specs"
     specs.mkdir(parents=True, exist_ok=True)
     for key in keys:
-        (specs / f"{key}.yaml").write_text(DEMO_SPEC.format(key=key, review=review))
+        (specs / f"{key}.yaml").write_text(DEMO_SPEC.format(key=key, review=review, formal=str(formal).lower()))
     return specs
 
 
@@ -182,7 +182,7 @@ def _value(e: dict, passing: bool, rng: random.Random) -> float:
 
 
 def predicate(spec: dict, created_at: str, device: str = "cpu", seeds=None, failing=(), survivors=(),
-              rng: random.Random | None = None, steps: int = 4, formal: list | None = None,
+              rng: random.Random | None = None, steps: int = 4, formal: float | None = None,
               commit: str = "0123456789abcdef0123456789abcdef01234567") -> dict:
     """A runner-shaped predicate for `spec`: results per contract/seed/dtype, mutants, mechanism steps."""
     rng = rng or random.Random(0)
@@ -213,9 +213,14 @@ def predicate(spec: dict, created_at: str, device: str = "cpu", seeds=None, fail
                                             "control_values": [rng.uniform(0, 1) for _ in range(3)],
                                             "formal": False, "note": "diagnostic: too few seeds to decide"}]}
                     mechanism.append(rec)
-    if formal:
-        mechanism.append({"contract": spec["contracts"][-1]["id"], "seed": seeds[0], "dtype": "float32", "steps": [],
-                          "comparisons": formal})
+    if formal is not None:
+        # A formal comparison per seed: the method `formal` ahead of its control on average.
+        for rec in mechanism:
+            control = [rng.uniform(0.3, 0.5) for _ in range(4)]
+            rec["comparisons"].append({"name": "vs-grpo-formal", "metric": "reward_mean", "method": spec["method"],
+                                       "control": "grpo", "method_values": [c + formal + rng.uniform(-0.01, 0.01)
+                                                                            for c in control],
+                                       "control_values": control, "formal": True, "note": ""})
     mutants = []
     for m in spec["mutants"]:
         killed = m["id"] not in survivors

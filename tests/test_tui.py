@@ -22,7 +22,7 @@ from engine.receipts import statement, write_receipt
 from engine.spec import load_spec
 from engine.verify import assess_receipts
 from tui.app import binding_ids, create_app, parse_keys
-from tui.data import build_model, gate_flags
+from tui.data import assessed_from_index, build_model, gate_flags
 from tui.diff import diff_predicates
 from tui.screens.diff import DiffScreen
 from tui.screens.main import MainScreen
@@ -97,19 +97,22 @@ def test_index_states_agree_with_contracts_verify(store):
     pred = predicate(spec, stamp(30))
     del pred["environment"]  # intact (the id covers the edit) but not the receipt schema's shape
     write_receipt(rd, statement(subject_for(store["root"], "demo-method"), pred))
+    same = json.loads(store["cuda"].read_text())  # the same receipt, only re-indented
+    (rd / "demo-method" / "20260105T110000000000Z_demo-method_reindented.json").write_text(json.dumps(same, indent=2))
     idx = ReceiptIndex(rd)
     idx.refresh()
     fresh = Freshness(store["root"], store["specs"])
     ours = {e["file"]: (freshness_of(e, idx, fresh)[0], e["message"]) for e in idx.entries()}
     theirs, _ = assess_receipts(rd, store["root"], store["specs"])
-    assert len(ours) == len(theirs) == 10
+    assert len(ours) == len(theirs) == 11
     for a in theirs:
         state, message = ours[a.file]
         assert state == a.state, a.file
         if a.state != "stale":
             assert message == a.message, a.file
     assert sorted(s for s, _ in ours.values()) == ["fresh", "fresh", "fresh", "invalid", "invalid", "invalid",
-                                                   "invalid", "invalid", "stale", "tampered"]
+                                                   "invalid", "invalid", "stale", "tampered", "tampered"]
+    assert any(m == "file bytes differ from the form it was written in" for _, m in ours.values())
 
 
 def test_a_promote_does_not_make_receipts_stale(store):
@@ -233,10 +236,17 @@ def test_model_rows(store):
 def test_gate_from_the_index_is_contracts_gate(store):
     """The index-fed evaluation gives exactly what engine.gate gives reading every receipt itself."""
     model = _model(store, gates=True)
+    index = ReceiptIndex(store["receipts"])
+    index.refresh()
     for key in ("demo-method", "other-method"):
         m = model.method(key)
         flags = gate_flags(store["receipts"], store["specs"], store["root"])
         theirs = engine_gate.evaluate(m.spec_obj, store["receipts"], store["root"], store["specs"], flags)
+        ours = engine_gate.evaluate(m.spec_obj, store["receipts"], store["root"], store["specs"], flags,
+                                    assessed=assessed_from_index(m, index))
+        for result in (theirs, ours):
+            result.pop("evaluated_at")
+        assert ours == theirs  # every requirement, failed cell, message, warning and receipt id
         unmet = [(f"{r['id']}: {r['detail']}", r["fix"]) for r in theirs["requirements"]
                  if r["required"] and not r["met"]]
         assert m.gate.source == "engine.gate"
@@ -244,6 +254,25 @@ def test_gate_from_the_index_is_contracts_gate(store):
         assert m.gate.unmet == unmet and m.gate.warnings == theirs["warnings"]
     ids = [w.split(": ")[0] for w, _ in model.method("demo-method").gate.unmet]
     assert ids == ["review", "device:cpu", "device:cuda"]
+
+
+def test_gate_from_the_index_is_contracts_gate_for_formal_comparisons(tmp_path, demo_names):
+    root = tmp_path / "p"
+    specs = write_demo_project(root, review="DONE", formal=True)
+    spec = load_spec(specs / "demo-method.yaml", root).data
+    rd = root / "receipts"
+    for i, (device, ahead) in enumerate((("cpu", 0.2), ("cuda", 0.2), ("cuda", -0.2), ("cpu", None))):
+        add_receipt(rd, root, spec, i, device=device, formal=ahead, rng=random.Random(i))
+    m = _model(root, specs, rd).method("demo-method")
+    index = ReceiptIndex(rd)
+    index.refresh()
+    theirs = engine_gate.evaluate(m.spec_obj, rd, root, specs, "")
+    ours = engine_gate.evaluate(m.spec_obj, rd, root, specs, "", assessed=assessed_from_index(m, index))
+    theirs.pop("evaluated_at"), ours.pop("evaluated_at")
+    assert ours == theirs
+    formal = next(r for r in ours["requirements"] if r["id"] == "formal_comparison")
+    assert formal["required"] and len(formal["comparisons"]) == 3 and formal["diagnostic_only"] > 0
+    assert sorted(c["ahead"] for c in formal["comparisons"]) == [False, True, True]
 
 
 def test_gate_opens_only_with_everything(tmp_path, demo_names):
