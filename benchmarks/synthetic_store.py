@@ -7,11 +7,13 @@ made up. The shape of the predicate follows engine/runner.py.
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import MappingProxyType
 
+from engine.expect import applies, evaluate
 from engine.receipts import receipt_filename, serialize, sha256_file, statement, write_receipt
 
 DEMO_SOURCES = {
@@ -160,25 +162,47 @@ def subject_for(root: Path, key: str, files=None) -> list[dict]:
     return sorted(subj, key=lambda s: s["name"])
 
 
-def _expect_record(e: dict, value: float) -> dict:
-    op = next(k for k in ("le", "lt", "ge", "gt", "eq") if k in e)
-    thr = e[op]
-    ok = {"le": value <= thr, "lt": value < thr, "ge": value >= thr, "gt": value > thr, "eq": value == thr}[op]
-    margin = (thr - value) if op in ("le", "lt") else (value - thr) if op in ("ge", "gt") else (0.0 if ok else -1.0)
-    return {"metric": e["metric"], "op": op, "threshold": thr, "tolerance_source": "spec", "value": value,
-            "margin": margin, "passed": bool(ok)}
+def _measure(exps: list[dict], dtype: str, passing: bool, rng: random.Random) -> dict:
+    """Measurements that meet every applicable expectation (or, failing, break the first one)."""
+    from engine.expect import DTYPE_DEFAULTS
 
-
-def _value(e: dict, passing: bool, rng: random.Random) -> float:
-    op = next(k for k in ("le", "lt", "ge", "gt", "eq") if k in e)
-    thr = float(e[op])
-    scale = abs(thr) or 1e-3
-    if op in ("le", "lt"):
-        return thr - scale * rng.uniform(0.05, 0.95) if passing and thr > 0 else (
-            0.0 if passing else thr + scale * rng.uniform(0.5, 5.0))
-    if op in ("ge", "gt"):
-        return thr + scale * rng.uniform(0.05, 5.0) if passing else thr - scale * rng.uniform(0.5, 2.0)
-    return thr if passing else thr + 1.0
+    bounds: dict[str, dict] = {}
+    for e in exps:
+        b = bounds.setdefault(e["metric"], {})
+        if "default" in e:
+            rtol, atol = DTYPE_DEFAULTS[dtype]
+            b["hi"] = min(b.get("hi", math.inf), rtol if e["default"] == "rtol" else atol)
+        elif "eq" in e:
+            b["eq"] = e["eq"]
+        for op in ("le", "lt"):
+            if op in e:
+                b["hi"] = min(b.get("hi", math.inf), float(e[op]))
+                b["strict_hi"] = b.get("strict_hi", False) or op == "lt"
+        for op in ("ge", "gt"):
+            if op in e:
+                b["lo"] = max(b.get("lo", -math.inf), float(e[op]))
+    out = {}
+    for k, (metric, b) in enumerate(bounds.items()):
+        broken = not passing and k == 0
+        if "eq" in b:
+            v = b["eq"]
+            out[metric] = (not v if isinstance(v, bool) else v + 1.0) if broken else v
+            continue
+        lo, hi = b.get("lo", -math.inf), b.get("hi", math.inf)
+        if broken:
+            out[metric] = hi + (abs(hi) or 1e-3) * rng.uniform(0.5, 5) if hi < math.inf else lo - (abs(lo) or 1e-3)
+        elif lo > -math.inf and hi < math.inf:
+            out[metric] = lo + (hi - lo) * rng.uniform(0.05, 0.95)
+        elif hi < math.inf:
+            if hi > 0:
+                out[metric] = hi * rng.uniform(0.05, 0.95)
+            else:  # le 0: exactly zero, as invariance checks measure; lt 0: just below
+                out[metric] = hi - 1e-9 if b.get("strict_hi") else hi
+        elif lo > -math.inf:
+            out[metric] = lo + max(abs(lo), 1e-3) * rng.uniform(0.05, 5)
+        else:
+            out[metric] = rng.uniform(0, 1)
+    return out
 
 
 def predicate(spec: dict, created_at: str, device: str = "cpu", seeds=None, failing=(), survivors=(),
@@ -192,10 +216,11 @@ def predicate(spec: dict, created_at: str, device: str = "cpu", seeds=None, fail
         for seed in seeds:
             for dtype in c["dtypes"]:
                 passing = c["id"] not in failing
-                ms = {e["metric"]: _value(e, passing, rng) for e in c["expect"]}
+                applicable = [e for e in c["expect"] if applies(e, dtype)]
+                ms = _measure(applicable, dtype, passing, rng)
                 ms["cases"] = c["cases"]
-                exps = [_expect_record(e, ms[e["metric"]]) for e in c["expect"]]
-                status = "passed" if all(x["passed"] for x in exps) else "failed"
+                exps = [evaluate(e, ms, dtype) for e in applicable]  # the engine's own comparison
+                status = "passed" if exps and all(x["passed"] for x in exps) else "failed"
                 results.append({
                     "contract": c["id"], "kind": c["kind"], "check": c["check"], "seed": seed, "dtype": dtype,
                     "status": status, "measurements": ms, "expectations": exps,

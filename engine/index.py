@@ -7,10 +7,10 @@ processes when there are many); everything else comes from the cache. The
 index is a cache, never evidence: deleting it costs one full re-read and
 changes nothing else.
 
-A line is `{light summary}` TAB `{heavy part}`. The light summary (state,
-time, device, status, ...) is decoded on start; the heavy part (per-contract
-digest, mutant verdicts, and the slice of the predicate engine.gate reads) is
-kept as bytes and decoded only for the receipts a view actually needs.
+Each receipt has a light summary in `.index.jsonl` (state, time, device,
+status, ...), read on start, and a heavy part in `.index-detail.jsonl`
+(per-contract digest, mutant verdicts, and the slice of the predicate
+engine.gate reads), read when a view first needs one and decoded per receipt.
 
 What is cached is what a file's bytes decide, with the same rules and order as
 `contracts verify` (engine/verify.py): unreadable or not a receipt -> invalid;
@@ -38,7 +38,8 @@ from engine.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_receipt,
 from engine.spec import KEY_RE
 
 INDEX_NAME = ".index.jsonl"
-INDEX_VERSION = 2
+DETAIL_NAME = ".index-detail.jsonl"
+INDEX_VERSION = 4
 OK, TAMPERED, INVALID = "ok", "tampered", "invalid"
 FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
@@ -109,28 +110,43 @@ def contract_digest(results: list) -> dict[str, list]:
 
 
 def gate_slice(pred: dict) -> dict:
-    """The part of a predicate engine.gate reads (results without measurements, no step records)."""
+    """The part of a predicate engine.gate reads: no measurements, no step records, passed cells grouped.
+
+    Passed results become [contract, dtype, [seeds]] (most results pass; their
+    order does not matter to the gate); others keep their order and message.
+    """
+    passed: dict[tuple, list] = {}
+    other = []
+    for r in pred.get("results") or []:
+        if not isinstance(r, dict):
+            continue
+        if r.get("status") == "passed":
+            passed.setdefault((r.get("contract"), r.get("dtype")), []).append(r.get("seed"))
+        else:
+            other.append([r.get("contract"), r.get("seed"), r.get("dtype"), r.get("status"), r.get("message")])
     return {
         "method": pred.get("method"),
         "status": pred.get("status"),
         "errors": pred.get("errors"),
         "spec": {"name": (pred.get("spec") or {}).get("name")},
         "environment": {"device": {"kind": ((pred.get("environment") or {}).get("device") or {}).get("kind")}},
-        "results": [[r.get("contract"), r.get("seed"), r.get("dtype"), r.get("status"),
-                     None if r.get("status") == "passed" else r.get("message")]
-                    for r in pred.get("results") or []],
-        "mutants": [[m.get("id"), m.get("killed")] for m in pred.get("mutants") or []],
+        "passed": [[c, d, seeds] for (c, d), seeds in passed.items()],
+        "other": other,
+        "mutants": [[m.get("id"), m.get("killed")] for m in pred.get("mutants") or [] if isinstance(m, dict)],
         "contracts_proven": pred.get("contracts_proven"),
         "mechanism": [{"contract": m.get("contract"), "seed": m.get("seed"), "dtype": m.get("dtype"),
-                       "comparisons": m.get("comparisons") or []} for m in pred.get("mechanism") or []],
+                       "comparisons": m.get("comparisons") or []}
+                      for m in pred.get("mechanism") or [] if isinstance(m, dict)],
     }
 
 
 def gate_predicate(g: dict) -> dict:
     """A `gate_slice` back in the predicate's own shape, for engine.gate.evaluate."""
-    out = dict(g)
-    out["results"] = [{"contract": c, "seed": s, "dtype": d, "status": st, "message": msg}
-                      for c, s, d, st, msg in g["results"]]
+    out = {k: v for k, v in g.items() if k not in ("passed", "other")}
+    results = [{"contract": c, "seed": s, "dtype": d, "status": "passed", "message": None}
+               for c, d, seeds in g["passed"] for s in seeds]
+    results += [{"contract": c, "seed": s, "dtype": d, "status": st, "message": msg} for c, s, d, st, msg in g["other"]]
+    out["results"] = results
     out["mutants"] = [{"id": i, "killed": k} for i, k in g["mutants"]]
     return out
 
@@ -150,8 +166,11 @@ def _light(rel: str, state: str, message: str) -> dict:
             "commit": None, "dirty": None, "subjects": None, "cset": None, "spec_name": None, "spec_state": None}
 
 
-def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, dict | None, list | None, list | None]:
-    """(light summary, heavy part, subject pairs, contract ids) for one file; broken files say why, never raise."""
+def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, list | None, list | None, list | None]:
+    """(light summary, heavy part, subject pairs, contract ids) for one file; broken files say why, never raise.
+
+    The heavy part is [{"c": contract digest, "m": mutant verdicts}, gate slice or None].
+    """
     if folder_method is None:
         where = "not inside a method folder" if "/" not in rel else f"in {rel.split('/')[0]}/, which is not a method key"
         return _light(rel, INVALID, f"{where} (receipts live in <receipts>/<method>/)"), None, None, None
@@ -192,10 +211,10 @@ def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, di
             "subjects": _digest(pairs) if pairs else None, "cset": _digest(cids),
             "spec_name": spec.get("name"), "spec_state": spec.get("promotion_state"),
         })
-        heavy = {"c": contract_digest(results),
-                 "m": {m["id"]: bool(m.get("killed")) for m in pred.get("mutants") or []
-                       if isinstance(m, dict) and isinstance(m.get("id"), str)},
-                 "g": gate_slice(pred) if state == OK else None}
+        heavy = [{"c": contract_digest(results),
+                  "m": {m["id"]: bool(m.get("killed")) for m in pred.get("mutants") or []
+                        if isinstance(m, dict) and isinstance(m.get("id"), str)}},
+                 gate_slice(pred) if state == OK else None]
         return light, heavy, pairs, cids
     except Exception as err:  # an odd shape that still passed the checks above: listed as broken, never fatal
         return _light(rel, INVALID, f"unexpected receipt shape: {type(err).__name__}: {err}"), None, None, None
@@ -222,78 +241,170 @@ def _dumps(value: Any) -> str:
 
 
 class ReceiptIndex:
-    """Receipt summaries for one store, refreshed incrementally from `.index.jsonl`."""
+    """Receipt summaries for one store, refreshed incrementally from `.index.jsonl`.
+
+    Light summaries live in `.index.jsonl` (read on every start); heavy parts in
+    `.index-detail.jsonl`, read the first time a view asks for one (the gate
+    worker, the Contracts tab's newest receipts), so a start reads a few MB
+    rather than the ~13 KB per receipt the gate slices take.
+    """
 
     def __init__(self, receipts_dir: Path, persist: bool = True):
         self.receipts_dir = Path(receipts_dir)
         self.path = self.receipts_dir / INDEX_NAME
+        self.detail_path = self.receipts_dir / DETAIL_NAME
         self.persist = persist
         self._entries: dict[str, dict] = {}  # rel path -> light summary (+ file, size, mtime_ns)
         self._heavy: dict[str, bytes | dict | None] = {}  # rel path -> heavy part, bytes until first asked
         self._subjects: dict[str, list] = {}  # digest -> [[name, sha256], ...]
         self._csets: dict[str, list] = {}  # digest -> contract ids present in the receipt
         self._loaded = False
+        self._detail_loaded = False
         self._lines = 0
 
-    # -- the cache file --------------------------------------------------------
+    # -- the cache files ---------------------------------------------------------
 
-    def _read_cache(self) -> None:
-        self._loaded = True
+    @staticmethod
+    def _read_lines(path: Path) -> list[bytes] | None:
+        """The lines after a header of this version, or None (missing, foreign or unreadable)."""
         try:
-            with open(self.path, "rb") as f:
+            with open(path, "rb") as f:
                 lines = f.read().split(b"\n")
         except OSError:
-            return
-        if not lines or not lines[0]:
-            return
+            return None
         try:
             head = json.loads(lines[0])
         except ValueError:
-            return
+            return None
         if not isinstance(head, dict) or head.get("k") != "h" or head.get("v") != INDEX_VERSION:
-            return  # another format: rebuilt from the receipts on this refresh
+            return None  # another format: rebuilt from the receipts on this refresh
+        return lines[1:]
+
+    def _read_cache(self) -> None:
+        self._loaded = True
+        lines = self._read_lines(self.path)
+        if not lines:
+            return
         loads = json.loads
-        for line in lines[1:]:
-            light, _, heavy = line.partition(_SEP)
+        for line in lines:
             try:
-                rec = loads(light)
+                rec = loads(line)
             except ValueError:
                 continue  # a line cut short by a crash: that file is simply parsed again
             kind = rec.get("k") if isinstance(rec, dict) else None
-            if kind == "r" and heavy and isinstance(rec.get("file"), str):
+            if kind == "r" and isinstance(rec.get("file"), str):
                 self._entries[rec["file"]] = rec
-                self._heavy[rec["file"]] = heavy if heavy != b"null" else None
             elif kind == "s" and isinstance(rec.get("d"), str):
                 self._subjects[rec["d"]] = rec.get("s") or []
             elif kind == "c" and isinstance(rec.get("d"), str):
                 self._csets[rec["d"]] = rec.get("c") or []
-        self._lines = len(lines) - 1
+        self._lines = len(lines)
 
-    def _write(self, text: str, rewrite: bool) -> bool:
+    def _load_detail(self) -> None:
+        """Heavy parts from `.index-detail.jsonl`, kept as bytes; only those matching a current entry."""
+        self._detail_loaded = True
+        for line in self._read_lines(self.detail_path) or []:
+            key, _, heavy = line.partition(_SEP)
+            try:
+                rel, size, mtime = json.loads(key)
+            except (ValueError, TypeError):
+                continue
+            e = self._entries.get(rel)
+            if e is not None and e["size"] == size and e["mtime_ns"] == mtime and heavy and rel not in self._heavy:
+                self._heavy[rel] = heavy
+
+    def _header(self) -> str:
+        return _dumps({"k": "h", "v": INDEX_VERSION, "about": "cache of receipt summaries; safe to delete"}) + "\n"
+
+    def _write(self, path: Path, text: str, rewrite: bool) -> bool:
         if not self.persist:
             return False
         try:
             if rewrite:
-                head = _dumps({"k": "h", "v": INDEX_VERSION, "about": "cache of receipt summaries; safe to delete"})
                 tmp = self.receipts_dir / f"{TMP_PREFIX}index-{secrets.token_hex(6)}"
                 with open(tmp, "w", encoding="utf-8") as f:
-                    f.write(head + "\n" + text)
-                os.replace(tmp, self.path)
+                    f.write(self._header() + text)
+                os.replace(tmp, path)
             elif text:
                 # One write of whole lines in append mode: a concurrent reader sees whole lines or
                 # a cut last line, which it skips.
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(text)
+                new = not path.exists()
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write((self._header() if new else "") + text)
             return True
         except (OSError, ValueError):
             return False  # a read-only store still browses; it just re-parses next time
 
-    def _record(self, rel: str) -> str:
-        heavy = self._heavy.get(rel)
-        heavy_text = heavy.decode("utf-8") if isinstance(heavy, bytes) else _dumps(heavy)
-        return _dumps({"k": "r", **self._entries[rel]}) + "\t" + heavy_text + "\n"
+    def _light_line(self, rel: str) -> str:
+        return _dumps({"k": "r", **self._entries[rel]}) + "\n"
 
-    # -- refresh ---------------------------------------------------------------------
+    def _detail_line(self, rel: str) -> bytes:
+        e = self._entries[rel]
+        heavy = self._heavy.get(rel)
+        if isinstance(heavy, bytes):
+            payload = heavy
+        else:
+            cm, g = heavy if isinstance(heavy, list) else (None, None)
+            payload = _SEP.join(p if isinstance(p, bytes) else _dumps(p).encode("utf-8") for p in (cm, g))
+        return _dumps([rel, e["size"], e["mtime_ns"]]).encode("utf-8") + _SEP + payload + b"\n"
+
+    def _write_details(self, rels: list[str], rewrite: bool) -> bool:
+        """Write detail lines, recording each line's byte offset in its light entry (`dofs`)."""
+        if not self.persist:
+            return False
+        chunks = []
+        try:
+            if rewrite:
+                pos = len(self._header().encode("utf-8"))
+            else:
+                try:
+                    pos = os.path.getsize(self.detail_path)
+                except OSError:
+                    pos = 0
+                if pos == 0:
+                    chunks.append(self._header().encode("utf-8"))
+                    pos = len(chunks[0])
+            for rel in rels:
+                line = self._detail_line(rel)
+                self._entries[rel]["dofs"] = pos
+                chunks.append(line)
+                pos += len(line)
+            data = b"".join(chunks)
+            if rewrite:
+                tmp = self.receipts_dir / f"{TMP_PREFIX}index-{secrets.token_hex(6)}"
+                with open(tmp, "wb") as f:
+                    f.write(self._header().encode("utf-8") + data)
+                os.replace(tmp, self.detail_path)
+            elif data:
+                with open(self.detail_path, "ab") as f:
+                    f.write(data)
+            return True
+        except OSError:
+            for rel in rels:
+                self._entries[rel].pop("dofs", None)
+            return False
+
+    def _read_detail_at(self, rel: str) -> bytes | None:
+        """One heavy part by its recorded offset; None when the line there is not this entry's."""
+        e = self._entries.get(rel)
+        pos = e.get("dofs") if e else None
+        if not isinstance(pos, int):
+            return None
+        try:
+            with open(self.detail_path, "rb") as f:
+                f.seek(pos)
+                line = f.readline().rstrip(b"\n")
+        except OSError:
+            return None
+        key, _, heavy = line.partition(_SEP)
+        try:
+            if json.loads(key) != [rel, e["size"], e["mtime_ns"]]:
+                return None
+        except (ValueError, TypeError):
+            return None
+        return heavy or None
+
+    # -- refresh ------------------------------------------------------------------------
 
     def _listing(self) -> dict[str, tuple[str, int, int, str | None]]:
         """rel -> (path, size, mtime_ns, folder method): every candidate `contracts verify` would assess."""
@@ -336,7 +447,6 @@ class ReceiptIndex:
         # thread keeps the GIL to itself. spawn, not fork: the caller may be running threads.
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-
         from concurrent.futures.process import BrokenProcessPool
 
         workers = max(1, min(8, os.cpu_count() or 1))
@@ -368,37 +478,46 @@ class ReceiptIndex:
         for rel in result.removed:
             del entries[rel]
             self._heavy.pop(rel, None)
-        lines: list[str] = []
+        light_lines: list[str] = []
+        new_rels: list[str] = []
         for rel, (light, heavy, pairs, cids) in zip(todo, self._parse(todo, listing, progress)):
             _, size, mtime, _fm = listing[rel]
             if light["subjects"] and light["subjects"] not in self._subjects:
                 self._subjects[light["subjects"]] = pairs
-                lines.append(_dumps({"k": "s", "d": light["subjects"], "s": pairs}) + "\n")
+                light_lines.append(_dumps({"k": "s", "d": light["subjects"], "s": pairs}) + "\n")
             if light["cset"] and light["cset"] not in self._csets:
                 self._csets[light["cset"]] = cids
-                lines.append(_dumps({"k": "c", "d": light["cset"], "c": cids}) + "\n")
+                light_lines.append(_dumps({"k": "c", "d": light["cset"], "c": cids}) + "\n")
             if rel not in entries:
                 result.added.append(rel)
             entries[rel] = {"file": rel, "size": size, "mtime_ns": mtime, **light}
             self._heavy[rel] = heavy
-            lines.append(self._record(rel))
+            new_rels.append(rel)
         result.parsed = len(todo)
         result.cached = len(listing) - len(todo)
         # Rewrite when the cache is missing, has entries of deleted files, or is mostly dead lines.
         live = len(entries) + len(self._subjects) + len(self._csets)
-        rewrite = not had_cache_file or bool(result.removed) or self._lines + len(lines) > 2 * live + 100
+        rewrite = not had_cache_file or bool(result.removed) or \
+            self._lines + len(light_lines) + len(new_rels) > 2 * live + 100
         if rewrite and (listing or had_cache_file):
-            text = "".join(_dumps({"k": "s", "d": d, "s": s}) + "\n" for d, s in self._subjects.items())
-            text += "".join(_dumps({"k": "c", "d": d, "c": c}) + "\n" for d, c in self._csets.items())
-            text += "".join(self._record(rel) for rel in sorted(entries))
-            result.persisted = self._write(text, rewrite=True)
-            self._lines = text.count("\n")
-        elif lines:
-            result.persisted = self._write("".join(lines), rewrite=False)
-            self._lines += len(lines)
+            if not self._detail_loaded:
+                self._load_detail()
+            # Details first, so the light lines carry their offsets; a light line whose detail is
+            # missing or moved is re-read from the receipt on demand, never wrong.
+            result.persisted = self._write_details([rel for rel in sorted(entries) if rel in self._heavy], True)
+            light = "".join(_dumps({"k": "s", "d": d, "s": s}) + "\n" for d, s in self._subjects.items())
+            light += "".join(_dumps({"k": "c", "d": d, "c": c}) + "\n" for d, c in self._csets.items())
+            light += "".join(self._light_line(rel) for rel in sorted(entries))
+            result.persisted = self._write(self.path, light, rewrite=True) and result.persisted
+            self._lines = light.count("\n")
+        elif new_rels:
+            result.persisted = self._write_details(new_rels, rewrite=False)
+            light_lines += [self._light_line(rel) for rel in new_rels]
+            result.persisted = self._write(self.path, "".join(light_lines), rewrite=False) and result.persisted
+            self._lines += len(light_lines)
         return result
 
-    # -- queries ----------------------------------------------------------------------
+    # -- queries ------------------------------------------------------------------------------
 
     def entries(self, method: str | None = None) -> list[dict]:
         """Light summaries, oldest first (file names start with the UTC time)."""
@@ -406,16 +525,53 @@ class ReceiptIndex:
                                                                 if e["file"].split("/", 1)[0] == method)
         return sorted(items, key=lambda e: e["file"].rsplit("/", 1)[-1])
 
-    def heavy(self, rel: str) -> dict | None:
-        """The heavy part of one entry, decoded on first use: {"c": contracts, "m": mutants, "g": gate slice}."""
+    def load_all(self) -> None:
+        """Read every detail line now (the gate needs them all; one sequential read beats many seeks)."""
+        if not self._detail_loaded:
+            self._load_detail()
+
+    def _parts(self, rel: str) -> list | None:
+        """[contracts+mutants, gate slice] of one entry, each still bytes until decoded."""
+        if rel not in self._heavy and rel in self._entries:
+            found = self._read_detail_at(rel)  # one seek, for the few a first screen needs
+            if found is None and not self._detail_loaded:
+                self._load_detail()
+                found = self._heavy.get(rel)
+            if found is not None:
+                self._heavy[rel] = found
+            else:
+                # Not in the detail file (cut short, or deleted): read the receipt itself once more.
+                folder = rel.rsplit("/", 1)[0] if "/" in rel else None
+                _, heavy, _, _ = index_file(str(self.receipts_dir / rel), rel,
+                                            folder if folder and KEY_RE.match(folder) else None)
+                self._heavy[rel] = heavy if heavy is not None else [None, None]
+                if self._write_details([rel], rewrite=False):
+                    self._write(self.path, self._light_line(rel), rewrite=False)
+                    self._lines += 1
         h = self._heavy.get(rel)
         if isinstance(h, bytes):
-            try:
-                h = json.loads(h)
-            except ValueError:
-                h = None
-            self._heavy[rel] = h
+            cm, _, g = h.partition(_SEP)
+            h = self._heavy[rel] = [cm, g or b"null"]
         return h
+
+    def _decoded(self, rel: str, i: int):
+        parts = self._parts(rel)
+        if parts is None:
+            return None
+        if isinstance(parts[i], bytes):
+            try:
+                parts[i] = json.loads(parts[i])
+            except ValueError:
+                parts[i] = None
+        return parts[i]
+
+    def heavy(self, rel: str) -> dict | None:
+        """Contract digest and mutant verdicts of one entry: {"c": ..., "m": ...}, decoded on first use."""
+        return self._decoded(rel, 0)
+
+    def gate_slice(self, rel: str) -> dict | None:
+        """The predicate slice engine.gate reads (see `gate_slice`), decoded on first use; None if broken."""
+        return self._decoded(rel, 1)
 
     def contracts_of(self, entry: dict) -> list:
         """Contract ids the receipt holds results for (without decoding its heavy part)."""

@@ -163,11 +163,28 @@ def test_index_forgets_deleted_receipts(store):
     assert ReceiptIndex(store["receipts"]).refresh().cached == 5
 
 
+def test_heavy_parts_are_read_only_when_asked_and_rebuilt_when_lost(store):
+    from engine.index import DETAIL_NAME
+
+    ReceiptIndex(store["receipts"]).refresh()
+    idx = ReceiptIndex(store["receipts"])
+    idx.refresh()
+    assert idx._heavy == {}  # a start reads the light summaries only
+    rel = f"demo-method/{store['failed'].name}"
+    assert idx.heavy(rel)["c"]["loss-gradient"][0] == "failed"
+    assert not idx._detail_loaded and list(idx._heavy) == [rel]  # found by its offset, nothing else read
+    (store["receipts"] / DETAIL_NAME).unlink()  # lost: the receipt itself is read again, once
+    idx = ReceiptIndex(store["receipts"])
+    idx.refresh()
+    assert idx.heavy(rel)["c"]["loss-gradient"][0] == "failed"
+    assert rel in (store["receipts"] / DETAIL_NAME).read_text()
+
+
 def test_index_on_a_read_only_store_still_works(store):
     idx = ReceiptIndex(store["receipts"], persist=False)
     r = idx.refresh()
     assert len(idx) == 6 and not r.persisted
-    assert not (store["receipts"] / INDEX_NAME).exists()
+    assert not (store["receipts"] / INDEX_NAME).exists() and not (store["receipts"] / ".index-detail.jsonl").exists()
 
 
 def test_no_torch_on_the_tui_import_path():

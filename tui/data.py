@@ -340,11 +340,12 @@ def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
     """
     from engine.verify import Assessed
 
+    index.load_all()
     out = []
     for r in reversed(m.receipts):  # oldest first, as assess_receipts lists them
         e = r.entry
         usable = r.freshness in (FRESH, STALE)
-        g = (index.heavy(r.file) or {}).get("g") if usable else None
+        g = index.gate_slice(r.file) if usable else None
         out.append(Assessed(file=r.file, state=r.freshness if g is not None or not usable else "invalid",
                             message=r.problem if g is not None or not usable else "index holds no gate data",
                             method=e.get("method"), receipt_id=e.get("receipt_id"), status=e.get("status"),
