@@ -220,6 +220,28 @@ def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, li
         return _light(rel, INVALID, f"unexpected receipt shape: {type(err).__name__}: {err}"), None, None, None
 
 
+def spawn_pool(workers: int):
+    """A spawn-context process pool that also starts from inside a Textual app.
+
+    multiprocessing's resource tracker is started with sys.stderr's file
+    descriptor; Textual replaces sys.stderr with a capture object that has
+    none, so the tracker is started against the real stderr first.
+    """
+    import multiprocessing
+    import sys
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import resource_tracker
+
+    saved = sys.stderr
+    try:
+        if sys.__stderr__ is not None:
+            sys.stderr = sys.__stderr__
+        resource_tracker.ensure_running()
+    finally:
+        sys.stderr = saved
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
 def _index_batch(batch: list[tuple[str, str, str | None]]) -> list:
     """Worker-process entry point: index many files, return plain data."""
     return [index_file(path, rel, fm) for path, rel, fm in batch]
@@ -445,21 +467,17 @@ class ReceiptIndex:
             return out
         # Many new files (a first start on a big store): parse in other processes so the UI
         # thread keeps the GIL to itself. spawn, not fork: the caller may be running threads.
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        from concurrent.futures.process import BrokenProcessPool
-
         workers = max(1, min(8, os.cpu_count() or 1))
         size = 50
         batches = [jobs[i:i + size] for i in range(0, len(jobs), size)]
         out: list = []
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with spawn_pool(workers) as pool:
                 for res in pool.map(_index_batch, batches):
                     out.extend(res)
                     if progress is not None:
                         progress(len(out), len(jobs))
-        except (BrokenProcessPool, OSError):  # no worker processes here: do the rest in this one
+        except Exception:  # no worker processes here (no /dev/shm, a sandbox): do the rest in this one
             for job in jobs[len(out):]:
                 out.append(index_file(*job))
         return out

@@ -641,6 +641,51 @@ def test_gate_tab_and_tree_show_the_engine_gate_verdict(store):
     run(go())
 
 
+def test_big_stores_evaluate_the_gate_in_another_process(store, monkeypatch):
+    import tui.app as app_mod
+
+    monkeypatch.setattr(app_mod, "GATE_PROCESS_THRESHOLD", 0)
+
+    def not_here(*a, **k):
+        raise AssertionError("evaluated in the UI process")
+
+    monkeypatch.setattr(app_mod, "gate_for", not_here)
+    expected = _model(store, gates=True).method("demo-method").gate
+
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            got = app.model.method("demo-method").gate
+            assert got.source == "engine.gate" and got.unmet == expected.unmet and got.warnings == expected.warnings
+
+    run(go())
+
+
+def test_a_first_start_indexes_in_worker_processes_from_inside_the_app(store, monkeypatch):
+    """Textual replaces sys.stderr; the pool must still start (it once silently could not)."""
+    import engine.index as index_mod
+
+    monkeypatch.setattr(index_mod, "POOL_THRESHOLD", 1)
+
+    def not_here(*a, **k):
+        raise AssertionError("parsed in the UI process")
+
+    monkeypatch.setattr(index_mod, "index_file", not_here)
+
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded(timeout=20)
+            await settle(app, pilot)
+            assert app.model.receipts_total == 6 and app.model.parsed == 6
+            states = sorted(r.freshness for r in app.model.method("demo-method").receipts)
+            assert states == ["fresh", "fresh", "fresh", "invalid", "stale", "tampered"]
+
+    run(go())
+
+
 # --- the CLI ----------------------------------------------------------------------------------
 
 

@@ -14,9 +14,10 @@ from textual.binding import Binding
 from engine.index import Freshness, ReceiptIndex
 from engine.spec import display_path
 from tui.commands import ContractsCommands
-from tui.data import GateView, Model, build_model, gate_flags, gate_for, previous_receipt
+from tui.data import GateView, Model, build_model, gate_flags, gate_for, gate_views, previous_receipt
 
 DEFAULT_POLL_SECONDS = 3.0
+GATE_PROCESS_THRESHOLD = 1000  # receipts; above this the gate runs in another process
 
 
 class ContractsApp(App):
@@ -126,17 +127,37 @@ class ContractsApp(App):
 
     @work(thread=True, group="gate", exclusive=True)
     def refine_gates(self, model: Model) -> None:
-        """engine.gate's verdict per method, after the first paint (it decodes every receipt's gate slice)."""
-        for m in model.methods:
-            if m.spec_obj is None or model is not self.model:
-                continue
+        """engine.gate's verdict per method, after the first paint.
+
+        The gate reads every receipt's slice (seconds for 10,000 receipts), so on a
+        big store it runs in another process: this thread only waits, and the UI
+        keeps the GIL. Small stores are evaluated here, which is quicker than a spawn.
+        """
+        keys = [m.key for m in model.methods if m.spec_obj is not None]
+        views: dict = {}
+        if model.receipts_total > GATE_PROCESS_THRESHOLD and self.index.persist:
             try:
-                with self._build_lock:  # the index decodes lazily; a reload must not refresh it meanwhile
-                    view = gate_for(m, self.index, self.receipts_dir, self.root, self.specs_dir)
-            except Exception as err:  # a bug here must not take the browser down: say so on the Gate tab
-                view = GateView("unknown", [(f"engine.gate raised {type(err).__name__}: {err}",
-                                             f"contracts gate {m.key}")], "engine.gate (failed)")
+                views = self._gates_elsewhere()
+            except Exception:  # no worker process here: evaluate in this thread instead
+                views = {}
+        for m in model.methods:
+            if m.key not in keys or model is not self.model:
+                continue
+            view = views.get(m.key)
+            if view is None:
+                try:
+                    with self._build_lock:  # the index decodes lazily; a reload must not refresh it meanwhile
+                        view = gate_for(m, self.index, self.receipts_dir, self.root, self.specs_dir)
+                except Exception as err:  # a bug here must not take the browser down: say so on the Gate tab
+                    view = GateView("unknown", [(f"engine.gate raised {type(err).__name__}: {err}",
+                                                 f"contracts gate {m.key}")], "engine.gate (failed)")
             self.ui(self._apply_gate, model, m.key, view)
+
+    def _gates_elsewhere(self) -> dict:
+        from engine.index import spawn_pool
+
+        with spawn_pool(1) as pool:
+            return pool.submit(gate_views, self.specs_dir, self.receipts_dir, self.root).result()
 
     def _apply_gate(self, model: Model, key: str, view) -> None:
         if model is not self.model:
@@ -229,13 +250,17 @@ class ContractsApp(App):
 
         self.push_screen(HelpScreen())
 
-    async def wait_loaded(self, generation: int = 1) -> None:
-        """Until `generation` models have been applied (for tests and the benchmark)."""
+    async def wait_loaded(self, generation: int = 1, timeout: float = 60.0) -> None:
+        """Until `generation` models have been applied (for tests and the benchmark); raises, never hangs."""
         import asyncio
+        import time
 
+        deadline = time.monotonic() + timeout
         while self.generation < generation:
             if self._exit_renderables or self.return_code is not None:
                 raise RuntimeError("the app stopped before its model was drawn")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no model drawn within {timeout} s (did loading fail? see notifications)")
             await asyncio.sleep(0.01)
 
 

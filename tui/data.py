@@ -354,6 +354,13 @@ def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
     return out
 
 
+def gate_views(specs_dir: Path, receipts_dir: Path, root: Path) -> dict[str, GateView]:
+    """Every method's verdict, computed from scratch (run in another process for big stores)."""
+    model = build_model(specs_dir, receipts_dir, root, ReceiptIndex(receipts_dir, persist=False),
+                        Freshness(root, specs_dir), gates=True)
+    return {m.key: m.gate for m in model.methods if m.spec_obj is not None}
+
+
 def gate_for(m: MethodModel, index: ReceiptIndex, receipts_dir: Path, root: Path, specs_dir: Path) -> GateView:
     """engine.gate's verdict for one method, fed from the index (the same verdict `contracts gate` gives)."""
     from engine import gate as engine_gate
