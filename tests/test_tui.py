@@ -590,6 +590,41 @@ def test_palette_selects_a_method(store):
     run(go())
 
 
+def test_palette_opens_a_receipt_copies_a_command_and_filters(store, monkeypatch):
+    copied = []
+
+    async def go():
+        app = make_app(store)
+        monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            rid = app.model.receipt(f"demo-method/{store['cuda'].name}").receipt_id
+            await pilot.press("ctrl+p", *f"receipt: {rid[:8]}")
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await settle(app, pilot)
+            assert isinstance(app.screen, ReceiptScreen) and app.screen.row.receipt_id == rid
+            await pilot.press("escape")
+            await pilot.press("ctrl+p", *"copy: contracts check other-method --device cuda")
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await settle(app, pilot)
+            assert copied[-1].startswith("contracts check other-method --device cuda --specs ")
+            await pilot.press("ctrl+p", *"filter: failures only")
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await settle(app, pilot)
+            assert app.screen.failures_only is True
+            await pilot.press("question_mark")
+            await settle(app, pilot)
+            assert type(app.screen).__name__ == "HelpScreen"
+            await pilot.press("escape")
+            await settle(app, pilot)
+            assert isinstance(app.screen, MainScreen)
+
+    run(go())
+
+
 def test_keys_can_be_remapped_by_binding_id(store):
     async def go():
         app = make_app(store, keymap={"failures": "x"})
