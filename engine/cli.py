@@ -304,6 +304,11 @@ def check(
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Run (method, seed) cells in N local processes.")] = 1,
+    executor: Annotated[str, typer.Option(help="local (processes on this machine) or ray (tasks on a Ray "
+                                                "cluster; needs the [ray] extra).")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster address for --executor ray (default: "
+                                                        "start a local Ray instance).")] = None,
 ) -> None:
     """Run a method's contracts and mutants on a device; write one receipt per method."""
     from engine.devices import parse_device
@@ -330,6 +335,8 @@ def check(
     from engine.runner import plan_run  # imports torch from here on
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
+    if jobs != 1 or executor != "local" or address:
+        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out)  # exits
     from engine.devices import resolve_device
 
     dev = resolve_device(device)
@@ -421,6 +428,76 @@ def _print_summary(pred: dict, receipt: str) -> None:
     c = pred["cost"]
     con.print(f"wall {c['wall_s']:.2f} s, {c['optimizer_updates']} optimizer updates, {c['sampled_tokens']} sampled "
               f"tokens; receipt {receipt}")
+
+
+# --- check in cells: --jobs N and --executor ray (engine/executors.py) ---------------------------
+
+
+def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
+                 json_out: bool) -> None:
+    """Run every (method, seed) cell on the executor, write one merged receipt per method, exit like check."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.executors import EXECUTORS, execute
+    from engine.receipts import ensure_writable
+
+    if executor not in EXECUTORS:
+        raise E.UsageError(f"--executor {executor!r} is not an executor; use {' or '.join(EXECUTORS)}")
+    if jobs < 1:
+        raise E.UsageError(f"--jobs {jobs}: give 1 or more processes")
+    if address and executor != "ray":
+        raise E.UsageError("--address names a Ray cluster; add --executor ray")
+    if executor == "ray" and jobs != 1:
+        raise E.UsageError("--jobs is for the local executor; Ray schedules by the cluster's CPUs and GPUs")
+    if executor == "local":
+        from engine.devices import resolve_device
+
+        resolve_device(device)  # exit 4 here, before any worker starts; Ray workers resolve it on their node
+    ensure_writable(receipts_dir)
+    cells = sum(len(p.seeds) for p in plans)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    with progress, _StopFlag() as stop:
+        task = progress.add_task(f"{cells} cells on {executor}", total=cells)
+
+        def on_progress(cell, r: dict) -> None:
+            what = f"mutant {r['mutant']} / {r['contract']}" if r.get("phase") == "mutant" else \
+                f"{r['contract']} {r['dtype']}"
+            progress.update(task, description=f"{cell.method} seed {cell.seed}: {what} {r['status']}")
+
+        def on_cell(o) -> None:
+            progress.update(task, advance=1, description=f"{o.cell.method} seed {o.cell.seed}: "
+                                                         f"{'done' if o.data is not None else o.failure}")
+
+        try:
+            statements = execute(plans, device, executor=executor, jobs=jobs, address=address,
+                                 on_progress=on_progress, on_cell=on_cell, should_stop=lambda: stop.stopped)
+        except KeyboardInterrupt as exc:
+            statements = getattr(exc, "statements", [])
+    outcomes = [_write_merged(stmt, receipts_dir, json_out) for stmt in statements]
+    if json_out:
+        _print_json({"runs": outcomes})
+    statuses = {o["status"] for o in outcomes}
+    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or not outcomes else E.EXIT_INTERNAL
+            if "error" in statuses else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
+    raise typer.Exit(code)
+
+
+def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool) -> dict:
+    from engine.receipts import write_receipt
+
+    path = write_receipt(receipts_dir, stmt)
+    pred = stmt["predicate"]
+    shown = display_path(path, project_root())
+    if not json_out:
+        _print_summary(pred, shown)
+    return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
+            "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
+            "execution": pred["execution"],
+            "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
+                        for r in pred["results"]],
+            "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]]}
 
 
 def main() -> None:
