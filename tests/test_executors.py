@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.cli import app
-from engine.receipts import check_receipt, receipt_files
+from engine.receipts import check_receipt, receipt_files, schema_problems
 from tests import executor_faults as faults
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,9 @@ def check(store: Path, *extra: str):
 def receipt(store: Path) -> dict:
     (path,) = receipt_files(store, METHOD)
     assert check_receipt(path, ROOT).state == "fresh"
-    return json.loads(path.read_text())
+    data = json.loads(path.read_text())
+    assert schema_problems(data) == []
+    return data
 
 
 TIMES = {"created_at", "finished_at", "receipt_id", "subject_sha256", "wall_s", "execution"}
@@ -90,6 +92,7 @@ def test_jobs_1_is_the_plain_serial_path(tmp_path):
 
 
 def lost_cells(stmt: dict, seed: int) -> list[dict]:
+    assert schema_problems(json.loads(json.dumps(stmt))) == []  # a receipt with holes is still a valid receipt
     return [r for r in stmt["predicate"]["results"] if r["seed"] == seed]
 
 
