@@ -201,3 +201,21 @@ def test_check_cli_on_ray(ray_local, tmp_path):
     assert r.exit_code == 0, r.output
     run = json.loads(r.stdout)["runs"][0]
     assert run["status"] == "passed" and run["execution"]["executor"] == "ray"
+
+
+def test_a_worker_running_other_code_is_refused():
+    """The receipt binds the driver's files; a cell computed from different files becomes an error, not a result."""
+    import dataclasses
+
+    from engine.executors import CellOutcome, merge, run_cell, split
+
+    runs, cells = split(plans(seeds=[42]), "cpu")
+    (mr,) = runs
+    data = run_cell(cells[0])
+    assert merge(dataclasses.replace(mr, outcomes={0: CellOutcome(cell=cells[0], data=data)}), "local", 1)[
+        "predicate"]["status"] == "passed"
+    data["sources"] = dict(data["sources"], **{"methods/tapo/objective.py": "0" * 64})
+    stmt = merge(dataclasses.replace(mr, outcomes={0: CellOutcome(cell=cells[0], data=data)}), "local", 1)
+    bad = lost_cells(stmt, 42)
+    assert bad and all("differ from this checkout's: methods/tapo/objective.py" in r["message"] for r in bad)
+    assert stmt["predicate"]["status"] == "error"
