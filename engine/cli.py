@@ -9,6 +9,7 @@ cannot do what was asked; 5 nothing selected; 130 interrupted.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import signal
 import sys
@@ -86,7 +87,8 @@ def _console():
     from rich.console import Console
 
     # Piped output is read whole (logs, CI), so do not squeeze tables into 80 columns there.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    # markup=False: spec text such as "logp_loo[k]" must print as written, not as Rich markup.
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _load_valid_specs(specs_dir: Path) -> tuple[list, list[SpecError]]:
@@ -136,21 +138,26 @@ def validate(
 # --- list / show ------------------------------------------------------------
 
 
-def _latest_receipt(receipts_dir: Path, key: str) -> dict | None:
-    from engine.receipts import check_receipt, receipt_files
+def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path) -> dict:
+    """`list` columns: the latest receipt with its freshness, and the gate verdict (same evaluation as `gate`)."""
+    from engine.gate import evaluate
+    from engine.verify import assess_receipts
 
-    files = receipt_files(receipts_dir, key)
-    if not files:
-        return None
-    rc = check_receipt(files[-1], project_root(), default_specs_dir())
-    return {"file": files[-1].name, "state": rc.state, "status": rc.status, "created_at": rc.created_at,
-            "receipt_id": rc.receipt_id, "count": len(files)}
+    assessed, _ = assess_receipts(receipts_dir, project_root(), specs_dir, spec.key)
+    dated = [a for a in assessed if a.created_at]
+    last = max(dated, key=lambda a: a.created_at) if dated else (assessed[-1] if assessed else None)
+    latest = None if last is None else {
+        "file": last.file.split("/")[-1], "state": last.state, "status": last.status, "created_at": last.created_at or "",
+        "receipt_id": last.receipt_id, "count": len(assessed), "changed": last.changed}
+    g = evaluate(spec, receipts_dir, project_root(), specs_dir, assessed=assessed)
+    return {"latest_receipt": latest,
+            "gate": {"promotable": g["promotable"], "unmet": [r["id"] for r in g["requirements"] if not r["met"]]}}
 
 
 @app.command("list")
 @handles_errors
 def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOpt = False) -> None:
-    """Every method: level, review, promotion state, contracts, latest receipt."""
+    """Every method: level, review, promotion state, contracts, latest receipt and its freshness, gate verdict."""
     specs_dir, receipts_dir = _dirs(specs, receipts)
     good, bad = _load_valid_specs(specs_dir)
     rows = []
@@ -159,7 +166,7 @@ def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOp
         rows.append({
             "method": s.key, "title": d["title"], "level": d["level"], "review": d["promotion"]["review"],
             "promotion": d["promotion"]["state"], "contracts": len(d["contracts"]), "mutants": len(d["mutants"]),
-            "latest_receipt": _latest_receipt(receipts_dir, s.key),
+            **_receipt_and_gate(s, specs_dir, receipts_dir),
         })
     for e in bad:
         _err(e.line())
@@ -169,13 +176,14 @@ def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOp
         from rich.table import Table
 
         t = Table(title=f"{len(rows)} method(s)", title_justify="left")
-        for col in ("method", "level", "review", "promotion", "contracts", "mutants", "latest receipt"):
+        for col in ("method", "level", "review", "promotion", "contracts", "mutants", "latest receipt", "gate"):
             t.add_column(col)
         for r in rows:
             lr = r["latest_receipt"]
             latest = "none" if lr is None else f"{lr['status']} ({lr['state']}) {lr['created_at'][:19]}Z"
+            g = r["gate"]
             t.add_row(r["method"], r["level"], r["review"], r["promotion"], str(r["contracts"]), str(r["mutants"]),
-                      latest)
+                      latest, "open" if g["promotable"] else f"closed ({len(g['unmet'])} unmet)")
         _console().print(t)
     if bad:
         raise typer.Exit(E.EXIT_USAGE)
@@ -213,7 +221,7 @@ def show(
 
     con = _console()
     p = d["paper"]
-    con.print(f"[bold]{spec.key}[/bold]: {d['title']}")
+    con.print(f"{spec.key}: {d['title']}", style="bold")
     con.print(f"arXiv {p['arxiv']} {p['version']} | {p['institution']} | first public {p['first_public']} | "
               f"code released: {'yes' if p['code_released'] else 'no'} | licence: {p['license'] or 'unknown'}")
     con.print(f"level {d['level']} | implementation {d['implementation']} | review {d['promotion']['review']} | "
@@ -223,7 +231,7 @@ def show(
     for f in d["formulas"]:
         t.add_row(f["id"], f["implements"], f["latex"])
     con.print(t)
-    con.print("[bold]assumptions[/bold]")
+    con.print("assumptions", style="bold")
     for a in d["assumptions"]:
         con.print(f"- {a['id']}: {a['text']}")
     t = Table(title="contracts", title_justify="left")
@@ -239,7 +247,7 @@ def show(
         t.add_row(m["id"], m["description"], ", ".join(m["killed_by"]))
     con.print(t)
     b = d["budget"]
-    con.print(f"[bold]budget[/bold]: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} "
+    con.print(f"budget: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} "
               f"updates and {b['max_tokens_per_seed']} sampled tokens per seed, <= {b['max_wall_seconds']} s, "
               f"downloads: {b['downloads']}")
     t = Table(title="paper-reported results (NOT measured here)", title_justify="left")
@@ -249,10 +257,10 @@ def show(
         t.add_row(r["id"], r["source"], r["model"], r["benchmark"], r["metric"],
                   f"{r.get('baseline', '')} {r.get('baseline_value', '')}".strip(), str(r["value"]))
     con.print(t)
-    con.print("[bold]promotion[/bold]: " + d["promotion"]["state"])
+    con.print("promotion: " + d["promotion"]["state"], style="bold")
     for reason in d["promotion"]["reasons"]:
         con.print(f"- {reason}")
-    con.print("[bold]latest receipts[/bold]" + ("" if recent else ": none yet (run contracts check "
+    con.print("latest receipts" + ("" if recent else ": none yet (run contracts check "
                                                                   f"{spec.key} --device cpu)"))
     for r in recent:
         con.print(f"- {r['file']}  {r['status']}  {r['state']}")
@@ -480,6 +488,231 @@ def _note_policy(pred: dict) -> None:
     else:
         _err(f"warning: --policy was given but no selected contract of {pred['method']} builds a policy "
              "(only mechanism runs do); this receipt's results do not depend on it")
+
+
+# --- verify / gate / promote / demote / schema ---------------------------------
+# Read-only verbs here import nothing that imports torch (tests/test_gate.py checks it).
+
+
+def _flags(specs: Optional[Path], receipts: Optional[Path]) -> str:
+    """The folder options exactly as given, so a suggested command works on the same store."""
+    import shlex
+
+    out = ""
+    if specs is not None:
+        out += f" --specs {shlex.quote(str(specs))}"
+    if receipts is not None:
+        out += f" --receipts {shlex.quote(str(receipts))}"
+    return out
+
+
+def _spec_states(specs_dir: Path, method: Optional[str]) -> tuple[dict[str, str], list[str]]:
+    """promotion.state of each spec (one, or all), read without validating the rest; and why any could not be."""
+    from engine.spec import read_document
+
+    paths = [specs_dir / f"{method}.yaml"] if method else spec_files(specs_dir)
+    states, problems = {}, []
+    for p in paths:
+        if not p.is_file():
+            continue
+        try:
+            data, _, _ = read_document(p, display_path(p, project_root()))
+            states[p.stem] = data["promotion"]["state"]
+        except SpecError as e:
+            problems.append(f"cannot read promotion.state to check the ledger: {e.line()}")
+        except (KeyError, TypeError):
+            problems.append(f"{display_path(p, project_root())}: no promotion.state to check the ledger against")
+    return states, problems
+
+
+@app.command()
+@handles_errors
+def verify(
+    method: Annotated[Optional[str], typer.Argument(help="Only this method's receipts (default: all).")] = None,
+    specs: SpecsOpt = None,
+    receipts: ReceiptsOpt = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Count stale receipts as a problem too.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Integrity, schema and freshness of every receipt, and the promotion ledger. Exit 1 on any problem."""
+    from engine.spec import check_key
+    from engine.verify import assess_store
+
+    specs_dir, receipts_dir = _dirs(specs, receipts)
+    if method is not None:
+        check_key(method)
+        if not (receipts_dir / method).is_dir() and not (specs_dir / f"{method}.yaml").is_file():
+            known = sorted({p.stem for p in spec_files(specs_dir)} |
+                           ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
+            raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
+    states, state_problems = _spec_states(specs_dir, method)
+    report = assess_store(receipts_dir, project_root(), specs_dir, method, states)
+    report.ledger.problems.extend(state_problems)
+    counts = report.counts()
+    bad = counts["tampered"] + counts["invalid"] + (counts["stale"] if strict else 0)
+    ok = not bad and not report.ledger.problems
+    if json_out:
+        _print_json({"receipts": [r.as_dict() for r in report.receipts], "counts": counts,
+                     "leftovers": report.leftovers, "ledger": report.ledger.as_dict(), "strict": strict, "ok": ok})
+    else:
+        for r in report.receipts:
+            tail = f"  {r.message}" if r.message else ""
+            typer.echo(f"{r.state:<8} {r.file}  {r.status or '-'}{tail}")
+        for f in report.leftovers:
+            typer.echo(f"leftover {f}  temporary file of an interrupted write; never a receipt, safe to delete")
+        led = report.ledger
+        typer.echo(f"ledger   {led.file}  {len(led.entries)} entr{'y' if len(led.entries) == 1 else 'ies'}, "
+                   + ("ok" if not led.problems else f"{len(led.problems)} problem(s)"))
+        for p in led.problems:
+            typer.echo(f"  {p}")
+        _err(f"{len(report.receipts)} receipt(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
+             + ("; OK" if ok else "; PROBLEMS FOUND"))
+    raise typer.Exit(E.EXIT_OK if ok else E.EXIT_FAILED)
+
+
+def _print_gate(result: dict) -> None:
+    """Plain lines (no wrapping, no markup): one per requirement; an unmet one ends with the command that meets it."""
+    head = "PROMOTABLE" if result["promotable"] else "NOT PROMOTABLE"
+    typer.echo(f"{result['method']}: {head} (state {result['state']}, review {result['review']})")
+    for r in result["requirements"]:
+        if r["required"]:
+            typer.echo(f"  {'met  ' if r['met'] else 'UNMET'} {r['id']}: {r['detail']}"
+                       + ("" if r["met"] else f" -> {r['fix']}"))
+    for w in result["warnings"]:
+        typer.echo(f"  warning: {w}")
+
+
+@app.command()
+@handles_errors
+def gate(
+    method: Annotated[str, typer.Argument(help="Method key, e.g. tapo-trajectory.")],
+    specs: SpecsOpt = None,
+    receipts: ReceiptsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not."""
+    from engine.gate import evaluate
+    from engine.spec import load_spec
+
+    specs_dir, receipts_dir = _dirs(specs, receipts)
+    spec = load_spec(spec_path(specs_dir, method), project_root())
+    result = evaluate(spec, receipts_dir, project_root(), specs_dir, _flags(specs, receipts))
+    if json_out:
+        _print_json(result)
+    else:
+        _print_gate(result)
+    raise typer.Exit(E.EXIT_OK if result["promotable"] else E.EXIT_FAILED)
+
+
+def _check_reason(reason: str) -> str:
+    text = reason.strip()
+    if not text:
+        raise E.UsageError("--reason is empty; say why, e.g. --reason 'fresh CUDA receipts and a formal comparison'")
+    if len(text) > 2000:
+        raise E.UsageError(f"--reason is {len(text)} characters; keep it under 2000")
+    return text
+
+
+def _change_state(method: str, new_state: str, reason: str, by: Optional[str], specs: Optional[Path],
+                  receipts: Optional[Path], json_out: bool) -> None:
+    from engine import ledger
+    from engine.gate import evaluate
+    from engine.promote import rewrite_state
+    from engine.receipts import ensure_writable, git_revision
+    from engine.spec import load_spec
+
+    reason = _check_reason(reason)
+    action = "promote" if new_state == "promoted" else "demote"
+    specs_dir, receipts_dir = _dirs(specs, receipts)
+    path = spec_path(specs_dir, method)
+    spec = load_spec(path, project_root())
+    result = evaluate(spec, receipts_dir, project_root(), specs_dir, _flags(specs, receipts))
+    old_state = spec.data["promotion"]["state"]
+    out = {"method": spec.key, "action": action, "changed": False, "old_state": old_state, "new_state": new_state,
+           "ledger_entry": None, "gate": result}
+    if action == "promote" and not result["promotable"]:
+        if json_out:
+            _print_json(out)
+        else:
+            _print_gate(result)
+            _err(f"not promoted: the gate is closed ({len(result['reasons'])} unmet requirement(s))")
+        raise typer.Exit(E.EXIT_FAILED)
+    if old_state == new_state:
+        if json_out:
+            _print_json(out)
+        else:
+            _err(f"{spec.key} is already {new_state}; nothing changed, nothing ledgered")
+        raise typer.Exit(E.EXIT_OK)
+    ensure_writable(receipts_dir)  # the ledger must be writable before the spec changes
+    old, new = rewrite_state(path, new_state, expect_sha256=spec.sha256)
+    try:
+        entry = ledger.append(
+            receipts_dir, method=spec.key, action=action, old_state=old_state, new_state=new_state, reason=reason,
+            by=by, receipts=result["justified_by"] if action == "promote" else [],
+            gate={"promotable": result["promotable"], "unmet": [r["id"] for r in result["requirements"] if not r["met"]]},
+            spec={"file": f"specs/{path.name}", "sha256_before": spec.sha256,
+                  "sha256_after": hashlib.sha256(new).hexdigest()},
+            git=git_revision(project_root()))
+    except BaseException:
+        path.write_bytes(old)  # no ledger entry, no state change
+        raise
+    out.update(changed=True, ledger_entry=entry)
+    if json_out:
+        _print_json(out)
+    else:
+        typer.echo(f"{spec.key}: promotion.state {old_state} -> {new_state} in {spec.display}; ledger entry "
+                   f"{entry['seq']}" + (f" (receipts {', '.join(r[:12] for r in entry['receipts'])})"
+                                        if entry["receipts"] else ""))
+
+
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")]
+ByOpt = Annotated[Optional[str], typer.Option("--by", help="Who decided (recorded in the ledger; e.g. evolve).")]
+
+
+@app.command()
+@handles_errors
+def promote(
+    method: Annotated[str, typer.Argument(help="Method key.")],
+    reason: ReasonOpt,
+    by: ByOpt = None,
+    specs: SpecsOpt = None,
+    receipts: ReceiptsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Set promotion.state: promoted, only when the gate is open; ledger the change."""
+    _change_state(method, "promoted", reason, by, specs, receipts, json_out)
+
+
+@app.command()
+@handles_errors
+def demote(
+    method: Annotated[str, typer.Argument(help="Method key.")],
+    reason: ReasonOpt,
+    by: ByOpt = None,
+    specs: SpecsOpt = None,
+    receipts: ReceiptsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Set promotion.state: not-promoted (always allowed); ledger the change."""
+    _change_state(method, "not-promoted", reason, by, specs, receipts, json_out)
+
+
+SCHEMAS = ("receipt", "spec", "gate", "ledger")
+
+
+@app.command()
+@handles_errors
+def schema(
+    name: Annotated[str, typer.Argument(help="receipt, spec, gate (the gate --json output) or ledger (one line).")],
+    json_out: JsonOpt = False,  # noqa: ARG001 - the output is JSON either way
+) -> None:
+    """Print a published JSON Schema."""
+    from importlib import resources
+
+    if name not in SCHEMAS:
+        raise E.UsageError(f"no schema {name!r}; valid: {', '.join(SCHEMAS)}")
+    typer.echo(resources.files("engine").joinpath(f"schemas/{name}.schema.json").read_text(encoding="utf-8").rstrip())
+
 
 
 def main() -> None:

@@ -268,9 +268,57 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
             continue
         if not target.is_file():
             changed.append(f"{name} (missing)")
-        elif sha256_file(target) != s.get("digest", {}).get("sha256"):
+        elif sha256_file(target) != s.get("digest", {}).get("sha256") and not _same_but_state(target, s, pred):
             changed.append(name)
     if changed:
         rc.state, rc.changed = "stale", tuple(changed)
         rc.message = "changed since the run: " + ", ".join(changed)
     return rc
+
+
+# --- freshness across a promote/demote -----------------------------------------
+
+
+def _same_but_state(target: Path, subject: dict, pred: dict) -> bool:
+    """A spec that differs from the run's only in promotion.state (a promote or demote since) is the same spec.
+
+    Promoting rewrites exactly the state token (engine/promote.py); setting it
+    back must reproduce the bound bytes, or the spec really changed.
+    """
+    spec = pred.get("spec")
+    state = spec.get("promotion_state") if isinstance(spec, dict) else None
+    if not str(subject.get("name", "")).startswith("specs/") or not isinstance(state, str):
+        return False
+    from engine.promote import digest_with_state
+
+    return digest_with_state(target.read_bytes(), state) == (subject.get("digest") or {}).get("sha256")
+
+
+# --- receipt JSON Schema (published by `contracts schema receipt`) -----------
+
+
+def receipt_schema() -> dict:
+    """The receipt JSON Schema (Draft 2020-12)."""
+    from importlib import resources
+
+    return json.loads(resources.files("engine").joinpath("schemas/receipt.schema.json").read_text(encoding="utf-8"))
+
+
+_RECEIPT_VALIDATOR = None
+
+
+def schema_problems(data: Any, limit: int = 3) -> list[str]:
+    """Where a parsed receipt breaks the receipt schema, as `$.json.path: message` lines (empty when valid)."""
+    global _RECEIPT_VALIDATOR
+    from jsonschema import Draft202012Validator
+
+    if _RECEIPT_VALIDATOR is None:
+        _RECEIPT_VALIDATOR = Draft202012Validator(receipt_schema())
+    out = []
+    for err in sorted(_RECEIPT_VALIDATOR.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        msg = err.message if len(err.message) <= 160 else err.message[:157] + "..."
+        out.append(f"{path}: {msg}")
+        if len(out) >= limit:
+            break
+    return out

@@ -1,0 +1,324 @@
+"""The promotion gate: the spec's `promotion.requires` against fresh, intact receipts only.
+
+Requirements, each met or not, each with what is missing and the command that
+would produce it:
+
+  review              promotion.review is DONE.
+  device:<kind>       for every device in requires.devices: every contract passed
+                      for every budget seed (any one seed when all_budget_seeds
+                      is false) and every dtype, in fresh receipts of that device
+                      kind; no fresh receipt of that kind records a failure or an
+                      error for any of those cells, or a run-level error.
+  mutants_killed      every mutant of the spec killed, and every contract shown
+                      able to fail (killed some mutant), in a fresh receipt on a
+                      required device.
+  formal_comparison   a fresh receipt on a required device holds at least one
+                      comparison recorded with formal: true, over the budget's
+                      seeds, and every such comparison shows the method ahead:
+                      the CI_METHOD interval of the per-seed difference lies
+                      above zero. Diagnostic comparisons (formal: false) never count.
+
+The output shape (GATE_SCHEMA, engine/schemas/gate.schema.json) is what evolve
+reads; keep it stable.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from engine.receipts import utc_now
+from engine.spec import Spec
+from engine.stats import paired_t_interval
+from engine.verify import Assessed, assess_receipts
+
+GATE_SCHEMA = "paper-contracts/gate/v1"
+CI_LEVEL = 0.95
+CI_METHOD = (
+    "paired-t, 95%, two-sided: per budget seed s, d_s = mean(method_values) - mean(control_values) "
+    "(negated when the comparison says higher_is_better: false); interval = mean(d) +/- t(0.975, n-1) * sd(d) / sqrt(n) "
+    "over the n >= 2 budget seeds; the method is ahead when the interval's lower bound is above zero"
+)
+_SHOW = 6  # items shown per text line before "+N more"
+
+
+def _more(items: list[str], n: int = _SHOW) -> str:
+    return ", ".join(items[:n]) + (f", +{len(items) - n} more" if len(items) > n else "")
+
+
+def _short(rid: str | None) -> str:
+    return (rid or "?")[:12]
+
+
+def _cells(cells: list[dict]) -> str:
+    """'seeds 42,43,44 x float32,float64' when the missing cells are a full product, else the first few."""
+    seeds = sorted({c["seed"] for c in cells if c["seed"] is not None})
+    dtypes = list(dict.fromkeys(c["dtype"] for c in cells))
+    if not seeds:
+        return ",".join(dtypes)
+    if len(cells) == len(seeds) * len(dtypes):
+        return f"seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))} x {','.join(dtypes)}"
+    return _more([f"seed {c['seed']} {c['dtype']}" for c in cells], 3)
+
+
+def _req(rid: str, met: bool, detail: str, fix: str = "", required: bool = True, **extra) -> dict:
+    return {"id": rid, "required": required, "met": met, "detail": detail, "fix": "" if met else fix, **extra}
+
+
+# --- requirements -----------------------------------------------------------
+
+
+def _review(spec: Spec) -> dict:
+    review = spec.data["promotion"]["review"]
+    return _req("review", review == "DONE", f"review is {review}" + ("" if review == "DONE" else "; the gate needs DONE"),
+                f"finish the review, then set promotion.review: DONE in {spec.display}")
+
+
+def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: str) -> dict:
+    data = spec.data
+    all_seeds = data["promotion"]["requires"]["all_budget_seeds"]
+    seeds = list(data["budget"]["seeds"])
+    on_dev = [a for a in fresh if a.device == device]
+    stale_dev = [a for a in stale if a.device == device]
+    passed: dict[tuple, list[str]] = {}
+    failed: list[dict] = []
+    for a in on_dev:
+        for r in a.predicate["results"]:
+            cell = (r["contract"], r["seed"], r["dtype"])
+            if r["status"] == "passed":
+                passed.setdefault(cell, []).append(a.receipt_id)
+            else:
+                failed.append({"contract": r["contract"], "seed": r["seed"], "dtype": r["dtype"], "status": r["status"],
+                               "receipt_id": a.receipt_id, "message": r.get("message") or ""})
+    missing: list[dict] = []
+    used: set[str] = set()
+    for c in data["contracts"]:
+        for dtype in c["dtypes"]:
+            if all_seeds:
+                for seed in seeds:
+                    hit = passed.get((c["id"], seed, dtype))
+                    if hit:
+                        used.update(hit)
+                    else:
+                        missing.append({"contract": c["id"], "seed": seed, "dtype": dtype})
+            else:
+                hits = [rid for (cid, _s, dt), rids in passed.items() if cid == c["id"] and dt == dtype for rid in rids]
+                if hits:
+                    used.update(hits)
+                else:
+                    missing.append({"contract": c["id"], "seed": None, "dtype": dtype})
+    run_errors = [{"receipt_id": a.receipt_id, "errors": a.predicate["errors"]} for a in on_dev
+                  if a.predicate["errors"] and a.predicate["status"] != "interrupted"]
+    total = sum(len(c["dtypes"]) * (len(seeds) if all_seeds else 1) for c in data["contracts"])
+    met = bool(on_dev) and not missing and not failed and not run_errors
+    seed_text = f"budget seeds {','.join(map(str, seeds))}" if all_seeds else "at least one seed"
+    if not on_dev:
+        detail = f"no fresh {device} receipt"
+        if stale_dev:
+            detail += f" ({len(stale_dev)} stale {device} receipt(s) no longer count)"
+    elif met:
+        detail = f"{total}/{total} contract results passed on {device} ({seed_text}) in {len(used)} fresh receipt(s)"
+    else:
+        parts = []
+        if missing:
+            by_contract: dict[str, list[dict]] = {}
+            for m in missing:
+                by_contract.setdefault(m["contract"], []).append(m)
+            parts.append(f"{len(missing)}/{total} contract results never passed in a fresh {device} receipt: "
+                         + _more([f"{cid} ({_cells(v)})" for cid, v in by_contract.items()], 4))
+        if failed:
+            parts.append(f"{len(failed)} failed or errored in fresh {device} receipts: " + _more(
+                [f"{f['contract']} seed {f['seed']} {f['dtype']} {f['status']} in {_short(f['receipt_id'])}"
+                 for f in failed], 3))
+        if run_errors:
+            parts.append("run errors in " + _more([f"{_short(e['receipt_id'])} ({e['errors'][0]})" for e in run_errors], 2))
+        detail = "; ".join(parts)
+    return _req(f"device:{device}", met, detail, cmd.format(device=device),
+                device=device, receipts=sorted(used) if met else sorted({a.receipt_id for a in on_dev}),
+                missing=missing, failed=failed, run_errors=run_errors)
+
+
+def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) -> dict:
+    required = spec.data["promotion"]["requires"]["mutants_killed"]
+    if not required:
+        return _req("mutants_killed", True, "not required by the spec", required=False, receipts=[],
+                    survived=[], unproven=[])
+    killed_in: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    proven_in: dict[str, list[str]] = {}
+    for a in relevant:
+        for m in a.predicate["mutants"]:
+            seen.add(m["id"])
+            if m["killed"]:
+                killed_in.setdefault(m["id"], []).append(a.receipt_id)
+        for cid, ms in a.predicate["contracts_proven"].items():
+            if ms:
+                proven_in.setdefault(cid, []).append(a.receipt_id)
+    mutant_ids = [m["id"] for m in spec.data["mutants"]]
+    survived = [m for m in mutant_ids if m not in killed_in]
+    unproven = [c["id"] for c in spec.data["contracts"] if c["id"] not in proven_in]
+    met = not survived and not unproven
+    where = "/".join(devices)
+    if met:
+        detail = f"{len(mutant_ids)}/{len(mutant_ids)} mutants killed; every contract killed at least one"
+    else:
+        parts = []
+        never_run = [m for m in survived if m not in seen]
+        lived = [m for m in survived if m in seen]
+        if lived:
+            parts.append(f"survived every fresh {where} receipt: {_more(lived)}")
+        if never_run:
+            parts.append(f"not run in any fresh {where} receipt: {_more(never_run)}")
+        if unproven:
+            parts.append(f"contracts never shown to fail on a mutant: {_more(unproven)}")
+        detail = "; ".join(parts)
+    used = sorted({r for rs in killed_in.values() for r in rs} | {r for rs in proven_in.values() for r in rs})
+    return _req("mutants_killed", met, detail, cmd.format(device=devices[0]) + " (without --no-mutants)",
+                receipts=used, survived=survived, unproven=unproven)
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) -> dict:
+    required = spec.data["promotion"]["requires"]["formal_comparison"]
+    if not required:
+        return _req("formal_comparison", True, "not required by the spec", required=False, receipts=[],
+                    comparisons=[], diagnostic_only=0, ci_method=CI_METHOD)
+    seeds = list(spec.data["budget"]["seeds"])
+    groups: dict[tuple, dict] = {}
+    diagnostic = 0
+    for a in relevant:
+        for rec in a.predicate["mechanism"]:
+            for comp in rec["comparisons"]:
+                if comp.get("formal") is not True:
+                    diagnostic += 1
+                    continue
+                key = (a.receipt_id, rec["contract"], rec["dtype"], comp["name"], comp["metric"])
+                g = groups.setdefault(key, {"receipt_id": a.receipt_id, "device": a.device, "contract": rec["contract"],
+                                            "dtype": rec["dtype"], "name": comp["name"], "metric": comp["metric"],
+                                            "method": comp["method"], "control": comp["control"],
+                                            "higher_is_better": comp.get("higher_is_better", True),
+                                            "per_seed": {}, "problems": []})
+                mv = [_number(v) for v in comp["method_values"]]
+                cv = [_number(v) for v in comp["control_values"]]
+                seed = rec["seed"]
+                if not mv or not cv or None in mv or None in cv:
+                    g["problems"].append(f"seed {seed}: values empty or not finite numbers")
+                elif str(seed) in g["per_seed"]:
+                    g["problems"].append(f"seed {seed} recorded twice")
+                else:
+                    d = sum(mv) / len(mv) - sum(cv) / len(cv)
+                    g["per_seed"][str(seed)] = d if g["higher_is_better"] else -d
+    evaluations = []
+    for g in groups.values():
+        have = [s for s in seeds if str(s) in g["per_seed"]]
+        lacking = [s for s in seeds if str(s) not in g["per_seed"]]
+        if lacking:
+            g["problems"].append(f"budget seed(s) {','.join(map(str, lacking))} not recorded")
+        if len(seeds) < 2:
+            g["problems"].append(f"the budget has {len(seeds)} seed; a confidence interval needs at least 2")
+        g["ci"] = None
+        if len(have) >= 2:
+            g["ci"] = paired_t_interval([g["per_seed"][str(s)] for s in have], CI_LEVEL)
+        g["ahead"] = bool(not g["problems"] and g["ci"] is not None and g["ci"]["low"] > 0)
+        evaluations.append(g)
+    met = bool(evaluations) and all(g["ahead"] for g in evaluations)
+    where = "/".join(devices)
+    if not evaluations:
+        detail = f"no formal comparison in any fresh {where} receipt"
+        if diagnostic:
+            detail += f" ({diagnostic} diagnostic-only comparison(s) recorded: they never count)"
+    else:
+        lines = []
+        for g in evaluations:
+            label = f"{g['name']} ({g['metric']}, {g['method']} vs {g['control']}) in {_short(g['receipt_id'])}"
+            ci = g["ci"]
+            if ci is not None:
+                label += f": mean diff {ci['mean_diff']:+.4g}, 95% CI [{ci['low']:+.4g}, {ci['high']:+.4g}] over n={ci['n']}"
+            if g["problems"]:
+                label += " (" + "; ".join(g["problems"]) + ")"
+            elif not g["ahead"]:
+                label += " includes zero" if ci["high"] >= 0 else " is below zero: the control is ahead"
+            lines.append(label)
+        detail = ("every formal comparison shows the method ahead: " if met else
+                  "a formal comparison does not show the method ahead: ") + "; ".join(
+            lines if met else [ln for ln, g in zip(lines, evaluations) if not g["ahead"]])
+    fix = (cmd.format(device=devices[0]) + f" (its mechanism check must record ctx.record_comparison(..., "
+           f"formal=True) for the budget seeds {','.join(map(str, seeds))})")
+    comparisons = [{k: g[k] for k in ("receipt_id", "device", "contract", "dtype", "name", "metric", "method",
+                                      "control", "higher_is_better", "per_seed", "ci", "ahead", "problems")}
+                   for g in evaluations]
+    return _req("formal_comparison", met, detail, fix, receipts=sorted({g["receipt_id"] for g in evaluations if g["ahead"]}),
+                comparisons=comparisons, diagnostic_only=diagnostic, ci_method=CI_METHOD)
+
+
+# --- the verdict --------------------------------------------------------------
+
+
+def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
+             assessed: list[Assessed] | None = None) -> dict:
+    """The gate verdict for one valid spec (see GATE_SCHEMA); never imports torch.
+
+    `flags` are appended to every suggested command (e.g. ' --receipts DIR')
+    so the fix works for the store that was evaluated.
+    """
+    key = spec.key
+    promo = spec.data["promotion"]
+    requires = promo["requires"]
+    if assessed is None:
+        assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key)
+    spec_name = f"specs/{spec.path.name}"
+    usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name]
+    fresh = [a for a in usable if a.state == "fresh"]
+    stale = [a for a in usable if a.state == "stale"]
+    broken = [a for a in assessed if a.state in ("tampered", "invalid")]
+    devices = list(requires["devices"])
+    cmd = f"contracts check {key} --device {{device}}{flags}"
+    relevant = [a for a in fresh if a.device in devices]
+
+    requirements = [_review(spec)]
+    requirements += [_device(spec, dev, fresh, stale, cmd) for dev in devices]
+    requirements.append(_mutants(spec, relevant, devices, cmd))
+    requirements.append(_formal(spec, relevant, devices, cmd))
+    promotable = all(r["met"] for r in requirements)
+
+    reasons = [f"{r['id']}: {r['detail']} -> {r['fix']}" for r in requirements if not r["met"]]
+    warnings = []
+    for a in sorted(stale, key=lambda a: a.created_at or "", reverse=True)[:_SHOW]:
+        warnings.append(f"stale receipt {a.file} ({a.device}, {a.created_at}) does not count; changed: "
+                        f"{_more(a.changed, 4)}")
+    if len(stale) > _SHOW:
+        warnings.append(f"+{len(stale) - _SHOW} more stale receipt(s)")
+    for a in broken:
+        warnings.append(f"{a.state} receipt {a.file} is ignored: {a.message} (see contracts verify {key}{flags})")
+    if promo["state"] == "promoted" and not promotable:
+        warnings.append(f"{spec.display} says promoted but the gate is closed: "
+                        f"contracts demote {key} --reason TEXT{flags}")
+    justified = sorted({rid for r in requirements if r["met"] and r["required"] for rid in r.get("receipts", [])})
+    return {
+        "schema": GATE_SCHEMA,
+        "method": key,
+        "spec": {"file": spec.display, "sha256": spec.sha256},
+        "verdict": "promotable" if promotable else "not promotable",
+        "promotable": promotable,
+        "state": promo["state"],
+        "review": promo["review"],
+        "requires": dict(requires),
+        "requirements": requirements,
+        "reasons": reasons,
+        "warnings": warnings,
+        "receipts": {
+            "fresh": [a.receipt_id for a in fresh],
+            "stale": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "changed": a.changed}
+                      for a in stale],
+            "tampered": [{"file": a.file, "message": a.message} for a in broken if a.state == "tampered"],
+            "invalid": [{"file": a.file, "message": a.message} for a in broken if a.state == "invalid"],
+        },
+        "justified_by": justified if promotable else [],
+        "ci_method": CI_METHOD,
+        "evaluated_at": utc_now(),
+    }

@@ -1,0 +1,144 @@
+"""`contracts verify`: integrity, schema and freshness of every receipt in a store, and the ledger.
+
+States, in the order they are decided:
+  invalid   the file cannot be read, is not JSON, is not a receipt, is filed under
+            the wrong method, or does not match the receipt JSON Schema;
+  tampered  the receipt id, the subject digest or the exact bytes do not match;
+  stale     intact, but a bound file changed since the run (named);
+  fresh     intact and every bound file matches the working tree.
+Integrity comes before the schema, so an edited byte reads as tampered even when
+the edit also breaks the schema. A spec that differs from the run's only in
+`promotion.state` (a promote or demote since) still counts as the same spec
+(engine.receipts.check_receipt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from engine import ledger as ledger_mod
+from engine.receipts import RECEIPT_SUFFIX, TMP_PREFIX, check_receipt, load_receipt, schema_problems
+from engine.spec import KEY_RE
+
+STATES = ("fresh", "stale", "tampered", "invalid")
+
+
+@dataclass
+class Assessed:
+    """One receipt file as verify, gate and list see it."""
+
+    file: str  # <method>/<name>, relative to the receipts folder
+    state: str
+    message: str = ""
+    method: str | None = None
+    receipt_id: str | None = None
+    status: str | None = None
+    created_at: str | None = None
+    device: str | None = None
+    changed: list[str] = field(default_factory=list)
+    predicate: dict | None = field(default=None, repr=False)  # only for fresh and stale receipts
+
+    def as_dict(self) -> dict:
+        return {"file": self.file, "state": self.state, "method": self.method, "receipt_id": self.receipt_id,
+                "status": self.status, "created_at": self.created_at, "device": self.device,
+                "changed": list(self.changed), "message": self.message}
+
+
+def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
+           folder_method: str | None = None) -> Assessed:
+    """Everything verify knows about one receipt file."""
+    display = display or Path(path).name
+    rc = check_receipt(path, root, specs_dir, display=display)
+    out = Assessed(file=display, state=rc.state, message=rc.message, method=rc.method, receipt_id=rc.receipt_id,
+                   status=rc.status if isinstance(rc.status, str) else None, created_at=rc.created_at,
+                   changed=list(rc.changed))
+    if rc.state in ("invalid", "tampered"):
+        return out
+    data = load_receipt(path)
+    problems = schema_problems(data)
+    if problems:
+        out.state, out.changed = "invalid", []
+        out.message = "does not match the receipt schema: " + "; ".join(problems)
+        return out
+    pred = data["predicate"]
+    if folder_method is not None and pred["method"] != folder_method:
+        out.state, out.changed = "invalid", []
+        out.message = f"filed under {folder_method}/ but is a receipt of {pred['method']}"
+        return out
+    out.device = pred["environment"]["device"]["kind"]
+    out.predicate = pred
+    return out
+
+
+@dataclass
+class StoreReport:
+    receipts: list[Assessed] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)  # .tmp- files a crashed write left behind
+    ledger: ledger_mod.LedgerReport | None = None
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(r.state == s for r in self.receipts) for s in STATES}
+
+
+def store_files(receipts_dir: Path, method: str | None = None) -> tuple[list[tuple[Path, str, str | None]], list[str]]:
+    """(path, display, folder method) for every candidate receipt, plus leftover temporary files.
+
+    Every non-hidden file inside a method folder is a candidate, whatever its
+    name, so a stray or renamed file is reported rather than skipped; a `.json`
+    file at the top of the store (outside any method folder) is reported too.
+    """
+    base = Path(receipts_dir)
+    files: list[tuple[Path, str, str | None]] = []
+    leftovers: list[str] = []
+    if not base.is_dir():
+        return files, leftovers
+    folders = [base / method] if method else sorted(p for p in base.iterdir() if p.is_dir())
+    for folder in folders:
+        if not folder.is_dir() or folder.name.startswith((".", "__")):
+            continue
+        folder_method = folder.name if KEY_RE.match(folder.name) else None
+        for p in sorted(folder.iterdir(), key=lambda q: q.name):
+            if not p.is_file():
+                continue
+            if p.name.startswith(TMP_PREFIX):
+                leftovers.append(f"{folder.name}/{p.name}")
+            elif not p.name.startswith("."):
+                files.append((p, f"{folder.name}/{p.name}", folder_method))
+    if method is None:
+        for p in sorted(base.iterdir(), key=lambda q: q.name):
+            if p.is_file() and p.suffix == RECEIPT_SUFFIX and not p.name.startswith("."):
+                files.append((p, p.name, None))
+    return files, leftovers
+
+
+def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None
+                    ) -> tuple[list[Assessed], list[str]]:
+    """Every candidate receipt (of one method, or all), assessed; plus leftover temporary files."""
+    files, leftovers = store_files(receipts_dir, method)
+    out = []
+    for path, display, folder_method in files:
+        if folder_method is None:
+            where = f"in {path.parent.name}/, which is not a method key" if path.parent != Path(receipts_dir) \
+                else "not inside a method folder"
+            a = Assessed(file=display, state="invalid", message=f"{where} (receipts live in <receipts>/<method>/)")
+        elif path.suffix != RECEIPT_SUFFIX:
+            a = Assessed(file=display, state="invalid", message=f"not a receipt file name (expected *{RECEIPT_SUFFIX})")
+        else:
+            a = assess(path, root, specs_dir, display=display, folder_method=folder_method)
+        out.append(a)
+    return out, leftovers
+
+
+def assess_store(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None,
+                 spec_states: dict[str, str] | None = None) -> StoreReport:
+    """Assess every receipt (of one method, or all) and the ledger against them and the specs' states."""
+    receipts, leftovers = assess_receipts(receipts_dir, root, specs_dir, method)
+    report = StoreReport(receipts=receipts, leftovers=leftovers)
+    led = ledger_mod.read(receipts_dir)
+    if method is not None:
+        led.entries = [e for e in led.entries if e.get("method") == method]
+    # the ledger may name a receipt that has gone stale, never one that is gone or broken
+    known = {r.receipt_id for r in report.receipts if r.state in ("fresh", "stale") and r.receipt_id}
+    ledger_mod.check_against(led, known, spec_states or {})
+    report.ledger = led
+    return report

@@ -1,0 +1,13 @@
+"""The implementation object checks receive (a mutant replaces some of its functions)."""
+
+from engine import registry
+from methods.tar.fps import farthest_point_prototypes
+from methods.tar.replay import adaptive_replay_loss, soft_gate, tar_total_loss
+
+IMPL = registry.implementation(
+    "tar",
+    soft_gate=soft_gate,
+    farthest_point_prototypes=farthest_point_prototypes,
+    adaptive_replay_loss=adaptive_replay_loss,
+    tar_total_loss=tar_total_loss,
+)

@@ -1,0 +1,201 @@
+"""Known-bad variants of TAR, one deliberate defect each; every one must be killed.
+
+The replay-loss mutants are built from `replay_variant`, a copy of the loss
+with one switch per defect; with every switch at its default it equals
+`adaptive_replay_loss` bit for bit (tests/test_tar.py checks that), so each
+mutant differs from the real implementation in exactly one place.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine import registry
+from methods.tar.fps import farthest_point_prototypes
+from methods.tar.impl import IMPL
+from methods.tar.replay import DENOM_EPS, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss
+
+
+def soft_gate_unclamped(z: torch.Tensor) -> torch.Tensor:
+    """phi without max(0, .): 1 - e^-z, negative for z < 0 and -inf at z = -1e4."""
+    zc = z.to(compute_dtype(z.dtype))
+    return (-torch.expm1(-zc)).to(z.dtype)
+
+
+def replay_variant(
+    logp_theta,
+    logp_base,
+    mask,
+    *,
+    phi=soft_gate,
+    constant_weights=False,
+    detach_gate=True,
+    active_only_mean=False,
+    upcast=True,
+    mask_by_multiply=False,
+    reject_positive=True,
+):
+    if reject_positive:
+        m = check_replay_inputs(logp_theta, logp_base, mask)
+    else:
+        # Only the finiteness half of the validation: positive log-probs slip through.
+        m = mask.bool()
+        check_replay_inputs(logp_theta.detach().clamp_max(0.0), logp_base.detach().clamp_max(0.0), m)
+    cd = compute_dtype(logp_theta.dtype) if upcast else logp_theta.dtype
+    lt = logp_theta.to(cd)
+    lb = logp_base.to(device=lt.device, dtype=cd)
+    B = lt.shape[0]
+    zeros = torch.zeros_like(lt)
+    lt_for_gate = lt if not detach_gate else lt.detach()
+    delta_g = torch.where(m, lb - lt_for_gate, zeros)
+    mean_delta = delta_g.sum(1) / m.sum(1).clamp_min(1).to(cd)
+    gate = phi(mean_delta)
+    with torch.no_grad():
+        delta = torch.where(m, lb - lt.detach(), zeros)
+        weights = torch.where(m, phi(delta), zeros)
+    if constant_weights:
+        gate = torch.ones_like(gate)
+        weights = m.to(cd)
+    if mask_by_multiply:
+        nll = -lt * m.to(cd)
+    else:
+        nll = torch.where(m, -lt, zeros)
+    denom = torch.tensor(DENOM_EPS, dtype=cd, device=lt.device) + weights.sum(1)
+    per_traj = gate * (weights * nll).sum(1) / denom
+    if active_only_mean:
+        n = int((gate > 0).sum())
+        loss = per_traj.sum() / max(n, 1)
+    else:
+        loss = per_traj.sum() / max(B, 1)
+    metrics = {
+        "gates": gate.detach(),
+        "mean_delta": mean_delta.detach(),
+        "token_weights": weights,
+        "weight_sum": weights.sum(1),
+        "active_fraction": float((gate > 0).double().mean()) if B else 0.0,
+        "num_trajectories": B,
+    }
+    return loss, metrics
+
+
+def _variant(**switches):
+    def loss(logp_theta, logp_base, mask):
+        return replay_variant(logp_theta, logp_base, mask, **switches)
+
+    return loss
+
+
+@registry.mutant("tar.constant_sft", base="tar")
+def constant_sft():
+    """The page's negative control: gate and token weights fixed at 1 (plain SFT on the bank)."""
+    return IMPL.replace("tar.constant_sft", adaptive_replay_loss=_variant(constant_weights=True))
+
+
+@registry.mutant("tar.gate_not_detached", base="tar")
+def gate_not_detached():
+    """The trajectory gate g = phi(mean delta) keeps its gradient."""
+    return IMPL.replace("tar.gate_not_detached", adaptive_replay_loss=_variant(detach_gate=False))
+
+
+@registry.mutant("tar.active_only_mean", base="tar")
+def active_only_mean():
+    """Averages over positive-gate trajectories only instead of over the whole bank batch."""
+    return IMPL.replace("tar.active_only_mean", adaptive_replay_loss=_variant(active_only_mean=True))
+
+
+@registry.mutant("tar.no_fp32_upcast", base="tar")
+def no_fp32_upcast():
+    """fp16/bf16 inputs are computed in their own dtype (1e-8 underflows to 0 in fp16)."""
+    return IMPL.replace("tar.no_fp32_upcast", adaptive_replay_loss=_variant(upcast=False))
+
+
+@registry.mutant("tar.phi_no_clamp", base="tar")
+def phi_no_clamp():
+    """phi(z) = 1 - e^-z without max(0, .), in the gate function and in the loss that uses it."""
+    return IMPL.replace(
+        "tar.phi_no_clamp",
+        soft_gate=soft_gate_unclamped,
+        adaptive_replay_loss=_variant(phi=soft_gate_unclamped),
+    )
+
+
+@registry.mutant("tar.mask_by_multiply", base="tar")
+def mask_by_multiply():
+    """Padding removed by multiplying with the mask: NaN * 0 = NaN (OpenRLHF PR #1240)."""
+    return IMPL.replace("tar.mask_by_multiply", adaptive_replay_loss=_variant(mask_by_multiply=True))
+
+
+@registry.mutant("tar.accepts_positive_logp", base="tar")
+def accepts_positive_logp():
+    """A positive log-prob at a valid position is not rejected (it would give a negative replay loss)."""
+    return IMPL.replace("tar.accepts_positive_logp", adaptive_replay_loss=_variant(reject_positive=False))
+
+
+@registry.mutant("tar.total_replay_detached", base="tar")
+def total_replay_detached():
+    """The replay term enters the total loss's value but not its gradient (TRL PR #6140's shape of bug)."""
+
+    def total(grpo_loss, replay_loss, lambda_rep=1.0):
+        return tar_total_loss(grpo_loss, replay_loss.detach(), lambda_rep=lambda_rep)
+
+    return IMPL.replace("tar.total_replay_detached", tar_total_loss=total)
+
+
+# --- FPS ----------------------------------------------------------------------------
+
+
+def _fps_loop(embeddings, correct, k=3, prompt_ids=None, *, normalise=True):
+    """Per-prompt FPS (same first point and tie-break) with F.normalize and no validation."""
+    N = embeddings.shape[0]
+    device = embeddings.device
+    ids = torch.zeros(N, dtype=torch.long, device=device) if prompt_ids is None else torch.as_tensor(prompt_ids, device=device)
+    correct = torch.as_tensor(correct, device=device).bool()
+    out = []
+    for p in torch.unique(ids).tolist():
+        members = torch.nonzero((ids == p) & correct).flatten()
+        if members.numel() == 0:
+            continue
+        x = embeddings[members].double()
+        if normalise:
+            x = F.normalize(x, dim=1)  # eps = 1e-12: a zero vector stays zero, NaN stays NaN
+        chosen = [0]
+        score = 1.0 - x @ x[0]
+        score[0] = -float("inf")
+        for _ in range(1, min(int(k), members.numel())):
+            j = int(torch.argmax(score))
+            chosen.append(j)
+            score = torch.minimum(score, 1.0 - x @ x[j])
+            score[chosen] = -float("inf")
+        out.append(members[chosen])
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=device)
+
+
+@registry.mutant("tar.fps_keeps_incorrect", base="tar")
+def fps_keeps_incorrect():
+    """FPS over every candidate, ignoring the verifier's marks."""
+
+    def fps(embeddings, correct, k=3, prompt_ids=None):
+        return farthest_point_prototypes(embeddings, torch.ones_like(torch.as_tensor(correct), dtype=torch.bool), k=k, prompt_ids=prompt_ids)
+
+    return IMPL.replace("tar.fps_keeps_incorrect", farthest_point_prototypes=fps)
+
+
+@registry.mutant("tar.fps_no_normalisation", base="tar")
+def fps_no_normalisation():
+    """Distance 1 - <e_i, e_j> on raw embeddings: not the cosine distance when norms differ."""
+
+    def fps(embeddings, correct, k=3, prompt_ids=None):
+        return _fps_loop(embeddings, correct, k, prompt_ids, normalise=False)
+
+    return IMPL.replace("tar.fps_no_normalisation", farthest_point_prototypes=fps)
+
+
+@registry.mutant("tar.fps_sorts_invalid", base="tar")
+def fps_sorts_invalid():
+    """F.normalize with its eps instead of validation: zero and NaN vectors get sorted, not rejected."""
+
+    def fps(embeddings, correct, k=3, prompt_ids=None):
+        return _fps_loop(embeddings, correct, k, prompt_ids, normalise=True)
+
+    return IMPL.replace("tar.fps_sorts_invalid", farthest_point_prototypes=fps)

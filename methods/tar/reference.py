@@ -1,0 +1,162 @@
+"""Independent references for the TAR checks: plain Python floats (float64), loops, no torch math.
+
+Nothing here imports the method's code. `fps_per_prompt_loop` is the one
+exception to "no torch": it is the naive per-prompt torch loop the vectorised
+FPS is benchmarked against (same rule, one prompt at a time).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+DENOM_EPS = 1e-8
+
+
+# --- soft gate and replay loss -------------------------------------------------
+
+
+def phi(z: float) -> float:
+    """max(1 - e^-z, 0) for a Python float (0 for z <= 0, e^-z taken only for z > 0)."""
+    if math.isnan(z):
+        return math.nan
+    if z <= 0.0:
+        return 0.0
+    return -math.expm1(-z)
+
+
+def replay_reference(
+    logp_theta: Sequence[Sequence[float]],
+    logp_base: Sequence[Sequence[float]],
+    mask: Sequence[Sequence[bool]],
+):
+    """Loss, analytic gradient d L / d logp_theta, gates and weights, by loops in float64.
+
+    L = (1/B) sum_b g_b * sum_t w_bt (-l_bt) / (1e-8 + sum_t w_bt)
+    dL/dl_bt = -(1/B) g_b w_bt / (1e-8 + sum_t w_bt) at valid t, 0 elsewhere.
+    """
+    B = len(logp_theta)
+    loss = 0.0
+    grad, gates, weights = [], [], []
+    for b in range(B):
+        valid = [t for t, v in enumerate(mask[b]) if v]
+        deltas = {t: float(logp_base[b][t]) - float(logp_theta[b][t]) for t in valid}
+        mean_delta = math.fsum(deltas.values()) / len(valid) if valid else 0.0
+        g = phi(mean_delta)
+        w = [phi(deltas[t]) if t in deltas else 0.0 for t in range(len(mask[b]))]
+        wsum = math.fsum(w)
+        num = math.fsum(w[t] * (-float(logp_theta[b][t])) for t in valid)
+        loss += g * num / (DENOM_EPS + wsum)
+        grad.append([(-g * w[t] / (DENOM_EPS + wsum)) / B if t in deltas else 0.0 for t in range(len(mask[b]))])
+        gates.append(g)
+        weights.append(w)
+    loss = loss / B if B else 0.0
+    return loss, grad, gates, weights
+
+
+# --- farthest-point sampling ---------------------------------------------------
+
+
+def cosine_distance(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = math.fsum(x * y for x, y in zip(a, b))
+    na = math.sqrt(math.fsum(x * x for x in a))
+    nb = math.sqrt(math.fsum(y * y for y in b))
+    return 1.0 - dot / (na * nb)
+
+
+def _groups(n: int, prompt_ids) -> list[tuple[int, list[int]]]:
+    ids = [0] * n if prompt_ids is None else [int(p) for p in prompt_ids]
+    out: dict[int, list[int]] = {}
+    for i, p in enumerate(ids):
+        out.setdefault(p, []).append(i)
+    return sorted(out.items())
+
+
+def fps_bruteforce(embeddings, correct, k: int = 3, prompt_ids=None) -> list[int]:
+    """Greedy max-min FPS by explicit loops over candidates, in Python floats.
+
+    First point: the lowest-index correct candidate of each prompt. Then the
+    correct, unchosen candidate with the largest min-distance to the chosen
+    set; a strictly larger distance is needed to beat a lower index.
+    """
+    E = [[float(v) for v in row] for row in embeddings]
+    C = [bool(c) for c in correct]
+    out: list[int] = []
+    for _, members in _groups(len(E), prompt_ids):
+        cand = [i for i in members if C[i]]
+        chosen: list[int] = []
+        while cand and len(chosen) < k:
+            if not chosen:
+                best = cand[0]
+            else:
+                best, best_score = None, -math.inf
+                for i in cand:
+                    score = min(cosine_distance(E[i], E[j]) for j in chosen)
+                    if score > best_score:
+                        best, best_score = i, score
+            chosen.append(best)
+            cand.remove(best)
+        out.extend(chosen)
+    return out
+
+
+def fps_maxmin_gap(embeddings, correct, picks: Sequence[int], prompt_ids=None) -> float:
+    """Largest shortfall of a pick's min-distance below the best available at that step.
+
+    Walks the given picks per prompt (any tie-break) and, at each step after
+    the first, compares the chosen candidate's min cosine distance to the
+    already-chosen set with the best over all correct unchosen candidates.
+    0 for an exact greedy max-min sequence; inf if a pick is not a correct
+    candidate of its prompt.
+    """
+    E = [[float(v) for v in row] for row in embeddings]
+    C = [bool(c) for c in correct]
+    ids = [0] * len(E) if prompt_ids is None else [int(p) for p in prompt_ids]
+    by_prompt: dict[int, list[int]] = {}
+    for i in picks:
+        by_prompt.setdefault(ids[i], []).append(int(i))
+    gap = 0.0
+    for p, seq in by_prompt.items():
+        pool = [i for i in range(len(E)) if ids[i] == p and C[i]]
+        for s, i in enumerate(seq):
+            if i not in pool:
+                return math.inf
+            if s == 0:
+                continue
+            chosen = seq[:s]
+            rest = [j for j in pool if j not in chosen]
+            best = max(min(cosine_distance(E[j], E[c]) for c in chosen) for j in rest)
+            mine = min(cosine_distance(E[i], E[c]) for c in chosen)
+            gap = max(gap, best - mine)
+    return gap
+
+
+def fps_per_prompt_loop(embeddings: torch.Tensor, correct: torch.Tensor, k: int = 3, prompt_ids=None) -> torch.Tensor:
+    """The naive implementation: a Python loop over prompts, torch inside each one.
+
+    Same rule as the vectorised function (float64, lowest index first and on
+    ties); the baseline of the FPS benchmark. No input validation.
+    """
+    device = embeddings.device
+    N = embeddings.shape[0]
+    ids = torch.zeros(N, dtype=torch.long, device=device) if prompt_ids is None else torch.as_tensor(prompt_ids, device=device)
+    correct = torch.as_tensor(correct, device=device).bool()
+    out = []
+    for p in torch.unique(ids).tolist():
+        members = torch.nonzero((ids == p) & correct).flatten()
+        if members.numel() == 0:
+            continue
+        x = embeddings[members].double()
+        x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        chosen = [0]
+        score = 1.0 - x @ x[0]
+        score[0] = -math.inf
+        for _ in range(1, min(k, members.numel())):
+            j = int(torch.argmax(score))
+            chosen.append(j)
+            score = torch.minimum(score, 1.0 - x @ x[j])
+            score[chosen] = -math.inf
+        out.append(members[chosen])
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=device)

@@ -1,0 +1,409 @@
+"""TAR: soft gate, gated replay loss, FPS bank, contracts, mutants (methods/tar, specs/tar-adaptive-replay.yaml)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import registry
+from engine.context import DTYPES, CheckContext, Meter
+from engine.expect import applies, evaluate
+from engine.spec import load_spec
+from methods.tar import IMPL, adaptive_replay_loss, farthest_point_prototypes, soft_gate, tar_total_loss
+from methods.tar import checks as tar_checks
+from methods.tar import reference as ref
+from methods.tar.bench import make_inputs
+from methods.tar.mutants import replay_variant
+
+F64 = torch.float64
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_PATH = ROOT / "specs" / "tar-adaptive-replay.yaml"
+HYP = settings(max_examples=30, deadline=None, derandomize=True)  # reproducible in CI
+
+
+def grad_of(loss, x):
+    (g,) = torch.autograd.grad(loss, x)
+    return g
+
+
+def ref_loss_grad(lt, lb, mask):
+    loss, grad, gates, weights = ref.replay_reference(lt.tolist(), lb.tolist(), mask.tolist())
+    return loss, torch.tensor(grad, dtype=F64).reshape(lt.shape), gates, weights
+
+
+# --- soft gate -----------------------------------------------------------------------
+
+
+def test_soft_gate_closed_form_and_extremes():
+    z = torch.tensor([-1e4, -1.0, -0.0, 0.0, 1e-12, 0.5, 1.0, 1e4], dtype=F64)
+    out = soft_gate(z)
+    want = torch.tensor([0, 0, 0, 0, 1e-12 - 0.5e-24, 1 - math.exp(-0.5), 1 - math.exp(-1), 1.0], dtype=F64)
+    torch.testing.assert_close(out, want, rtol=1e-15, atol=0)
+    assert out.dtype == F64
+    for dt in DTYPES.values():
+        o = soft_gate(torch.tensor([-1e4, -3.0, 0.0, 1e-3, 2.0, 1e4], dtype=dt))
+        assert o.dtype == dt and torch.isfinite(o).all()
+        assert o[:3].eq(0).all() and o[-1] == 1 and (o >= 0).all() and (o <= 1).all()
+
+
+def test_soft_gate_rejects_integer_input():
+    with pytest.raises(TypeError):
+        soft_gate(torch.tensor([1, 2]))
+
+
+@HYP
+@given(st.lists(st.floats(min_value=-1e4, max_value=1e4, allow_nan=False), min_size=1, max_size=40))
+def test_soft_gate_matches_reference_and_is_monotone(values):
+    z = torch.tensor(values, dtype=F64)
+    out = soft_gate(z)
+    want = torch.tensor([ref.phi(v) for v in values], dtype=F64)
+    torch.testing.assert_close(out, want, rtol=1e-14, atol=1e-300)
+    order = torch.argsort(z)
+    assert (out[order][1:] >= out[order][:-1]).all()
+
+
+# --- replay loss ---------------------------------------------------------------------
+
+
+def test_replay_loss_closed_form():
+    # Row 0: delta = [1, 0] -> mean 0.5, g = 1 - e^-0.5, w = [1 - e^-1, 0]; NLL of token 0 is 2.
+    # Row 1: delta = [-0.5, 0.25] -> mean -0.125 -> g = 0 (but w_1 > 0).
+    lt = torch.tensor([[-2.0, -1.0], [-1.0, -1.0]], dtype=F64, requires_grad=True)
+    lb = torch.tensor([[-1.0, -1.0], [-1.5, -0.75]], dtype=F64)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    loss, m = adaptive_replay_loss(lt, lb, mask)
+    g0, w0 = 1 - math.exp(-0.5), 1 - math.exp(-1.0)
+    want = 0.5 * g0 * (w0 * 2.0) / (1e-8 + w0)
+    assert loss.item() == pytest.approx(want, rel=1e-15)
+    assert m["gates"].tolist() == pytest.approx([g0, 0.0], rel=1e-15)
+    assert m["active_fraction"] == 0.5
+    assert m["token_weights"][1, 1].item() == pytest.approx(1 - math.exp(-0.25), rel=1e-15)
+    grad = grad_of(loss, lt)
+    want_grad = torch.tensor([[-0.5 * g0 * w0 / (1e-8 + w0), 0.0], [0.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-15, atol=0)
+
+
+def test_replay_all_zero_weights_is_zero_not_nan_in_every_dtype():
+    for dt in DTYPES.values():
+        lb = torch.tensor([[-3.0, -2.0, -5.0]], dtype=dt)
+        lt = torch.tensor([[-1.0, -2.0, -0.5]], dtype=dt, requires_grad=True)
+        loss, m = adaptive_replay_loss(lt, lb, torch.ones(1, 3, dtype=torch.bool))
+        g = grad_of(loss, lt)
+        assert loss.item() == 0.0 and torch.equal(g, torch.zeros_like(g)), dt
+        assert m["weight_sum"].item() == 0.0
+
+
+def test_replay_half_inputs_computed_in_fp32():
+    lt = torch.tensor([[-1e4] * 8], dtype=torch.float16, requires_grad=True)
+    lb = torch.zeros(1, 8, dtype=torch.float16)
+    loss, _ = adaptive_replay_loss(lt, lb, torch.ones(1, 8, dtype=torch.bool))
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(1e4)  # 8e4 would overflow fp16 sums
+    assert grad_of(loss, lt).dtype == torch.float16
+
+
+def test_replay_empty_bank_and_empty_row():
+    lt = torch.zeros(0, 5, dtype=F64, requires_grad=True)
+    loss, m = adaptive_replay_loss(lt, torch.zeros(0, 5, dtype=F64), torch.zeros(0, 5, dtype=torch.bool))
+    assert loss.item() == 0.0 and m["num_trajectories"] == 0
+    # A row with no valid token: gate 0, still counted in |B|.
+    lt = torch.tensor([[-3.0, -1.0], [-1.0, -1.0]], dtype=F64, requires_grad=True)
+    lb = torch.tensor([[-1.0, -1.0], [5.0, 5.0]], dtype=F64)  # positive junk in the empty row's padding
+    mask = torch.tensor([[True, True], [False, False]])
+    loss, m = adaptive_replay_loss(lt, lb, mask)
+    alone, _ = adaptive_replay_loss(lt[:1], lb[:1], mask[:1])
+    assert m["gates"][1].item() == 0.0
+    assert loss.item() == pytest.approx(alone.item() / 2, rel=1e-15)
+
+
+def test_replay_junk_in_padding_changes_nothing():
+    g = torch.Generator().manual_seed(0)
+    lt, lb, mask, lt_j, lb_j = tar_checks.replay_case(g, 5, 9)
+    assert not torch.isfinite(lt_j[~mask]).all()  # the junk really is there
+    a = lt.clone().requires_grad_(True)
+    b = lt_j.clone().requires_grad_(True)
+    la, _ = adaptive_replay_loss(a, lb, mask)
+    lj, _ = adaptive_replay_loss(b, lb_j, mask)
+    assert torch.equal(la, lj)
+    ga, gj = grad_of(la, a), grad_of(lj, b)
+    assert torch.equal(ga, gj) and (gj[~mask] == 0).all()
+
+
+def test_replay_gradient_matches_analytic_and_locality():
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        _, _, mask, lt_j, lb_j = tar_checks.replay_case(g, 6, 11)
+        x = lt_j.clone().requires_grad_(True)
+        loss, m = adaptive_replay_loss(x, lb_j, mask)
+        grad = grad_of(loss, x)
+        r_loss, r_grad, r_gates, r_w = ref_loss_grad(lt_j, lb_j, mask)
+        assert loss.item() == pytest.approx(r_loss, rel=1e-12, abs=1e-300)
+        torch.testing.assert_close(grad, r_grad, rtol=1e-12, atol=1e-15)
+        on = mask & (torch.tensor(r_gates, dtype=F64) > 0)[:, None] & (torch.tensor(r_w, dtype=F64) > 0)
+        assert (grad[~on] == 0).all() and (grad[on] != 0).all()
+
+
+def test_replay_gradient_has_no_second_order_path():
+    """With g and w detached, L is linear in logp_theta: the gradient is the analytic constant."""
+    torch.manual_seed(3)
+    lt = -torch.rand(3, 4, dtype=F64) - 0.1
+    lb = lt + torch.randn(3, 4, dtype=F64) * 0.5
+    lb = lb.clamp_max(0.0)
+    mask = torch.rand(3, 4) < 0.9
+
+    def f(x):
+        return adaptive_replay_loss(x, lb, mask)[0]
+
+    x = lt.clone().requires_grad_(True)
+    # g and w are detached, so the gradient is a constant of logp_theta: no second-order path.
+    (g1,) = torch.autograd.grad(f(x), x, create_graph=True)
+    assert not g1.requires_grad
+    _, r_grad, _, _ = ref_loss_grad(lt, lb, mask)
+    torch.testing.assert_close(g1, r_grad, rtol=1e-12, atol=1e-15)
+
+
+@HYP
+@given(st.integers(1, 6), st.integers(1, 10), st.integers(0, 2**31 - 1))
+def test_replay_split_merge_and_zero_gate_rows(B, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    _, _, mask, lt_j, lb_j = tar_checks.replay_case(g, B, T)
+    x = lt_j.clone().requires_grad_(True)
+    loss, _ = adaptive_replay_loss(x, lb_j, mask)
+    grad = grad_of(loss, x)
+    r_loss, r_grad, _, _ = ref_loss_grad(lt_j, lb_j, mask)
+    assert loss.item() == pytest.approx(r_loss, rel=1e-12, abs=1e-15)
+    torch.testing.assert_close(grad, r_grad, rtol=1e-12, atol=1e-15)
+    # Appending m zero-gate rows scales the loss by B / (B + m).
+    zlt, zlb, zm = tar_checks._zero_gate_case(g, 2, T)
+    big, _ = adaptive_replay_loss(torch.cat([lt_j, zlt]), torch.cat([lb_j, zlb]), torch.cat([mask, zm]))
+    assert big.item() == pytest.approx(loss.item() * B / (B + 2), rel=1e-12, abs=1e-300)
+    # Split/merge.
+    if B > 1:
+        cut = B // 2
+        l1, _ = adaptive_replay_loss(lt_j[:cut], lb_j[:cut], mask[:cut])
+        l2, _ = adaptive_replay_loss(lt_j[cut:], lb_j[cut:], mask[cut:])
+        assert loss.item() == pytest.approx((cut * l1.item() + (B - cut) * l2.item()) / B, rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize(
+    "where, value",
+    [("theta", 0.3), ("base", 1e-6), ("theta", math.nan), ("base", math.inf), ("theta", -math.inf), ("base", math.nan)],
+)
+def test_replay_rejects_invalid_valid_positions(where, value):
+    lt = torch.full((2, 3), -1.0, dtype=F64)
+    lb = torch.full((2, 3), -0.5, dtype=F64)
+    (lt if where == "theta" else lb)[1, 2] = value
+    with pytest.raises(ValueError, match=r"\(1, 2\)"):
+        adaptive_replay_loss(lt.requires_grad_(True), lb, torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_replay_rejects_shape_mismatch_and_bad_mask():
+    lt = torch.full((2, 3), -1.0)
+    with pytest.raises(ValueError, match="same shape"):
+        adaptive_replay_loss(lt, torch.full((2, 4), -1.0), torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="0 and 1"):
+        adaptive_replay_loss(lt, lt, torch.full((2, 3), 2))
+    with pytest.raises(ValueError, match="bool or integer"):
+        adaptive_replay_loss(lt, lt, torch.ones(2, 3))
+
+
+def test_tar_total_loss():
+    a = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    b = torch.tensor(3.0, dtype=F64, requires_grad=True)
+    t = tar_total_loss(a * a, b * b)
+    assert t.item() == 13.0
+    ga, gb = torch.autograd.grad(t, (a, b))
+    assert ga.item() == 4.0 and gb.item() == 6.0
+    t = tar_total_loss(a * a, b * b, lambda_rep=0.5)
+    assert t.item() == 8.5 and torch.autograd.grad(t, b)[0].item() == 3.0
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError):
+            tar_total_loss(a, b, lambda_rep=bad)
+
+
+# --- FPS -----------------------------------------------------------------------------
+
+
+def test_fps_closed_form_ties_and_first_point():
+    axes = torch.tensor([[1.0, 0, 0], [-2, 0, 0], [0, 3, 0], [0, -1, 0], [0, 0, 5]])
+    assert farthest_point_prototypes(axes, torch.ones(5, dtype=torch.bool), k=3).tolist() == [0, 1, 2]
+    # the first point is the lowest-index *correct* candidate
+    assert farthest_point_prototypes(axes, torch.tensor([0, 0, 1, 1, 1]), k=2).tolist() == [2, 3]
+    # k larger than the correct count; k = 0
+    assert farthest_point_prototypes(axes, torch.tensor([0, 1, 0, 0, 1]).bool(), k=3).tolist() == [1, 4]
+    assert farthest_point_prototypes(axes, torch.ones(5, dtype=torch.bool), k=0).tolist() == []
+
+
+def test_fps_batched_prompts_excludes_incorrect_and_empty_prompts():
+    emb = torch.randn(12, 4, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([7, 3, 7, 3, 9, 9, 3, 7, 9, 3, 7, 3])
+    correct = torch.tensor([1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 1, 0]).bool()  # prompt 9: no correct candidate
+    out = farthest_point_prototypes(emb, correct, k=3, prompt_ids=ids).tolist()
+    assert all(bool(correct[i]) for i in out)
+    assert [int(ids[i]) for i in out] == [3, 3, 3, 7, 7, 7]  # ascending prompt id; none for 9
+    assert out == ref.fps_bruteforce(emb.tolist(), correct.tolist(), 3, ids.tolist())
+    assert farthest_point_prototypes(emb, torch.zeros(12, dtype=torch.bool), prompt_ids=ids).numel() == 0
+
+
+@HYP
+@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.sampled_from(list(DTYPES)))
+def test_fps_equals_bruteforce_and_per_prompt_loop(seed, k, dtype):
+    g = torch.Generator().manual_seed(seed)
+    emb, correct, ids = tar_checks.fps_case(g)
+    x = emb.to(DTYPES[dtype])
+    out = farthest_point_prototypes(x, correct, k=k, prompt_ids=ids)
+    assert out.dtype == torch.long
+    assert out.tolist() == ref.fps_bruteforce(x.double().tolist(), correct.tolist(), k, ids.tolist())
+    assert out.tolist() == ref.fps_per_prompt_loop(x, correct, k, ids).tolist()
+    assert ref.fps_maxmin_gap(x.double().tolist(), correct.tolist(), out.tolist(), ids.tolist()) <= 1e-12
+
+
+def test_fps_scale_and_permutation_of_other_prompts_do_not_matter():
+    g = torch.Generator().manual_seed(5)
+    emb, correct, ids = tar_checks.fps_case(g)
+    base = farthest_point_prototypes(emb, correct, prompt_ids=ids)
+    scaled = farthest_point_prototypes(emb * torch.rand(emb.shape[0], 1, generator=g, dtype=F64).add(0.1) * 1e3, correct, prompt_ids=ids)
+    assert torch.equal(base, scaled)
+
+
+@pytest.mark.parametrize("row, match", [
+    (torch.zeros(3), "norm 0"),
+    (torch.tensor([1.0, math.nan, 0.0]), "not finite"),
+    (torch.tensor([math.inf, 0.0, 0.0]), "not finite"),
+    (torch.tensor([1e200, 1e200, 0.0], dtype=F64), "overflows"),
+    (torch.tensor([1e-200, 0.0, 0.0], dtype=F64), "norm 0"),
+])
+def test_fps_rejects_bad_correct_vectors(row, match):
+    emb = torch.randn(4, 3, dtype=F64)
+    emb[2] = row.to(F64)
+    with pytest.raises(ValueError, match=f"candidate 2.*{match}|{match}"):
+        farthest_point_prototypes(emb, torch.ones(4, dtype=torch.bool))
+    # the same junk in an incorrect candidate is never read
+    out = farthest_point_prototypes(emb, torch.tensor([True, True, False, True]))
+    assert 2 not in out.tolist()
+
+
+def test_fps_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        farthest_point_prototypes(torch.randn(3, 2), torch.ones(4, dtype=torch.bool))
+    with pytest.raises(ValueError):
+        farthest_point_prototypes(torch.randn(3, 2), torch.ones(3, dtype=torch.bool), k=-1)
+    with pytest.raises(ValueError):
+        farthest_point_prototypes(torch.randn(3, 2), torch.ones(3, dtype=torch.bool), prompt_ids=torch.zeros(3))
+    with pytest.raises(ValueError):
+        farthest_point_prototypes(torch.arange(6).reshape(3, 2), torch.ones(3, dtype=torch.bool))
+
+
+def test_fps_benchmark_shape_identical_picks():
+    emb, correct, ids = make_inputs(512, 32, 64)
+    fast = farthest_point_prototypes(emb, correct, 3, ids)
+    slow = ref.fps_per_prompt_loop(emb, correct, 3, ids)
+    assert torch.equal(fast, slow) and fast.numel() == 3 * 512
+
+
+# --- registry, spec, checks and mutants ------------------------------------------------
+
+
+def test_registry_static_view_sees_everything():
+    reg = registry.load()
+    static = registry.static_names()
+    tar_checks_rt = {c for c in reg.checks if c.startswith("tar.")}
+    assert tar_checks_rt == {c for c in static.checks if c.startswith("tar.")}
+    assert {m for m in reg.mutants if m.startswith("tar.")} == {m for m, b in static.mutants.items() if b == "tar"}
+    assert static.implementations["tar"] == IMPL.functions
+
+
+def test_replay_variant_defaults_equal_the_implementation():
+    g = torch.Generator().manual_seed(9)
+    for dt in DTYPES.values():
+        _, _, mask, lt_j, lb_j = tar_checks.replay_case(g, 4, 7)
+        a = lt_j.to(dt).requires_grad_(True)
+        b = lt_j.to(dt).requires_grad_(True)
+        la, ma = adaptive_replay_loss(a, lb_j.to(dt), mask)
+        lv, mv = replay_variant(b, lb_j.to(dt), mask)
+        assert torch.equal(la, lv) and torch.equal(grad_of(la, a), grad_of(lv, b))
+        assert torch.equal(ma["gates"], mv["gates"]) and torch.equal(ma["token_weights"], mv["token_weights"])
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_spec(SPEC_PATH, ROOT)
+
+
+def _ctx(contract, dtype, seed=42, meter=None):
+    return CheckContext(
+        device=torch.device("cpu"), dtype=DTYPES[dtype], seed=seed, cases=contract["cases"],
+        params=dict(contract.get("params") or {}), meter=meter or Meter(max_updates=3, max_tokens=600),
+    )
+
+
+def _failures(impl, contract, dtype):
+    """Failed expectations of one contract for one dtype (a raising check counts as a failure)."""
+    check = registry.load().get_check(contract["check"])
+    try:
+        measured = check(impl, _ctx(contract, dtype))
+    except Exception as e:  # an error kills a mutant just as a failure does
+        return [f"raised {type(e).__name__}: {e}"]
+    records = [evaluate(e, measured, dtype) for e in contract["expect"] if applies(e, dtype)]
+    assert records, f"{contract['id']}: no expectation applies to {dtype}"
+    return [f"{r['metric']}={r['value']} {r['op']} {r['threshold']}" for r in records if not r["passed"]]
+
+
+def test_spec_validates_and_names_every_check(spec):
+    checks = {c["check"] for c in spec.data["contracts"]}
+    assert checks == {c for c in registry.load().checks if c.startswith("tar.")}
+    killers = {cid for m in spec.data["mutants"] for cid in m["killed_by"]}
+    assert killers == {c["id"] for c in spec.data["contracts"]}
+    assert {m["mutant"] for m in spec.data["mutants"]} == {m for m in registry.load().mutants if m.startswith("tar.")}
+
+
+def test_every_contract_holds_on_the_real_implementation(spec):
+    problems = {}
+    for c in spec.data["contracts"]:
+        for dt in c["dtypes"]:
+            f = _failures(IMPL, c, dt)
+            if f:
+                problems[(c["id"], dt)] = f
+    assert not problems, problems
+
+
+def test_every_mutant_is_killed_by_every_contract_that_claims_it(spec):
+    by_id = {c["id"]: c for c in spec.data["contracts"]}
+    survived = []
+    for m in spec.data["mutants"]:
+        impl = registry.load().get_mutant(m["mutant"]).factory()
+        for cid in m["killed_by"]:
+            c = by_id[cid]
+            if not any(_failures(impl, c, dt) for dt in c["dtypes"]):
+                survived.append((m["id"], cid))
+    assert not survived, f"mutants not killed by a contract that claims them: {survived}"
+
+
+def test_mechanism_records_steps_and_stays_in_budget(spec):
+    c = next(c for c in spec.data["contracts"] if c["kind"] == "mechanism")
+    meter = Meter(max_updates=spec.data["budget"]["max_updates_per_seed"], max_tokens=spec.data["budget"]["max_tokens_per_seed"])
+    ctx = _ctx(c, "float32", seed=43, meter=meter)
+    out = registry.load().get_check(c["check"])(IMPL, ctx)
+    assert out["updates"] == 3 and len(ctx.steps) == 4
+    bank, updates = ctx.steps[0], ctx.steps[1:]
+    assert bank["phase"] == "bank" and bank["candidates"] == 48 and len(bank["verifier_correct"]) == 48
+    assert all(bank["verifier_correct"][i] == 1 for i in bank["fps_indices"])
+    assert updates[0]["replay_active"] is False and updates[0]["replay_loss"] == 0.0
+    for s in updates:
+        for key in ("replay_active", "gates", "token_weight_mean", "replay_grad_norm", "grpo_loss", "kl_to_base"):
+            assert key in s
+    assert out["sampled_tokens"] <= spec.data["budget"]["max_tokens_per_seed"]
+
+
+def test_replay_sends_no_gradient_to_the_base_logprobs():
+    g = torch.Generator().manual_seed(4)
+    _, lb, mask, lt_j, _ = tar_checks.replay_case(g, 4, 6)
+    x = lt_j.clone().requires_grad_(True)
+    b = lb.clone().requires_grad_(True)
+    loss, _ = adaptive_replay_loss(x, b, mask)
+    gx, gb = torch.autograd.grad(loss, (x, b), allow_unused=True)
+    assert gb is None and gx is not None
