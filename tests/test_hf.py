@@ -120,6 +120,8 @@ def test_task_tokens_are_single_tokenizer_tokens(provider):
     assert all(w.startswith(" ") and w.strip().isalpha() for w in words)
     assert len(set(ids[2:])) == 14
     assert tok.decode(provider.prefix) == "Answer with words from the list:"
+    assert provider.token_ids(32)[:16] == ids  # one map serves every task vocabulary size
+    assert provider.describe()["task"]["token_ids"] == provider.token_ids(32)
 
 
 def test_sampled_log_probs_match_a_full_forward_and_lora_starts_at_the_checkpoint(provider):

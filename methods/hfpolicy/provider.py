@@ -95,6 +95,7 @@ class HFPolicyProvider:
     def describe(self) -> dict:
         cfg = self.checkpoint.config()
         decode = self.tokenizer.convert_ids_to_tokens
+        longest = max(self.maps.values(), key=len, default=[])
         return {
             "kind": "hf",
             "checkpoint": {
@@ -109,9 +110,10 @@ class HFPolicyProvider:
             "lora": None if not self.lora_rank else {
                 "rank": self.lora_rank, "alpha": 2 * self.lora_rank, "dropout": 0.0, "target_modules": LORA_TARGETS},
             "trainable_parameters": self.trainable,
+            # Task token t is token_ids[t] whatever a mechanism's task vocabulary size (the maps are prefixes
+            # of one another), so the longest one built says it for every run of this provider.
             "task": {"prefix": task.PROMPT_PREFIX, "prefix_ids": list(self.prefix),
-                     "token_ids": {str(v): ids for v, ids in sorted(self.maps.items())},
-                     "tokens": {str(v): decode(ids) for v, ids in sorted(self.maps.items())}},
+                     "token_ids": longest, "tokens": decode(longest)},
             "libraries": {"transformers": self.transformers_version,
                           "peft": None if self.peft is None else self.peft.__version__},
         }
