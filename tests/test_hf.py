@@ -67,6 +67,17 @@ def test_a_hub_id_is_refused_with_what_to_download_and_where():
     assert "--policy hf:checkpoints/Qwen2.5-0.5B" in line
 
 
+def test_a_bad_policy_is_refused_before_torch_or_transformers_is_imported():
+    import subprocess
+
+    code = ("import sys; from typer.testing import CliRunner; from engine.cli import app; "
+            "r = CliRunner().invoke(app, ['check', 'tapo-trajectory', '--policy', 'hf:Qwen/Qwen2.5-0.5B']); "
+            "assert r.exit_code == 2, r.output; "
+            "loaded = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]; assert not loaded, loaded")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
 def test_folders_that_are_not_checkpoints_are_refused(tmp_path):
     with pytest.raises(UsageError, match="no such folder"):
         find_checkpoint(str(tmp_path / "missing"))
