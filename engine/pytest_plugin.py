@@ -88,6 +88,7 @@ class _Options:
 
 
 _OPTIONS = pytest.StashKey[_Options]()
+_OLD_SIGTERM = pytest.StashKey[Any]()
 
 
 def _parse_seeds(text: str | None) -> list[int] | None:
@@ -119,7 +120,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.args = [str(default_specs_dir())]  # `pytest --contracts` alone: every spec
     # SIGTERM (a CI timeout) becomes an interrupt, so the receipt is still written, marked interrupted.
-    config._contracts_old_sigterm = signal.signal(signal.SIGTERM, _sigterm)  # type: ignore[attr-defined]
+    try:
+        config.stash[_OLD_SIGTERM] = signal.signal(signal.SIGTERM, _sigterm)
+    except ValueError:  # not the main thread: signals cannot be handled here
+        pass
 
 
 def _sigterm(signum, frame):  # noqa: ARG001
@@ -127,9 +131,8 @@ def _sigterm(signum, frame):  # noqa: ARG001
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    old = getattr(config, "_contracts_old_sigterm", None)
-    if old is not None:
-        signal.signal(signal.SIGTERM, old)
+    if _OLD_SIGTERM in config.stash:
+        signal.signal(signal.SIGTERM, config.stash[_OLD_SIGTERM])
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
