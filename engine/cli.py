@@ -33,6 +33,11 @@ app = typer.Typer(
 SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", help="Folder of spec YAML files (default: specs/).")]
 ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", help="Receipt store (default: receipts/).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
+PolicyOpt = Annotated[Optional[str], typer.Option(
+    "--policy", help="Train the mechanism runs on this instead of the tiny policies: hf:PATH, a local Hugging Face "
+                     "causal-LM checkpoint folder (needs the 'hf' extra; never downloads).")]
+LoraRankOpt = Annotated[Optional[int], typer.Option(
+    "--lora-rank", help="LoRA rank for --policy hf:PATH (default 8; 0 trains every weight).")]
 
 
 def _err(text: str) -> None:
@@ -309,6 +314,8 @@ def check(
     seeds: Annotated[Optional[str], typer.Option(help="Comma-separated seeds (default: the spec budget's).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this contract id (repeatable).")] = None,
     no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase (the run cannot pass).")] = False,
+    policy: PolicyOpt = None,
+    lora_rank: LoraRankOpt = None,
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
@@ -326,6 +333,7 @@ def check(
     specs_dir, receipts_dir = _dirs(specs, receipts)
     parse_device(device)
     seed_list = _parse_seeds(seeds)
+    _check_policy_options(policy, lora_rank)
     if all_ and method:
         raise E.UsageError("give a method or --all, not both")
     if not all_ and not method:
@@ -344,15 +352,16 @@ def check(
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
     if jobs != 1 or executor != "local" or address:
-        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out)  # exits
+        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy)  # exits
     from engine.devices import resolve_device
 
     dev = resolve_device(device)
     ensure_writable(receipts_dir)
+    provider = _load_policy(policy, lora_rank)
     outcomes = []
     with _StopFlag() as stop:
         for plan in plans:
-            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out))
+            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
             if outcomes[-1]["status"] == "interrupted":
                 break
     if json_out:
@@ -363,7 +372,7 @@ def check(
     raise typer.Exit(code)
 
 
-def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> dict:
+def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engine.receipts import utc_now, write_receipt
@@ -385,7 +394,7 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> 
                 f"{r['contract']} seed {r['seed']} {r['dtype']}"
             progress.update(task, advance=1, description=f"{plan.spec.key}: {label} {r['status']}")
 
-        runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped)
+        runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped, policy=provider)
         runner.run()
     stmt = build_statement(runner, created)
     path = write_receipt(receipts_dir, stmt)
@@ -393,7 +402,9 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> 
     shown = display_path(path, project_root())
     if not json_out:
         _print_summary(pred, shown)
+    _note_policy(pred)
     return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
+            "policy": _policy_summary(pred),
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
                         for r in pred["results"]],
@@ -442,7 +453,7 @@ def _print_summary(pred: dict, receipt: str) -> None:
 
 
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
-                 json_out: bool) -> None:
+                 json_out: bool, policy: Optional[str] = None) -> None:
     """Run every (method, seed) cell on the executor, write one merged receipt per method, exit like check."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -458,6 +469,8 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
         raise E.UsageError("--address names a Ray cluster; add --executor ray")
     if executor == "ray" and jobs != 1:
         raise E.UsageError("--jobs is for the local executor; Ray schedules by the cluster's CPUs and GPUs")
+    if policy is not None:
+        raise E.UsageError("--policy runs in one process for now; drop --jobs/--executor to check a checkpoint")
     if executor == "local":
         from engine.devices import resolve_device
 
@@ -506,6 +519,54 @@ def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool) -> dict:
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
                         for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]]}
+
+
+# --- check --policy: mechanism runs on a Hugging Face checkpoint (issue 9) ------------
+
+
+def _check_policy_options(policy: Optional[str], lora_rank: Optional[int]) -> None:
+    """Refuse a bad --policy/--lora-rank before anything is imported or run."""
+    from engine.policy import check_policy
+
+    if policy is None:
+        if lora_rank is not None:
+            raise E.UsageError("--lora-rank applies to --policy hf:PATH; give the checkpoint too")
+        return
+    if lora_rank is not None and lora_rank < 0:
+        raise E.UsageError(f"--lora-rank {lora_rank}: give 0 (train every weight) or a positive rank, e.g. 8")
+    check_policy(policy)
+
+
+def _load_policy(policy: Optional[str], lora_rank: Optional[int]):
+    if policy is None:
+        return None
+    from engine.policy import load_policy
+
+    _err(f"loading {policy} ...")
+    return load_policy(policy, lora_rank)
+
+
+def _policy_summary(pred: dict) -> Optional[dict]:
+    p = pred.get("policy")
+    if not p:
+        return None
+    ck = p.get("checkpoint") or {}
+    return {"kind": p.get("kind"), "checkpoint": ck.get("name"), "config_sha256": ck.get("config_sha256"),
+            "lora": p.get("lora"), "used_by": p.get("used_by", [])}
+
+
+def _note_policy(pred: dict) -> None:
+    """Say which contracts trained the given policy; a policy nothing used must not pass unnoticed."""
+    p = _policy_summary(pred)
+    if p is None:
+        return
+    lora = f"LoRA rank {p['lora']['rank']}" if p["lora"] else "all weights trained"
+    if p["used_by"]:
+        _err(f"policy: {p['kind']} checkpoint {p['checkpoint']} ({lora}), config sha256 "
+             f"{(p['config_sha256'] or '')[:12]}, used by: {', '.join(p['used_by'])}")
+    else:
+        _err(f"warning: --policy was given but no selected contract of {pred['method']} builds a policy "
+             "(only mechanism runs do); this receipt's results do not depend on it")
 
 
 # --- verify / gate / promote / demote / schema ---------------------------------

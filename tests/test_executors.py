@@ -147,11 +147,17 @@ def test_a_hanging_cell_is_stopped_at_its_deadline():
     (["--executor", "dask"], "not an executor"),
     (["--address", "ray://x:10001"], "add --executor ray"),
     (["--executor", "ray", "--jobs", "2"], "--jobs is for the local executor"),
+    (["--jobs", "2", "--policy", "hf:{ckpt}"], "--policy runs in one process"),
 ])
 def test_bad_executor_options_are_usage_errors(tmp_path, args, text):
-    r = cli.invoke(app, ["check", METHOD, "--receipts", str(tmp_path)] + args)
-    assert r.exit_code == 2 and text in r.output
-    assert not receipt_files(tmp_path, METHOD)
+    ckpt = tmp_path / "ckpt"  # passes --policy's own checks without loading anything
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"")
+    args = [a.format(ckpt=ckpt) for a in args]
+    r = cli.invoke(app, ["check", METHOD, "--receipts", str(tmp_path / "r")] + args)
+    assert r.exit_code == 2 and text in r.output, r.output
+    assert not receipt_files(tmp_path / "r", METHOD)
 
 
 def test_importing_the_executors_does_not_import_torch():
