@@ -21,15 +21,15 @@ def logits_case(B=3, T=7, V=500, K=3, dtype=torch.float32, seed=0):
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.float64, 1e-12), (torch.bfloat16, 2e-6)])
-@pytest.mark.parametrize("chunk_elems", [1000, 3 * 500, 1 << 20])  # 2 rows, 3 rows, everything at once
-def test_chunked_logits_path_equals_log_softmax_then_credit_weights(dtype, tol, chunk_elems):
+@pytest.mark.parametrize("block_elems", [1000, 3 * 500, 1 << 20])  # 2 rows, 3 rows, everything at once
+def test_chunked_logits_path_equals_log_softmax_then_credit_weights(dtype, tol, block_elems):
     la, loo, mask = logits_case(dtype=dtype)
     loo[1] = None  # an empty block
     empty = torch.tensor([[False, False, True], [False] * 3, [False] * 3])  # [K, B]
     cdt = torch.float64 if dtype == torch.float64 else torch.float32
     ref = credit_weights(torch.log_softmax(la.to(cdt), -1), [None if x is None else torch.log_softmax(x.to(cdt), -1)
                                                              for x in loo], mask, 0.6, empty_block=empty)
-    got = credit_weights_from_logits(la, loo, mask, 0.6, empty_block=empty, chunk_elems=chunk_elems)
+    got = credit_weights_from_logits(la, loo, mask, 0.6, empty_block=empty, block_elems=block_elems, chunk_elems=700)
     assert got.dtype == ref.dtype and got.shape == ref.shape
     torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
     # credit is conserved per response: weights sum to its valid length
@@ -41,8 +41,8 @@ def test_masked_rows_are_never_read():
     junk = [x.clone() for x in [la] + loo]
     for x in junk:
         x[~mask] = math.nan
-    clean = credit_weights_from_logits(la, loo, mask, 0.5, chunk_elems=1000)
-    dirty = credit_weights_from_logits(junk[0], junk[1:], mask, 0.5, chunk_elems=1000)
+    clean = credit_weights_from_logits(la, loo, mask, 0.5, block_elems=1000)
+    dirty = credit_weights_from_logits(junk[0], junk[1:], mask, 0.5, block_elems=1000)
     assert torch.equal(clean, dirty)
 
 

@@ -26,6 +26,10 @@ LN2 = math.log(2.0)
 # Elements per block of js_distance's scratch (four compute-dtype buffers and
 # two bool masks of this size: about 18 MiB in float32 at the default).
 DEFAULT_CHUNK_ELEMS = 1 << 20
+# Elements per context in one block of credit_weights_from_logits (16 MiB of float32): big enough
+# that each operation's fixed cost is small against its work, small enough that K + 1 of them stay
+# far below one [B*T, V] tensor at real shapes.
+LOGITS_BLOCK_ELEMS = 1 << 22
 # Inputs are cut into at least _MIN_BLOCKS blocks, so the scratch (about 4.5
 # block-sized float32 buffers) stays below one [N, V] float32 buffer, unless
 # a block would fall under _MIN_BLOCK elements: inputs under 1M elements are
@@ -291,17 +295,18 @@ def credit_weights_from_logits(
     beta: float,
     empty_block=None,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    block_elems: int = LOGITS_BLOCK_ELEMS,
 ) -> torch.Tensor:
     """credit_weights from the frozen replay's logits [B, T, V], a block of valid rows at a time.
 
     The same weights as credit_weights(log_softmax(logits_all), [log_softmax(l) for l in
     logits_loo], ...) within float32 rounding, without holding any [B, T, V] log-softmax:
-    each block of about `chunk_elems` elements per context is normalised, compared and
-    dropped, so the extra memory stays at K + 1 blocks plus js_distance's scratch,
-    whatever B, T or V (a naive version holds K + 1 whole log-softmaxes and [B*T, V]
-    temporaries: 3.0 GB at 512 x 152,064 with K = 2; benchmarks/mrtpo_credit.py).
-    Masked tokens are never normalised (their q is 0 in any case), so junk there,
-    NaN included, is never read.
+    each block of about `block_elems` elements per context is normalised, compared (by
+    js_distance, in its own `chunk_elems` scratch) and dropped, so the extra memory stays
+    at K + 1 blocks plus that scratch, whatever B or T (about 115 MB in float32 for K = 2
+    at the default; a naive version holds K + 1 whole log-softmaxes and [B*T, V]
+    temporaries: 3.0 GB at 512 x 152,064; benchmarks/mrtpo_credit.py). Masked tokens are
+    never normalised (their q is 0 in any case), so junk there, NaN included, is never read.
     """
     beta = float(beta)
     if not 0.0 <= beta <= 1.0:
@@ -327,7 +332,7 @@ def credit_weights_from_logits(
     valid = m.reshape(-1).nonzero().flatten()  # rows that are ever read
     q = torch.zeros(K, B * T, dtype=cdt, device=device)
     live = [k for k, lk in enumerate(loo) if lk is not None]
-    step = max(1, int(chunk_elems) // V)
+    step = max(1, int(block_elems) // V)
     with torch.no_grad():  # the replay is frozen: q carries no gradient
         for start in range(0, valid.numel(), step):
             rows = valid[start : start + step]
