@@ -104,12 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", choices=ROWS, help="run only these rows (repeatable)")
     ap.add_argument("--out", type=Path, default=Path("benchmark-results.json"), help="where to write the JSON")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, one repeat: checks the harness, not the targets")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads in this process (default: torch's)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads here and in the subprocesses (default: torch's, one per core)")
     a = ap.parse_args(argv)
     import torch
 
     if a.threads:
         torch.set_num_threads(a.threads)
+        # the subprocesses (memory probes, check --all) start torch with the same thread count
+        os.environ["OMP_NUM_THREADS"] = str(a.threads)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"--device {a.device}: torch {torch.__version__} sees no CUDA device here", file=sys.stderr)
         return 4
