@@ -110,9 +110,11 @@ def run_cell(cell: Cell, on_result: Callable[[dict], None] | None = None) -> dic
     from engine.runner import Runner
 
     dev = resolve_device(cell.device)
+    cpu0 = time.process_time()
     runner = Runner(cell.plan, dev, on_result=on_result)
     runner.run()
     pred = runner.predicate()
+    cpu_s = round(time.process_time() - cpu0, 3)
     return {
         "results": runner.results,
         "mutants": runner.mutant_results,
@@ -120,6 +122,7 @@ def run_cell(cell: Cell, on_result: Callable[[dict], None] | None = None) -> dic
         "errors": runner.errors,
         "status": runner.status,
         "environment": pred["environment"],
+        "cpu_s": cpu_s,
         # The driver binds the receipt to its own tree; a worker running other code would be caught here.
         "sources": _digests(project_root(), cell.sources),
     }
@@ -233,7 +236,10 @@ def run_local(cells: list[Cell], outcomes: dict[int, CellOutcome], jobs: int, ce
 
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: give 1 or more")
-    ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock the child
+    # Workers fork from a server that has imported what this process has (torch, the engine, the methods)
+    # but never run a torch op: no re-import per worker, and no fork of a process whose OpenMP pool is live.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(sorted(m for m in sys.modules if m == "torch" or m.startswith(("engine.", "methods."))))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     pending = deque(cells)
     workers: list[_Worker] = []
@@ -480,6 +486,7 @@ def merge(mr: MethodRun, executor: str, jobs: int | None = None) -> dict:
                     mutants = _lost_mutants(cell, failure)
         else:
             info["status"] = data["status"] or "finished"
+            info["cpu_s"] = data.get("cpu_s")
             info["environment"] = data["environment"]
             results += data["results"]
             mechanism += data["mechanism"]
