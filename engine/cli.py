@@ -348,6 +348,10 @@ def check(
     if only and all_:
         raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
 
+    if jobs > 1 and executor == "local" and not address and policy is None:
+        from engine.executors import prestart_local_workers
+
+        prestart_local_workers()  # the workers' server imports torch while this process does
     from engine.runner import plan_run  # imports torch from here on
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]

@@ -221,6 +221,34 @@ def _exit_reason(proc) -> str:
     return f"exited with code {code}"
 
 
+def _preload_modules() -> list[str]:
+    """What every worker needs imported: torch, the runner, and each method package (found without importing)."""
+    import pkgutil
+
+    import methods
+
+    return ["torch", "engine.runner", "engine.executors"] + sorted(
+        f"methods.{m.name}" for m in pkgutil.iter_modules(methods.__path__) if m.ispkg)
+
+
+def _worker_context():
+    """Workers fork from a server that imported torch and the methods once but never ran a torch op:
+    no import per worker, and no fork of a process whose OpenMP pool may be live."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_preload_modules())
+    return ctx
+
+
+def prestart_local_workers() -> None:
+    """Start the worker server now, so its imports overlap with this process's own (call before importing torch)."""
+    from multiprocessing import forkserver
+
+    _worker_context()
+    forkserver.ensure_running()
+
+
 def run_local(cells: list[Cell], outcomes: dict[int, CellOutcome], jobs: int, cell_fn: Callable = run_cell,
               on_progress: Callable[[Cell, dict], None] | None = None,
               on_cell: Callable[[CellOutcome], None] | None = None,
@@ -236,10 +264,7 @@ def run_local(cells: list[Cell], outcomes: dict[int, CellOutcome], jobs: int, ce
 
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: give 1 or more")
-    # Workers fork from a server that has imported what this process has (torch, the engine, the methods)
-    # but never run a torch op: no re-import per worker, and no fork of a process whose OpenMP pool is live.
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(sorted(m for m in sys.modules if m == "torch" or m.startswith(("engine.", "methods."))))
+    ctx = _worker_context()
     threads = max(1, (os.cpu_count() or 1) // jobs)
     pending = deque(cells)
     workers: list[_Worker] = []
