@@ -20,7 +20,7 @@ def make_inputs(batch: int, length: int, device: str, seed: int = 0):
     return (logp.to(device).requires_grad_(True), old.to(device), adv.to(device), mask.to(device))
 
 
-def run(device: str = "cpu", repeats: int = 15, batch: int = 8, length: int = 16384) -> Row:
+def run(device: str = "cpu", repeats: int = 31, batch: int = 8, length: int = 16384) -> Row:
     from methods.common.grpo import grpo_token_loss
     from methods.tapo.objective import tapo_loss
 

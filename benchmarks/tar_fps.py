@@ -12,7 +12,7 @@ from benchmarks.harness import Row, paired, spread
 TARGET = 20.0
 
 
-def run(device: str = "cpu", repeats: int = 7, prompts: int = 512, candidates: int = 32, dims: int = 64,
+def run(device: str = "cpu", repeats: int = 15, prompts: int = 512, candidates: int = 32, dims: int = 64,
         k: int = 3) -> Row:
     import torch
 
