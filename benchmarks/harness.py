@@ -50,25 +50,32 @@ def paired(fn_a: Callable[[], Any], fn_b: Callable[[], Any], repeats: int, devic
     """
     sync = sync_for(device)
 
-    def once(fn) -> float:
+    cpu = {"a": [], "b": []}
+
+    def once(fn, key) -> float:
         sync()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
         sync()
-        return time.perf_counter() - t0
+        t = time.perf_counter() - t0
+        cpu[key].append(time.process_time() - c0)
+        return t
 
     for _ in range(warmup):
-        once(fn_a), once(fn_b)
+        once(fn_a, "a"), once(fn_b, "b")
+    cpu = {"a": [], "b": []}
     ta, tb = [], []
     for i in range(repeats):
         if i % 2:
-            tb.append(once(fn_b)), ta.append(once(fn_a))
+            tb.append(once(fn_b, "b")), ta.append(once(fn_a, "a"))
         else:
-            ta.append(once(fn_a)), tb.append(once(fn_b))
+            ta.append(once(fn_a, "a")), tb.append(once(fn_b, "b"))
     ratios = [a / b for a, b in zip(ta, tb)]
+    # CPU time (this process, all its threads): what the work costs, whatever the neighbours do.
+    cpu_ratio = statistics.median(cpu["a"]) / statistics.median(cpu["b"]) if statistics.median(cpu["b"]) else None
     return {"a_s": ta, "b_s": tb, "a_median_s": statistics.median(ta), "b_median_s": statistics.median(tb),
             "ratios": ratios, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-            "ratio_max": max(ratios)}
+            "ratio_max": max(ratios), "cpu_a_s": cpu["a"], "cpu_b_s": cpu["b"], "cpu_ratio": cpu_ratio}
 
 
 def spread(lo: float, hi: float, n: int, unit: str = "x") -> str:
