@@ -546,10 +546,22 @@ def _merged_runner_class():
             execution: dict | None = None
 
             def predicate(self) -> dict:
-                pred = super().predicate()
+                import torch
+
+                # The driver may have no GPU (a Ray cluster's may): describe no device here, only what was asked.
+                asked, self.device = self.device, torch.device("cpu")
+                try:
+                    pred = super().predicate()
+                finally:
+                    self.device = asked
+                pred["request"]["device"] = str(asked)
                 if self.cell_environment is not None:
                     # The workers measured, so the receipt names their environment (device, threads), not ours.
                     pred["environment"] = self.cell_environment
+                elif asked.type != "cpu":
+                    pred["environment"]["device"] = {"kind": asked.type, "index": asked.index,
+                                                     "name": "unknown: no cell reported", "cuda": None,
+                                                     "capability": None}
                 pred["execution"] = self.execution
                 return pred
 

@@ -225,3 +225,22 @@ def test_a_worker_running_other_code_is_refused():
     bad = lost_cells(stmt, 42)
     assert bad and all("differ from this checkout's: methods/tapo/objective.py" in r["message"] for r in bad)
     assert stmt["predicate"]["status"] == "error"
+
+
+def test_a_cuda_run_merges_on_a_driver_without_a_gpu():
+    """Ray may run CUDA cells for a driver that has no GPU: merging must not touch a device."""
+    import dataclasses
+
+    from engine.executors import CellOutcome, merge, run_cell, split
+
+    (cpu_run,), cpu_cells = split(plans(seeds=[42]), "cpu")
+    data = run_cell(cpu_cells[0])
+    data["environment"] = dict(data["environment"], device={"kind": "cuda", "index": 0, "name": "a GPU",
+                                                            "cuda": "12.8", "capability": "9.0"})
+    (mr,), cells = split(plans(seeds=[42]), "cuda")
+    stmt = merge(dataclasses.replace(mr, outcomes={0: CellOutcome(cell=cells[0], data=data)}), "ray")
+    pred = stmt["predicate"]
+    assert pred["request"]["device"] == "cuda" and pred["environment"]["device"]["name"] == "a GPU"
+    assert pred["status"] == "passed"
+    lost = merge(dataclasses.replace(mr, outcomes={}), "ray")["predicate"]
+    assert lost["environment"]["device"]["kind"] == "cuda" and lost["status"] == "error"
