@@ -51,14 +51,23 @@ def paired(fn_a: Callable[[], Any], fn_b: Callable[[], Any], repeats: int, devic
     sync = sync_for(device)
 
     cpu = {"a": [], "b": []}
+    peak = {"a": 0, "b": 0}
+    cuda = device.startswith("cuda")
 
     def once(fn, key) -> float:
         sync()
+        if cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
         sync()
         t = time.perf_counter() - t0
         cpu[key].append(time.process_time() - c0)
+        if cuda:
+            peak[key] = max(peak[key], torch.cuda.max_memory_allocated() - base)
         return t
 
     for _ in range(warmup):
@@ -75,7 +84,16 @@ def paired(fn_a: Callable[[], Any], fn_b: Callable[[], Any], repeats: int, devic
     cpu_ratio = statistics.median(cpu["a"]) / statistics.median(cpu["b"]) if statistics.median(cpu["b"]) else None
     return {"a_s": ta, "b_s": tb, "a_median_s": statistics.median(ta), "b_median_s": statistics.median(tb),
             "ratios": ratios, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-            "ratio_max": max(ratios), "cpu_a_s": cpu["a"], "cpu_b_s": cpu["b"], "cpu_ratio": cpu_ratio}
+            "ratio_max": max(ratios), "cpu_a_s": cpu["a"], "cpu_b_s": cpu["b"], "cpu_ratio": cpu_ratio,
+            # on a GPU: peak memory each allocated above what was there before the call
+            "peak_a_bytes": peak["a"] if cuda else None, "peak_b_bytes": peak["b"] if cuda else None}
+
+
+def gpu_note(t: dict) -> str:
+    """Peak device memory of a paired run, for the row's note (empty on the CPU)."""
+    if t.get("peak_a_bytes") is None:
+        return ""
+    return f"; peak GPU memory {t['peak_a_bytes'] / 2**20:.1f} MiB vs {t['peak_b_bytes'] / 2**20:.1f} MiB"
 
 
 def spread(lo: float, hi: float, n: int, unit: str = "x") -> str:

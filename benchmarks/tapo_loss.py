@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.harness import Row, paired, spread
+from benchmarks.harness import Row, gpu_note, paired, spread
 
 TARGET = 1.15
 
@@ -42,7 +42,8 @@ def run(device: str = "cpu", repeats: int = 31, batch: int = 8, length: int = 16
         name="TAPO loss fwd+bwd", shape=f"{batch} x {length} tokens ({int(mask.sum())} valid), float32",
         against="GRPO token-level clipped loss (methods/common)", value=r, unit="x", target=f"<= {TARGET}x",
         ok=r <= TARGET, spread=spread(t["ratio_min"], t["ratio_max"], repeats),
-        note=f"{t['a_median_s'] * 1e3:.1f} ms vs {t['b_median_s'] * 1e3:.1f} ms; CPU-time ratio {t['cpu_ratio']:.2f}x",
+        note=f"{t['a_median_s'] * 1e3:.1f} ms vs {t['b_median_s'] * 1e3:.1f} ms; "
+             f"CPU-time ratio {t['cpu_ratio']:.2f}x" + gpu_note(t),
         details={"tapo_median_s": t["a_median_s"], "grpo_median_s": t["b_median_s"], "ratios": t["ratios"],
                  "cpu_ratio": t["cpu_ratio"]},
     )

@@ -7,7 +7,7 @@ the way every row here is timed (median of interleaved pairs, spread).
 
 from __future__ import annotations
 
-from benchmarks.harness import Row, paired, spread
+from benchmarks.harness import Row, gpu_note, paired, spread
 
 TARGET = 20.0
 
@@ -32,7 +32,8 @@ def run(device: str = "cpu", repeats: int = 15, prompts: int = 512, candidates: 
         against="per-prompt Python loop, same rule", value=speedup, unit="x faster", target=f">= {TARGET:g}x, identical picks",
         ok=speedup >= TARGET and identical, spread=spread(t["ratio_min"], t["ratio_max"], repeats),
         note=f"{'identical' if identical else 'DIFFERENT'} picks ({fast.numel()}); vectorised "
-             f"{t['b_median_s'] * 1e3:.1f} ms, loop {t['a_median_s'] * 1e3:.0f} ms; CPU-time ratio {t['cpu_ratio']:.1f}x",
+             f"{t['b_median_s'] * 1e3:.1f} ms, loop {t['a_median_s'] * 1e3:.0f} ms; "
+             f"CPU-time ratio {t['cpu_ratio']:.1f}x" + gpu_note(t),
         details={"identical_picks": identical, "picks": int(fast.numel()), "vectorised_median_s": t["b_median_s"],
                  "loop_median_s": t["a_median_s"], "ratios": t["ratios"], "cpu_ratio": t["cpu_ratio"]},
     )

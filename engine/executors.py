@@ -153,7 +153,8 @@ def _worker_main(conn, threads: int) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
         def progress(r: dict, _i=cell.index) -> None:
-            conn.send(("progress", _i, {k: r.get(k) for k in ("phase", "contract", "seed", "dtype", "status", "mutant")}))
+            keys = ("phase", "contract", "seed", "dtype", "status", "mutant")
+            conn.send(("progress", _i, {k: r.get(k) for k in keys}))
 
         try:
             out = fn(cell, progress)
@@ -280,7 +281,8 @@ def run_local(cells: list[Cell], outcomes: dict[int, CellOutcome], jobs: int, ce
 
     def finish(w: _Worker, data: dict | None = None, failure: str | None = None, interrupted: bool = False) -> None:
         cell = w.cell
-        o = CellOutcome(cell=cell, data=data, failure=failure, interrupted=interrupted, wall_s=round(time.perf_counter() - w.started, 6),
+        o = CellOutcome(cell=cell, data=data, failure=failure, interrupted=interrupted,
+                        wall_s=round(time.perf_counter() - w.started, 6),
                         worker=w.name)
         outcomes[cell.index] = o
         w.cell = None
@@ -426,7 +428,8 @@ def run_ray(cells: list[Cell], outcomes: dict[int, CellOutcome], address: str | 
 
     def finish(ref, data=None, failure=None, interrupted=False) -> None:
         c, t0 = refs.pop(ref)
-        o = CellOutcome(cell=c, data=data, failure=failure, interrupted=interrupted, wall_s=round(time.perf_counter() - t0, 6), worker="ray")
+        o = CellOutcome(cell=c, data=data, failure=failure, interrupted=interrupted,
+                        wall_s=round(time.perf_counter() - t0, 6), worker="ray")
         outcomes[c.index] = o
         on_cell(o)
 
