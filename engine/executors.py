@@ -1,4 +1,4 @@
-"""Run `check` as cells, one per (method, seed), serially, in local processes or as Ray tasks.
+"""Run `check` as cells, one per (method, seed), in local worker processes or as Ray tasks.
 
 The serial runner does, per method, the baseline for every seed, then every
 mutant on the first seed. A cell is one seed of that: its baseline, plus the
@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import sys
 import time
 import traceback
 from collections import deque
