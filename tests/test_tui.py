@@ -1,0 +1,659 @@
+"""`contracts tui` and the receipt index: Pilot tests on a small genuine store, index tests, CLI tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import engine.registry as registry
+from benchmarks.synthetic_store import add_receipt, build_fixture_store, demo_static_names, write_demo_project
+from benchmarks.synthetic_store import predicate, stamp, subject_for
+from engine import gate as engine_gate
+from engine.index import INDEX_NAME, Freshness, ReceiptIndex, freshness_of
+from engine.receipts import statement, write_receipt
+from engine.spec import load_spec
+from engine.verify import assess_receipts
+from tui.app import binding_ids, create_app, parse_keys
+from tui.data import assessed_from_index, build_model, gate_flags
+from tui.diff import diff_predicates
+from tui.screens.diff import DiffScreen
+from tui.screens.main import MainScreen
+from tui.screens.receipt import ReceiptScreen, ResultScreen
+from tui.widgets import VimTable
+
+SIZE = (130, 36)
+
+
+@pytest.fixture()
+def demo_names(monkeypatch):
+    """The demo spec names registered things the real methods/ does not have."""
+    monkeypatch.setattr(registry, "_STATIC", demo_static_names())
+
+
+@pytest.fixture()
+def store(tmp_path, demo_names):
+    out = build_fixture_store(tmp_path / "proj")
+    out["root"] = tmp_path / "proj"
+    return out
+
+
+def make_app(store, **kw):
+    kw.setdefault("poll_seconds", None)
+    return create_app(store["specs"], store["receipts"], store["root"], **kw)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def settle(app, pilot):
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def table(app, selector) -> VimTable:
+    return app.screen.query_one(selector, VimTable)
+
+
+def rows(t: VimTable) -> list[list[str]]:
+    out = []
+    for r in range(t.row_count):
+        out.append([c.plain if hasattr(c, "plain") else str(c) for c in t.get_row_at(r)])
+    return out
+
+
+# --- the index ------------------------------------------------------------------
+
+
+def test_index_parses_only_new_files_and_survives_a_restart(store):
+    idx = ReceiptIndex(store["receipts"])
+    first = idx.refresh()
+    assert first.parsed == 6 and first.cached == 0
+    assert (store["receipts"] / INDEX_NAME).is_file()
+    again = ReceiptIndex(store["receipts"]).refresh()  # a new process: everything from the cache
+    assert again.parsed == 0 and again.cached == 6
+    spec = load_spec(store["specs"] / "demo-method.yaml", store["root"]).data
+    add_receipt(store["receipts"], store["root"], spec, 9)
+    third = ReceiptIndex(store["receipts"]).refresh()
+    assert third.parsed == 1 and third.cached == 6 and len(third.added) == 1
+
+
+def test_index_states_agree_with_contracts_verify(store):
+    """Every state and message the index gives is the one engine.verify gives, odd files included."""
+    rd = store["receipts"]
+    spec = load_spec(store["specs"] / "demo-method.yaml", store["root"]).data
+    (rd / "demo-method" / "notes.txt").write_text("not a receipt")
+    (rd / "stray.json").write_text("{}")
+    (rd / "other-method").mkdir()
+    (rd / "other-method" / "moved.json").write_bytes(store["passed"].read_bytes())  # filed under another method
+    pred = predicate(spec, stamp(30))
+    del pred["environment"]  # intact (the id covers the edit) but not the receipt schema's shape
+    write_receipt(rd, statement(subject_for(store["root"], "demo-method"), pred))
+    same = json.loads(store["cuda"].read_text())  # the same receipt, only re-indented
+    (rd / "demo-method" / "20260105T110000000000Z_demo-method_reindented.json").write_text(json.dumps(same, indent=2))
+    idx = ReceiptIndex(rd)
+    idx.refresh()
+    fresh = Freshness(store["root"], store["specs"])
+    ours = {e["file"]: (freshness_of(e, idx, fresh)[0], e["message"]) for e in idx.entries()}
+    theirs, _ = assess_receipts(rd, store["root"], store["specs"])
+    assert len(ours) == len(theirs) == 11
+    for a in theirs:
+        state, message = ours[a.file]
+        assert state == a.state, a.file
+        if a.state != "stale":
+            assert message == a.message, a.file
+    assert sorted(s for s, _ in ours.values()) == ["fresh", "fresh", "fresh", "invalid", "invalid", "invalid",
+                                                   "invalid", "invalid", "stale", "tampered", "tampered"]
+    assert any(m == "file bytes differ from the form it was written in" for _, m in ours.values())
+
+
+def test_a_promote_does_not_make_receipts_stale(store):
+    """As in check_receipt: a spec that differs only in promotion.state is the same spec."""
+    from engine.promote import with_state
+
+    path = store["specs"] / "demo-method.yaml"
+    path.write_text(with_state(path.read_text(), "promoted"))
+    idx = ReceiptIndex(store["receipts"])
+    idx.refresh()
+    fresh = Freshness(store["root"], store["specs"])
+    states = sorted(freshness_of(e, idx, fresh)[0] for e in idx.entries())
+    assert states.count("fresh") == 3
+    path.write_text(path.read_text().replace("Demo method", "Demo method, edited"))
+    fresh.forget()
+    assert "fresh" not in [freshness_of(e, idx, Freshness(store["root"], store["specs"]))[0] for e in idx.entries()]
+
+
+def test_index_reparses_a_file_whose_size_or_mtime_changed(store):
+    ReceiptIndex(store["receipts"]).refresh()
+    target = store["passed"]
+    data = target.read_bytes()
+    target.write_bytes(data.replace(b'"status": "passed"', b'"status": "failed"', 1))  # a tampering edit
+    idx = ReceiptIndex(store["receipts"])
+    r = idx.refresh()
+    assert r.parsed == 1
+    entry = next(e for e in idx.entries() if e["file"].endswith(target.name))
+    assert entry["state"] == "tampered"
+
+
+def test_index_cut_lines_and_foreign_versions_are_rebuilt_not_trusted(store):
+    ReceiptIndex(store["receipts"]).refresh()
+    path = store["receipts"] / INDEX_NAME
+    text = path.read_text()
+    path.write_text(text[: len(text) - 40])  # a crash cut the last line
+    r = ReceiptIndex(store["receipts"]).refresh()
+    assert r.parsed == 1 and r.cached == 5
+    path.write_text('{"k": "h", "v": 999}\n')
+    assert ReceiptIndex(store["receipts"]).refresh().parsed == 6
+
+
+def test_index_forgets_deleted_receipts(store):
+    ReceiptIndex(store["receipts"]).refresh()
+    store["cuda"].unlink()
+    idx = ReceiptIndex(store["receipts"])
+    r = idx.refresh()
+    assert len(r.removed) == 1 and len(idx) == 5
+    assert ReceiptIndex(store["receipts"]).refresh().cached == 5
+
+
+def test_heavy_parts_are_read_only_when_asked_and_rebuilt_when_lost(store):
+    from engine.index import DETAIL_NAME
+
+    ReceiptIndex(store["receipts"]).refresh()
+    idx = ReceiptIndex(store["receipts"])
+    idx.refresh()
+    assert idx._heavy == {}  # a start reads the light summaries only
+    rel = f"demo-method/{store['failed'].name}"
+    assert idx.heavy(rel)["c"]["loss-gradient"][0] == "failed"
+    assert not idx._detail_loaded and list(idx._heavy) == [rel]  # found by its offset, nothing else read
+    (store["receipts"] / DETAIL_NAME).unlink()  # lost: the receipt itself is read again, once
+    idx = ReceiptIndex(store["receipts"])
+    idx.refresh()
+    assert idx.heavy(rel)["c"]["loss-gradient"][0] == "failed"
+    assert rel in (store["receipts"] / DETAIL_NAME).read_text()
+
+
+def test_index_on_a_read_only_store_still_works(store):
+    idx = ReceiptIndex(store["receipts"], persist=False)
+    r = idx.refresh()
+    assert len(idx) == 6 and not r.persisted
+    assert not (store["receipts"] / INDEX_NAME).exists() and not (store["receipts"] / ".index-detail.jsonl").exists()
+
+
+def test_no_torch_on_the_tui_import_path():
+    code = ("import sys, engine.cli, engine.index, tui.app, tui.data, tui.screens.main, tui.screens.receipt, "
+            "tui.screens.diff, tui.commands; assert 'torch' not in sys.modules, 'torch was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_spec_cache_revalidates_exactly_when_an_input_changes(store, monkeypatch, tmp_path):
+    import tui.specs as specs_mod
+
+    calls = []
+    real = specs_mod.validate_file
+    monkeypatch.setattr(specs_mod, "validate_file", lambda f, root=None: calls.append(f.name) or real(f, root))
+    methods = tmp_path / "methods"
+    methods.mkdir()
+    (methods / "m.py").write_text("x = 1\n")
+    monkeypatch.setattr(registry, "methods_root", lambda: methods)
+    (store["specs"] / "broken.yaml").write_text("spec_version: 1\ntitle: [unclosed\n")
+
+    def load():
+        return specs_mod.load_specs(store["specs"], store["root"], store["receipts"])
+
+    first = load()
+    assert sorted(calls) == ["broken.yaml", "demo-method.yaml", "other-method.yaml"]
+    calls.clear()
+    second = load()
+    assert calls == []  # every spec from the cache
+    for key in first:
+        a, b = first[key], second[key]
+        assert (a[0].data if a[0] else None) == (b[0].data if b[0] else None) and a[1:] == b[1:]
+    assert second["broken"][0] is None and "YAML" in second["broken"][2][0]
+    assert second["demo-method"][0].sha256 == first["demo-method"][0].sha256
+    path = store["specs"] / "other-method.yaml"
+    path.write_text(path.read_text().replace("review: IN-REVIEW", "review: DONE"))
+    assert load()["other-method"][0].data["promotion"]["review"] == "DONE" and calls == ["other-method.yaml"]
+    calls.clear()
+    (methods / "m.py").write_text("x = 2\n")  # the registry the references are checked against changed
+    load()
+    assert len(calls) == 3
+
+
+# --- the model ------------------------------------------------------------------------
+
+
+def _model(store_or_root, specs=None, receipts=None, **kw):
+    if isinstance(store_or_root, dict):
+        root, specs, receipts = store_or_root["root"], store_or_root["specs"], store_or_root["receipts"]
+    else:
+        root = store_or_root
+    return build_model(specs, receipts, root, ReceiptIndex(receipts), Freshness(root, specs), **kw)
+
+
+def test_model_rows(store):
+    demo = _model(store).method("demo-method")
+    rows_by_id = {c.id: c for c in demo.contracts}
+    assert rows_by_id["loss-gradient"].overall == "failed"  # the newest cpu run failed it
+    assert rows_by_id["loss-gradient"].cells["cuda"] == ("passed", "fresh")
+    assert rows_by_id["ratio-forward"].overall == "passed"
+    assert demo.gate.verdict == "unknown"  # the first paint does not wait for the gate
+    assert demo.summary() == "3/4 contracts passed, 3/3 mutants killed, gate pending"
+
+
+def test_gate_from_the_index_is_contracts_gate(store):
+    """The index-fed evaluation gives exactly what engine.gate gives reading every receipt itself."""
+    model = _model(store, gates=True)
+    index = ReceiptIndex(store["receipts"])
+    index.refresh()
+    for key in ("demo-method", "other-method"):
+        m = model.method(key)
+        flags = gate_flags(store["receipts"], store["specs"], store["root"])
+        theirs = engine_gate.evaluate(m.spec_obj, store["receipts"], store["root"], store["specs"], flags)
+        ours = engine_gate.evaluate(m.spec_obj, store["receipts"], store["root"], store["specs"], flags,
+                                    assessed=assessed_from_index(m, index))
+        for result in (theirs, ours):
+            result.pop("evaluated_at")
+        assert ours == theirs  # every requirement, failed cell, message, warning and receipt id
+        unmet = [(f"{r['id']}: {r['detail']}", r["fix"]) for r in theirs["requirements"]
+                 if r["required"] and not r["met"]]
+        assert m.gate.source == "engine.gate"
+        assert m.gate.verdict == ("open" if theirs["promotable"] else "closed") == "closed"
+        assert m.gate.unmet == unmet and m.gate.warnings == theirs["warnings"]
+    ids = [w.split(": ")[0] for w, _ in model.method("demo-method").gate.unmet]
+    assert ids == ["review", "device:cpu", "device:cuda"]
+
+
+def test_gate_from_the_index_is_contracts_gate_for_formal_comparisons(tmp_path, demo_names):
+    root = tmp_path / "p"
+    specs = write_demo_project(root, review="DONE", formal=True)
+    spec = load_spec(specs / "demo-method.yaml", root).data
+    rd = root / "receipts"
+    for i, (device, ahead) in enumerate((("cpu", 0.2), ("cuda", 0.2), ("cuda", -0.2), ("cpu", None))):
+        add_receipt(rd, root, spec, i, device=device, formal=ahead, rng=random.Random(i))
+    m = _model(root, specs, rd).method("demo-method")
+    index = ReceiptIndex(rd)
+    index.refresh()
+    theirs = engine_gate.evaluate(m.spec_obj, rd, root, specs, "")
+    ours = engine_gate.evaluate(m.spec_obj, rd, root, specs, "", assessed=assessed_from_index(m, index))
+    theirs.pop("evaluated_at"), ours.pop("evaluated_at")
+    assert ours == theirs
+    formal = next(r for r in ours["requirements"] if r["id"] == "formal_comparison")
+    assert formal["required"] and len(formal["comparisons"]) == 3 and formal["diagnostic_only"] > 0
+    assert sorted(c["ahead"] for c in formal["comparisons"]) == [False, True, True]
+
+
+def test_gate_opens_only_with_everything(tmp_path, demo_names):
+    root = tmp_path / "p"
+    specs = write_demo_project(root, review="DONE")
+    spec = load_spec(specs / "demo-method.yaml", root).data
+    rd = root / "receipts"
+    add_receipt(rd, root, spec, 0, device="cpu")
+
+    def gate():
+        return _model(root, specs, rd, gates=True).method("demo-method").gate
+
+    assert gate().verdict == "closed"  # no cuda receipt yet
+    add_receipt(rd, root, spec, 1, device="cuda")
+    assert gate().verdict == "open", gate().unmet
+    (root / "engine" / "demo_engine.py").write_text("# edited\n")  # every receipt goes stale
+    g = gate()
+    assert g.verdict == "closed" and any("stale" in w for w in g.warnings)
+
+
+def test_diff_predicates_names_moved_measurements_and_changed_statuses(store):
+    a = json.loads(store["passed"].read_text())["predicate"]
+    b = json.loads(store["failed"].read_text())["predicate"]
+    rows_, same = diff_predicates(a, b)
+    status = [r for r in rows_ if r.kind == "status"]
+    assert {r.where.split()[0] for r in status} == {"loss-gradient"}
+    assert all(r.change == "passed -> failed" for r in status)
+    assert any(r.kind == "measurement" and r.name == "max_abs_err" for r in rows_)
+    assert diff_predicates(a, a) == ([], same + len([r for r in rows_ if r.kind == "measurement"]))
+
+
+# --- the app: navigation, filters, diff, copy, reload, robustness ---------------------------------
+
+
+def test_navigate_method_contract_receipt_result(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            assert isinstance(app.screen, MainScreen)
+            tree = app.screen.query_one("#methods")
+            labels = [str(tree.get_node_at_line(i).label) for i in range(tree.last_line + 1)]
+            assert labels[0].startswith("✗ demo-method IN-REVIEW not-promoted")
+            assert labels[2] == "✗ loss-gradient"
+            await pilot.press("j", "j", "enter")  # tree: method -> second contract -> Contracts tab
+            await settle(app, pilot)
+            t = table(app, "#contracts-table")
+            assert app.focused is t and rows(t)[t.cursor_row][0] == "loss-gradient"
+            await pilot.press("enter")  # its newest receipt, narrowed to that contract
+            await settle(app, pilot)
+            assert isinstance(app.screen, ReceiptScreen)
+            assert app.screen.row.file.endswith(store["failed"].name)
+            res = rows(table(app, "#results-table"))
+            assert res and {r[0] for r in res} == {"loss-gradient"} and {r[4] for r in res} == {"✗ failed"}
+            await pilot.press("enter")  # one result in full
+            await settle(app, pilot)
+            assert isinstance(app.screen, ResultScreen)
+            await pilot.press("escape", "escape")
+            await settle(app, pilot)
+            assert isinstance(app.screen, MainScreen)
+
+    run(go())
+
+
+def test_receipts_tab_lists_every_state_and_filter_narrows(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await pilot.press("2")
+            await settle(app, pilot)
+            t = table(app, "#receipts-table")
+            evidence = sorted(r[4] for r in rows(t))
+            assert evidence == ["CORRUPT", "TAMPERED", "fresh", "fresh", "fresh", "stale"]
+            await pilot.press("slash", *"cuda")
+            await settle(app, pilot)
+            assert [r[1] for r in rows(t)] == ["cuda"]
+            await pilot.press("q")  # typed into the filter, not a quit
+            await settle(app, pilot)
+            assert app.is_running and rows(t) == []
+            await pilot.press("escape")
+            await settle(app, pilot)
+            assert len(rows(t)) == 6 and app.screen.filter_text == ""
+
+    run(go())
+
+
+def test_failures_only(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await pilot.press("1", "f")
+            await settle(app, pilot)
+            assert [r[0] for r in rows(table(app, "#contracts-table"))] == ["loss-gradient"]
+            await pilot.press("2")
+            await settle(app, pilot)
+            statuses = {(r[3], r[4]) for r in rows(table(app, "#receipts-table"))}
+            assert statuses == {("✗ failed", "fresh"), ("? unknown", "CORRUPT"), ("✓ passed", "TAMPERED")}
+            await pilot.press("f")
+            await settle(app, pilot)
+            assert len(rows(table(app, "#receipts-table"))) == 6
+
+    run(go())
+
+
+def test_receipt_screen_failures_filter_and_diff(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            app.open_receipt(f"demo-method/{store['failed'].name}")
+            await settle(app, pilot)
+            assert len(rows(table(app, "#results-table"))) == 15
+            await pilot.press("f")
+            await settle(app, pilot)
+            assert {r[0] for r in rows(table(app, "#results-table"))} == {"loss-gradient"}
+            await pilot.press("d")
+            await settle(app, pilot)
+            assert isinstance(app.screen, DiffScreen)
+            assert app.screen.old.file.endswith(store["passed"].name)
+            d = rows(table(app, "#diff-table"))
+            assert [r[5] for r in d if r[0] == "status"] == ["passed -> failed"] * 3
+            assert any(r[0] == "measurement" and r[2] == "max_abs_err" for r in d)
+            await pilot.press("f")
+            await settle(app, pilot)
+            assert {r[0] for r in rows(table(app, "#diff-table"))} <= {"status", "mutant", "run"}
+
+    run(go())
+
+
+def test_copy_value_and_receipt_path(store, monkeypatch):
+    copied = []
+
+    async def go():
+        app = make_app(store)
+        monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await pilot.press("2")
+            await settle(app, pilot)
+            await pilot.press("y")  # the newest receipt row: its path
+            assert copied[-1].startswith("receipts/demo-method/") and copied[-1].endswith(".json")
+            app.open_receipt(f"demo-method/{store['passed'].name}")
+            await settle(app, pilot)
+            await pilot.press("right", "right", "right", "right", "right", "y")  # the worst-expectation value
+            pred = json.loads(store["passed"].read_text())["predicate"]
+            first = pred["results"][0]
+            assert copied[-1] == json.dumps(first["expectations"][0]["value"])  # full precision, not 3 digits
+
+    run(go())
+
+
+def test_reload_and_poll_pick_up_a_new_receipt(store):
+    spec = load_spec(store["specs"] / "demo-method.yaml", store["root"]).data
+
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            add_receipt(store["receipts"], store["root"], spec, 20, rng=random.Random(7))
+            await pilot.press("r")
+            await app.wait_loaded(2)
+            await settle(app, pilot)
+            assert app.model.receipts_total == 7
+        app = make_app(store, poll_seconds=0.1)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            add_receipt(store["receipts"], store["root"], spec, 21, rng=random.Random(8))
+            for _ in range(100):  # by itself, within a few poll periods
+                await pilot.pause(0.05)
+                if app.model.receipts_total == 8:
+                    break
+            assert app.model.receipts_total == 8
+
+    run(go())
+
+
+def test_corrupt_and_tampered_receipts_open_without_crashing(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            app.open_receipt(f"demo-method/{store['truncated'].name}")
+            await settle(app, pilot)
+            head = app.screen.query_one("#receipt-header").render()
+            assert "CORRUPT: not JSON" in str(head)
+            assert app.screen.query_one("#receipt-tabs").active == "raw"
+            assert app.screen.query_one("#raw-text").text.startswith("{")
+            await pilot.press("escape")
+            app.open_receipt(f"demo-method/{store['tampered'].name}")
+            await settle(app, pilot)
+            assert "TAMPERED: receipt id does not match" in str(app.screen.query_one("#receipt-header").render())
+
+    run(go())
+
+
+def test_a_receipt_of_any_shape_opens_and_diffs_without_crashing(store):
+    data = json.loads(store["passed"].read_text())
+    p = data["predicate"]
+    p["results"] = [1, "x", {"contract": 5, "expectations": "no", "seed": [1]}, {"contract": "c", "expectations": [3]}]
+    p["mutants"] = [{"id": "m", "killed_by": 7}, "y"]
+    p["mechanism"] = [{"steps": "zzz", "comparisons": [5]}, 3]
+    p["environment"] = "nowhere"
+    odd = store["receipts"] / "demo-method" / "20260105T100000000000Z_demo-method_odd.json"
+    odd.write_text(json.dumps(data, indent=1) + "\n")
+
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            row = app.model.receipt("demo-method/" + odd.name)
+            assert row.freshness == "tampered"
+            app.open_receipt(row.file)
+            await settle(app, pilot)
+            assert isinstance(app.screen, ReceiptScreen) and app.is_running
+            await pilot.press("f", "slash", "x", "enter", "y")
+            await settle(app, pilot)
+            app.pop_screen()
+            await settle(app, pilot)
+            app.open_diff(row.file)
+            await settle(app, pilot)
+            assert isinstance(app.screen, DiffScreen) and app.is_running
+
+    run(go())
+
+
+def test_closing_a_receipt_before_it_is_read_is_harmless(store, monkeypatch):
+    import threading
+
+    import tui.screens.receipt as receipt_mod
+
+    release = threading.Event()
+    real = receipt_mod.load_detail
+    monkeypatch.setattr(receipt_mod, "load_detail", lambda *a: release.wait(5) and real(*a))
+
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            app.open_receipt(f"demo-method/{store['passed'].name}")
+            await pilot.pause()
+            await pilot.press("escape")  # gone before its worker delivers
+            await pilot.pause()
+            release.set()
+            await settle(app, pilot)
+            assert isinstance(app.screen, MainScreen) and app.is_running
+
+    run(go())
+
+
+def test_empty_store_and_broken_spec_say_what_to_do(tmp_path, demo_names):
+    root = tmp_path / "p"
+    specs = write_demo_project(root)
+    (specs / "broken.yaml").write_text("spec_version: 1\nmethod: broken\ntitle: [unclosed\n")
+
+    async def go():
+        app = create_app(specs, root / "receipts", root, poll_seconds=None)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            tree = app.screen.query_one("#methods")
+            labels = [str(tree.get_node_at_line(i).label) for i in range(tree.last_line + 1)]
+            assert any(lbl.startswith("✗ broken BROKEN SPEC") for lbl in labels)
+            assert any("specs/broken.yaml:" in lbl and "YAML" in lbl for lbl in labels)
+            assert any("no receipts yet" in lbl and "contracts check METHOD --device cpu" in lbl for lbl in labels)
+            app.select_method("broken")
+            await settle(app, pilot)
+            assert "specs/broken.yaml:" in str(app.screen.query_one("#status").render())
+
+    run(go())
+
+
+def test_no_specs_folder_at_all(tmp_path):
+    async def go():
+        app = create_app(tmp_path / "nowhere", tmp_path / "receipts", tmp_path, poll_seconds=None)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            assert "no specs folder" in str(app.screen.query_one("#status").render())
+
+    run(go())
+
+
+def test_palette_selects_a_method(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await pilot.press("ctrl+p", *"method: other")
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await settle(app, pilot)
+            assert app.screen.method == "other-method"
+
+    run(go())
+
+
+def test_keys_can_be_remapped_by_binding_id(store):
+    async def go():
+        app = make_app(store, keymap={"failures": "x"})
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await pilot.press("f")
+            assert app.screen.failures_only is False
+            await pilot.press("x")
+            assert app.screen.failures_only is True
+
+    run(go())
+    assert {"filter", "failures", "open", "back", "diff", "copy", "reload", "help", "quit", "table.down",
+            "table.up", "table.top", "table.bottom"} <= binding_ids()
+    assert parse_keys(" copy=c , failures=x ") == {"copy": "c", "failures": "x"}
+    with pytest.raises(ValueError):
+        parse_keys("copy")
+
+
+def test_no_color_keeps_marks_and_words(store, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+
+    async def go():
+        app = make_app(store)
+        assert app.no_color
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            tree = app.screen.query_one("#methods")
+            assert str(tree.get_node_at_line(0).label).startswith("✗ demo-method IN-REVIEW")
+
+    run(go())
+
+
+def test_gate_tab_and_tree_show_the_engine_gate_verdict(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            assert app.model.method("demo-method").gate.source == "engine.gate"
+            await pilot.press("5")
+            await settle(app, pilot)
+            text = str(app.screen.query_one("#gate-view").render())
+            assert "✗ gate closed" in text and "verdict from engine.gate" in text
+            assert "device:cuda:" in text and "$ contracts check demo-method --device cuda --specs" in text
+            tree = app.screen.query_one("#methods")
+            assert str(tree.get_node_at_line(0).label).startswith("✗ demo-method")
+
+    run(go())
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+
+def test_cli_tui_json_and_errors(store):
+    from engine.cli import app as cli
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["tui", "--json", "--specs", str(store["specs"]), "--receipts", str(store["receipts"])])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert [m["method"] for m in data["methods"]] == ["demo-method", "other-method"]
+    assert data["methods"][0]["gate"]["verdict"] == "closed" and data["receipts"] == 6
+    res = runner.invoke(cli, ["tui", "--keys", "nope=x"])
+    assert res.exit_code == 2 and "no binding with id nope" in res.stderr
+    res = runner.invoke(cli, ["tui", "--specs", str(store["specs"]), "--receipts", str(store["receipts"])])
+    assert res.exit_code == 4 and "needs an interactive terminal" in res.stderr

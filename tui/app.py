@@ -1,0 +1,279 @@
+"""`contracts tui`: the Textual app and the one factory that both the CLI and the tests use."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from pathlib import Path
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+
+from engine.index import Freshness, ReceiptIndex
+from engine.spec import display_path
+from tui.commands import ContractsCommands
+from tui.data import GateView, Model, build_model, gate_flags, gate_for, previous_receipt
+
+DEFAULT_POLL_SECONDS = 3.0
+
+
+class ContractsApp(App):
+    """Browse methods, contracts, receipts and gate verdicts."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "contracts"
+    COMMANDS = App.COMMANDS | {ContractsCommands}
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="quit"),
+        Binding("question_mark", "help", "Help", id="help"),
+        Binding("r", "reload", "Reload", id="reload"),
+    ]
+
+    def __init__(self, specs_dir: Path, receipts_dir: Path, root: Path, poll_seconds: float | None = DEFAULT_POLL_SECONDS,
+                 keymap: dict[str, str] | None = None, persist_index: bool = True) -> None:
+        super().__init__()
+        self.specs_dir, self.receipts_dir, self.root = Path(specs_dir), Path(receipts_dir), Path(root)
+        self.poll_seconds = poll_seconds
+        self.model: Model | None = None
+        self.generation = 0  # models applied so far; tests and the benchmark wait on it
+        self.index = ReceiptIndex(self.receipts_dir, persist=persist_index)
+        self.freshness = Freshness(self.root, self.specs_dir)
+        self._build_lock = threading.Lock()  # one index refresh at a time: `r` and the poll may overlap
+        self._signature: tuple | None = None
+        self.flags = gate_flags(self.receipts_dir, self.specs_dir, self.root)  # for commands we suggest or copy
+        if keymap:
+            self.set_keymap(keymap)
+
+    def ui(self, callback, *args, **kwargs):
+        """Run `callback` on the UI thread from a worker; nothing once the app is shutting down.
+
+        call_from_thread raises when the app has stopped, and a worker finishing
+        a moment after `q` must not turn a clean exit into an error.
+        """
+        if not self.is_running:
+            return None
+        try:
+            return self.call_from_thread(callback, *args, **kwargs)
+        except RuntimeError:
+            if self.is_running:
+                raise  # the callback's own error, not a shutdown
+            return None
+
+    def get_default_screen(self):
+        from tui.screens.main import MainScreen
+
+        return MainScreen()
+
+    def on_mount(self) -> None:
+        self.sub_title = display_path(self.receipts_dir, self.root)
+        self.load_model()
+        if self.poll_seconds:
+            self.set_interval(self.poll_seconds, self.poll)
+
+    # -- loading -----------------------------------------------------------------------
+
+    @work(thread=True, group="load")
+    def load_model(self, announce: bool = False) -> None:
+        """Validate specs and refresh the index off the UI thread, then redraw."""
+        with self._build_lock:
+            self._signature = self._store_signature()
+            # The index of a big store is a million small objects; a full GC pass over them mid-build costs
+            # a few hundred ms, and would repeat on every later pass unless they are frozen (apply_model).
+            gc_was_on = gc.isenabled()
+            gc.disable()
+            try:
+                model = build_model(self.specs_dir, self.receipts_dir, self.root, self.index, self.freshness,
+                                    progress=self._progress)
+            except Exception as err:  # a bug of ours: say so, keep the app alive
+                self.ui(self.notify, f"could not load: {type(err).__name__}: {err}",
+                                      severity="error", timeout=10)
+                return
+            finally:
+                if gc_was_on:
+                    gc.enable()
+        self.ui(self.apply_model, model, announce)
+
+    def _progress(self, done: int, total: int) -> None:
+        if total > 200:
+            self.ui(self._show_progress, done, total)
+
+    def _show_progress(self, done: int, total: int) -> None:
+        from tui.screens.main import MainScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen) and self.model is None:
+                screen.query_one("#status").update(f"indexing receipts {done}/{total} (only new files are read; "
+                                                   "the next start reads the index)")
+
+    def apply_model(self, model: Model, announce: bool = False) -> None:
+        before = self.model.receipts_total if self.model else None
+        self.model = model
+        self.generation += 1
+        self.sub_title = display_path(self.receipts_dir, self.root)
+        from tui.screens.main import MainScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                screen.show_model(model)
+        gc.freeze()  # long-lived: keep the cyclic GC from walking the index on every collection
+        self.refine_gates(model)
+        if announce or (before is not None and before != model.receipts_total):
+            added = model.receipts_total - (before or 0)
+            self.notify(f"reloaded: {model.receipts_total} receipt(s)"
+                        + (f", {added:+d} since last time" if before is not None and added else ""), timeout=3)
+
+    @work(thread=True, group="gate", exclusive=True)
+    def refine_gates(self, model: Model) -> None:
+        """engine.gate's verdict per method, after the first paint (it decodes every receipt's gate slice)."""
+        for m in model.methods:
+            if m.spec_obj is None or model is not self.model:
+                continue
+            try:
+                with self._build_lock:  # the index decodes lazily; a reload must not refresh it meanwhile
+                    view = gate_for(m, self.index, self.receipts_dir, self.root, self.specs_dir)
+            except Exception as err:  # a bug here must not take the browser down: say so on the Gate tab
+                view = GateView("unknown", [(f"engine.gate raised {type(err).__name__}: {err}",
+                                             f"contracts gate {m.key}")], "engine.gate (failed)")
+            self.ui(self._apply_gate, model, m.key, view)
+
+    def _apply_gate(self, model: Model, key: str, view) -> None:
+        if model is not self.model:
+            return  # a newer model has been drawn since
+        model.method(key).gate = view
+        from tui.screens.main import MainScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                screen.update_gate(key)
+
+    def _store_signature(self) -> tuple:
+        """Cheap change detector: mtimes of the store, its method folders, the specs folder and files."""
+        sig = []
+        for base in (self.receipts_dir, self.specs_dir):
+            try:
+                # Not the folders' own mtimes: the index file written into the store would count as a change.
+                with os.scandir(base) as it:
+                    entries = [e for e in it if not e.name.startswith(".")]
+                for e in entries:
+                    if e.is_dir() or e.name.endswith(".yaml"):
+                        st = e.stat()
+                        sig.append((e.name, st.st_mtime_ns, st.st_size))
+            except OSError:
+                sig.append((str(base), None))
+        return tuple(sorted(sig, key=str))
+
+    @work(thread=True, group="poll", exclusive=True)
+    def poll(self) -> None:
+        """A new receipt or an edited spec shows up by itself within `poll_seconds`."""
+        if self._build_lock.locked():
+            return
+        if self._store_signature() != self._signature:
+            self.ui(self.load_model)
+
+    # -- navigation used by screens and the palette ------------------------------------------
+
+    def receipt_display_path(self, file: str) -> str:
+        return display_path(self.receipts_dir / file, self.root)
+
+    def open_receipt(self, file: str, contract: str | None = None) -> None:
+        from tui.screens.receipt import ReceiptScreen
+
+        row = self.model.receipt(file) if self.model else None
+        if row is None:
+            self.notify(f"no receipt {file} in the index (press r)", severity="warning")
+            return
+        self.push_screen(ReceiptScreen(row, contract))
+
+    def open_diff(self, file: str) -> None:
+        from tui.screens.diff import DiffScreen
+
+        row = self.model.receipt(file) if self.model else None
+        prev = previous_receipt(self.model, file) if row else None
+        if prev is None:
+            self.notify(f"no earlier readable receipt of {file.split('/', 1)[0]} to compare with",
+                        severity="warning")
+            return
+        self.push_screen(DiffScreen(prev, row))
+
+    def select_method(self, key: str) -> None:
+        from tui.screens.main import MainScreen
+
+        while not isinstance(self.screen, MainScreen) and len(self.screen_stack) > 1:
+            self.pop_screen()
+        main = self.screen
+        if isinstance(main, MainScreen):
+            main.method, main.contract = key, None
+            main._select_tree_line()
+            main.refresh_method()
+
+    def toggle_failures(self) -> None:
+        action = getattr(self.screen, "action_failures", None)
+        if action is not None:
+            action()
+
+    def copy_text(self, text: str) -> None:
+        """Copy to the terminal clipboard (OSC 52 works over SSH) and say what was copied."""
+        self.copy_to_clipboard(text)
+        self.notify(f"copied: {text if len(text) <= 80 else text[:77] + '...'}", timeout=3)
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def action_reload(self) -> None:
+        self.freshness.forget()
+        self.load_model(announce=True)
+
+    def action_help(self) -> None:
+        from tui.screens.help import HelpScreen
+
+        self.push_screen(HelpScreen())
+
+    async def wait_loaded(self, generation: int = 1) -> None:
+        """Until `generation` models have been applied (for tests and the benchmark)."""
+        import asyncio
+
+        while self.generation < generation:
+            if self._exit_renderables or self.return_code is not None:
+                raise RuntimeError("the app stopped before its model was drawn")
+            await asyncio.sleep(0.01)
+
+
+def binding_ids() -> set[str]:
+    """Every binding id a user may remap with --keys."""
+    from tui.screens.diff import DiffScreen
+    from tui.screens.help import HelpScreen
+    from tui.screens.main import MainScreen
+    from tui.screens.receipt import ReceiptScreen, ResultScreen
+    from tui.widgets import FilterBar, MethodTree, VimTable
+
+    ids = set()
+    for cls in (ContractsApp, MainScreen, ReceiptScreen, ResultScreen, DiffScreen, HelpScreen, VimTable, MethodTree,
+                FilterBar):
+        ids.update(b.id for b in cls.BINDINGS if getattr(b, "id", None))
+    return ids
+
+
+def parse_keys(text: str | None) -> dict[str, str]:
+    """'copy=c,failures=x' -> {'copy': 'c', 'failures': 'x'}; raises ValueError on a malformed pair."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        bid, sep, key = part.partition("=")
+        if not sep or not bid.strip() or not key.strip():
+            raise ValueError(f"{part!r} is not BINDING_ID=KEY (e.g. copy=c)")
+        out[bid.strip()] = key.strip()
+    return out
+
+
+def create_app(specs_dir: Path | None = None, receipts_dir: Path | None = None, root: Path | None = None,
+               poll_seconds: float | None = DEFAULT_POLL_SECONDS, keymap: dict[str, str] | None = None,
+               persist_index: bool = True) -> ContractsApp:
+    """The app `contracts tui` runs and the tests drive (defaults: the project's specs/ and receipts/)."""
+    from engine.paths import default_receipts_dir, default_specs_dir, project_root
+
+    return ContractsApp(specs_dir=specs_dir or default_specs_dir(), receipts_dir=receipts_dir or default_receipts_dir(),
+                        root=root or project_root(), poll_seconds=poll_seconds, keymap=keymap,
+                        persist_index=persist_index)

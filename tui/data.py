@@ -1,0 +1,438 @@
+"""What the browser shows, computed from specs and the receipt index; no widgets here, no torch.
+
+`build_model` runs in a worker thread: it validates the specs, refreshes the
+receipt index incrementally, works out freshness, and condenses everything
+into per-method rows the screens only have to draw.
+
+The gate verdict comes from `gate_for` below, the one place the TUI asks for
+it: engine.gate.evaluate, fed with the index's receipt states and predicate
+slices instead of re-reading every receipt, so it gives `contracts gate`'s
+verdict at any store size (tests/test_tui.py checks the two agree).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of, gate_predicate
+from engine.spec import display_path
+from tui import fmt
+from tui.specs import load_specs
+
+# --- rows -------------------------------------------------------------------
+
+
+@dataclass
+class ReceiptRow:
+    """One receipt as listed: its index summary and its freshness against the working tree."""
+
+    file: str  # path inside the store: <method>/<name>.json
+    entry: dict
+    freshness: str  # fresh | stale | tampered | invalid
+    changed: tuple = ()
+    contracts: list = field(default_factory=list)  # contract ids it holds results for
+
+    @property
+    def folder(self) -> str:
+        """The method folder it is filed under ('' for a file at the top of the store)."""
+        return self.file.rsplit("/", 1)[0] if "/" in self.file else ""
+
+    @property
+    def method(self) -> str:
+        return self.entry.get("method") or self.folder
+
+    @property
+    def receipt_id(self) -> str | None:
+        return self.entry.get("receipt_id")
+
+    @property
+    def short_id(self) -> str:
+        return (self.receipt_id or "?")[:12]
+
+    @property
+    def created_at(self) -> str | None:
+        return self.entry.get("created_at")
+
+    @property
+    def device(self) -> str:
+        return self.entry.get("device") or "?"
+
+    @property
+    def status(self) -> str | None:
+        return self.entry.get("status")
+
+    @property
+    def counts_for_gate(self) -> bool:
+        return self.freshness == FRESH
+
+    @property
+    def problem(self) -> str:
+        """Why this receipt does not count, in one line ('' when it is fresh)."""
+        if self.freshness == STALE:
+            return "changed since the run: " + ", ".join(self.changed[:4]) + (" ..." if len(self.changed) > 4 else "")
+        return self.entry.get("message") or ""
+
+    def search_text(self) -> str:
+        e = self.entry
+        return " ".join(str(x) for x in (self.file, e.get("created_at"), e.get("device"), e.get("device_name"),
+                                         e.get("status"), self.freshness, e.get("receipt_id"), e.get("commit"),
+                                         " ".join(map(str, e.get("seeds") or [])))).lower()
+
+
+@dataclass
+class ContractRow:
+    """One contract of a spec against the latest receipts holding it, per device."""
+
+    id: str
+    kind: str
+    description: str
+    cells: dict  # device -> (status | None, freshness | None)
+    worst_margin: float | None
+    latest: str  # "cpu: metric value <= threshold" of the newest result
+    seeds_passed: str  # "2/3" budget seeds passed in the newest result
+    newest_status: str | None
+    newest_file: str | None
+    cell_files: dict = field(default_factory=dict)  # device -> the receipt behind that cell
+
+    @property
+    def open_file(self) -> str | None:
+        """The receipt that explains the row: the worst device cell's, else the newest."""
+        worst = self.overall
+        for dev, (st, _) in self.cells.items():
+            if st == worst and st != "passed" and dev in self.cell_files:
+                return self.cell_files[dev]
+        return self.newest_file
+
+    def search_text(self) -> str:
+        return f"{self.id} {self.kind} {self.description} {self.newest_status}".lower()
+
+    @property
+    def overall(self) -> str | None:
+        """The worst status over each device's latest run (None: never run)."""
+        seen = {s for s, _ in self.cells.values() if s is not None}
+        for s in ("error", "failed", "interrupted", "passed"):
+            if s in seen:
+                return s
+        return self.newest_status
+
+    @property
+    def failing(self) -> bool:
+        return self.overall in ("failed", "error", "interrupted")
+
+
+@dataclass
+class MutantRow:
+    id: str
+    description: str
+    killed_by: list
+    killed: bool | None  # None: no receipt ran it
+
+
+@dataclass
+class GateView:
+    """The verdict and every unmet requirement with the command that would meet it."""
+
+    verdict: str  # open | closed | unknown
+    unmet: list  # [(what is missing, command that would meet it)]
+    source: str  # which evaluator produced it
+    met: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+
+
+@dataclass
+class MethodModel:
+    key: str
+    spec: dict | None
+    spec_file: str
+    problems: list  # spec errors as one-line texts
+    receipts: list  # ReceiptRow, newest first
+    contracts: list
+    mutants: list
+    gate: GateView
+    devices: list
+    spec_obj: Any = field(default=None, repr=False)  # engine.spec.Spec, for engine.gate
+
+    @property
+    def review(self) -> str:
+        return (self.spec or {}).get("promotion", {}).get("review", "?")
+
+    @property
+    def promotion(self) -> str:
+        return (self.spec or {}).get("promotion", {}).get("state", "?")
+
+    def summary(self) -> str:
+        """'11/12 contracts passed, 6/6 mutants killed, gate closed'."""
+        if self.spec is None:
+            return "spec missing or broken, gate closed"
+        passed = sum(c.overall == "passed" for c in self.contracts)
+        killed = sum(m.killed is True for m in self.mutants)
+        verdict = "pending" if self.gate.verdict == "unknown" else self.gate.verdict
+        return (f"{passed}/{len(self.contracts)} contracts passed, {killed}/{len(self.mutants)} mutants killed, "
+                f"gate {verdict}")
+
+
+@dataclass
+class Model:
+    methods: list
+    problems: list  # store-wide problems and hints, one line each
+    receipts_total: int
+    specs_dir: Path
+    receipts_dir: Path
+    parsed: int = 0  # receipt files read on this refresh (the rest came from the index)
+
+    def method(self, key: str) -> MethodModel | None:
+        return next((m for m in self.methods if m.key == key), None)
+
+    def receipt(self, file: str) -> ReceiptRow | None:
+        for m in self.methods:
+            for r in m.receipts:
+                if r.file == file:
+                    return r
+        return None
+
+
+# --- building ---------------------------------------------------------------
+
+
+def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str], index: ReceiptIndex) -> list[ContractRow]:
+    budget_seeds = list(spec["budget"]["seeds"])
+    usable = [r for r in receipts if r.freshness in (FRESH, STALE)]  # tampered/corrupt say nothing
+    rows = []
+    for c in spec["contracts"]:
+        cid = c["id"]
+        cells: dict[str, tuple] = {}
+        files: dict[str, str] = {}
+        margins = []
+        for dev in devices:
+            hit = next((r for r in usable if r.device == dev and cid in r.contracts), None)
+            d = (index.heavy(hit.file) or {}).get("c", {}).get(cid) if hit else None
+            if d is None:
+                cells[dev] = (None, None)
+                continue
+            cells[dev] = (d[0], hit.freshness)
+            files[dev] = hit.file
+            if d[4][4] is not None:
+                margins.append(d[4][4])
+            elif d[0] != "passed":
+                margins.append(-math.inf)
+        newest = next((r for r in usable if cid in r.contracts), None)
+        d = (index.heavy(newest.file) or {}).get("c", {}).get(cid) if newest else None
+        if d is not None:
+            metric, value, op, threshold, _ = d[4]
+            latest = f"{newest.device}: {fmt.expectation(metric, value, op, threshold)}"
+            passed = [s for s in d[1] if s in budget_seeds]
+            seeds = f"{len(passed)}/{len(budget_seeds)}"
+            status = d[0]
+        else:
+            latest, seeds, status = "never run", f"0/{len(budget_seeds)}", None
+        rows.append(ContractRow(id=cid, kind=c["kind"], description=c["description"], cells=cells,
+                                worst_margin=min(margins) if margins else None, latest=latest, seeds_passed=seeds,
+                                newest_status=status, newest_file=newest.file if d is not None else None,
+                                cell_files=files))
+    return rows
+
+
+def _mutant_rows(spec: dict, receipts: list[ReceiptRow], index: ReceiptIndex) -> list[MutantRow]:
+    usable = [r for r in receipts if r.freshness in (FRESH, STALE)]
+    out = []
+    for m in spec["mutants"]:
+        killed = None
+        for r in usable:  # newest first: stop at the first receipt that ran this mutant
+            verdicts = (index.heavy(r.file) or {}).get("m", {})
+            if m["id"] in verdicts:
+                killed = verdicts[m["id"]]
+                break
+        out.append(MutantRow(id=m["id"], description=m["description"], killed_by=list(m["killed_by"]), killed=killed))
+    return out
+
+
+PENDING = GateView("unknown", [], "engine.gate (evaluating ...)")
+
+
+def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptIndex,
+                fresh: Freshness, progress=None, gates: bool = False) -> Model:
+    """Validate specs, refresh the index (parsing only new receipts), condense per method.
+
+    With `gates`, evaluate every gate now; otherwise verdicts are PENDING until
+    `evaluate_gates` runs (the app does that in a worker after the first paint).
+    """
+    specs_dir, receipts_dir = Path(specs_dir), Path(receipts_dir)
+    problems: list[str] = []
+    specs: dict[str, tuple[Any, str, list[str]]] = {}
+    if not specs_dir.is_dir():
+        problems.append(f"no specs folder {display_path(specs_dir, root)}/: pass --specs DIR or run from the "
+                        "project checkout")
+    else:
+        specs = load_specs(specs_dir, root, receipts_dir)
+        if not specs:
+            problems.append(f"no spec files in {display_path(specs_dir, root)}/: add specs/<method>.yaml "
+                            "(see README, 'Adding a method')")
+    refresh = index.refresh(progress)
+    fresh.forget()
+    by_method: dict[str, list[ReceiptRow]] = {}
+    for e in index.entries():
+        state, changed = freshness_of(e, index, fresh)
+        row = ReceiptRow(file=e["file"], entry=e, freshness=state, changed=changed, contracts=index.contracts_of(e))
+        by_method.setdefault(row.folder, []).append(row)
+    for rows in by_method.values():
+        rows.reverse()  # newest first
+    if not len(index):
+        problems.append(f"no receipts yet in {display_path(receipts_dir, root)}/: run "
+                        "contracts check METHOD --device cpu")
+    methods = []
+    for key in sorted(set(specs) | set(by_method)):
+        missing = [f"specs/{key}.yaml: no spec for the receipts in {key}/"] if key else [
+            "receipts outside any method folder (see contracts verify)"]
+        spec_obj, shown, errs = specs.get(key, (None, f"specs/{key}.yaml", missing))
+        receipts = by_method.get(key, [])
+        if spec_obj is None:
+            methods.append(MethodModel(key=key or "(no folder)", spec=None, spec_file=shown, problems=errs,
+                                       receipts=receipts, contracts=[], mutants=[],
+                                       devices=sorted({r.device for r in receipts}),
+                                       gate=GateView("closed", [(errs[0] if errs else "spec is broken",
+                                                                 f"contracts validate {shown}")], "tui")))
+            continue
+        data = spec_obj.data
+        required = list(data["promotion"]["requires"]["devices"])
+        devices = required + sorted({r.device for r in receipts if r.device not in required and r.device != "?"})
+        methods.append(MethodModel(key=key, spec=data, spec_file=shown, problems=[], receipts=receipts,
+                                   contracts=_contract_rows(data, receipts, devices, index),
+                                   mutants=_mutant_rows(data, receipts, index), gate=PENDING, devices=devices,
+                                   spec_obj=spec_obj))
+    if not refresh.persisted and refresh.parsed:
+        problems.append(f"index not saved ({display_path(receipts_dir, root)}/ is not writable): receipts are "
+                        "re-read on every start")
+    model = Model(methods=methods, problems=problems, receipts_total=len(index), specs_dir=specs_dir,
+                  receipts_dir=receipts_dir, parsed=refresh.parsed)
+    if gates:
+        for m in model.methods:
+            if m.spec_obj is not None:
+                m.gate = gate_for(m, index, receipts_dir, root, specs_dir)
+    return model
+
+
+# --- the gate: the one place the TUI asks for a verdict --------------------------
+
+
+def gate_flags(receipts_dir: Path, specs_dir: Path, root: Path) -> str:
+    """--specs/--receipts for suggested commands when the folders are not the defaults."""
+    import shlex
+
+    from engine.paths import default_receipts_dir, default_specs_dir
+
+    out = ""
+    if Path(specs_dir).resolve() != default_specs_dir().resolve():
+        out += f" --specs {shlex.quote(display_path(specs_dir, root))}"
+    if Path(receipts_dir).resolve() != default_receipts_dir().resolve():
+        out += f" --receipts {shlex.quote(display_path(receipts_dir, root))}"
+    return out
+
+
+def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
+    """engine.verify.Assessed records built from the index, as engine.gate.evaluate takes them.
+
+    The same states and messages `contracts verify` gives (the index applies its
+    rules), and for fresh and stale receipts the slice of the predicate the gate
+    reads: no receipt file is opened.
+    """
+    from engine.verify import Assessed
+
+    index.load_all()
+    out = []
+    for r in reversed(m.receipts):  # oldest first, as assess_receipts lists them
+        e = r.entry
+        usable = r.freshness in (FRESH, STALE)
+        g = index.gate_slice(r.file) if usable else None
+        out.append(Assessed(file=r.file, state=r.freshness if g is not None or not usable else "invalid",
+                            message=r.problem if g is not None or not usable else "index holds no gate data",
+                            method=e.get("method"), receipt_id=e.get("receipt_id"), status=e.get("status"),
+                            created_at=e.get("created_at"), device=e.get("device") if g is not None else None,
+                            changed=list(r.changed), predicate=gate_predicate(g) if g is not None else None))
+    return out
+
+
+def gate_for(m: MethodModel, index: ReceiptIndex, receipts_dir: Path, root: Path, specs_dir: Path) -> GateView:
+    """engine.gate's verdict for one method, fed from the index (the same verdict `contracts gate` gives)."""
+    from engine import gate as engine_gate
+
+    result = engine_gate.evaluate(m.spec_obj, Path(receipts_dir), Path(root), Path(specs_dir),
+                                  gate_flags(receipts_dir, specs_dir, root), assessed=assessed_from_index(m, index))
+    reqs = [r for r in result.get("requirements") or [] if isinstance(r, dict)]
+    unmet = [(f"{r.get('id')}: {r.get('detail')}", r.get("fix") or "") for r in reqs
+             if r.get("required", True) and not r.get("met")]
+    met = [f"{r.get('id')}: {r.get('detail')}" for r in reqs if r.get("met")]
+    return GateView("open" if result.get("promotable") else "closed", unmet, "engine.gate", met,
+                    list(result.get("warnings") or []))
+
+
+# --- details, on demand -------------------------------------------------------------
+
+
+@dataclass
+class Detail:
+    """A whole receipt, read when opened: parsed data (None if unreadable) and its text."""
+
+    file: str
+    data: dict | None
+    text: str
+    error: str = ""
+
+
+MAX_RAW_CHARS = 400_000
+
+
+def load_detail(receipts_dir: Path, file: str) -> Detail:
+    """Read one receipt in full; never raises (a broken file comes back with `error`)."""
+    from engine.receipts import load_receipt
+
+    path = Path(receipts_dir) / file
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        return Detail(file, None, "", f"cannot read: {err.strerror}")
+    text = raw.decode("utf-8", errors="replace")
+    if len(text) > MAX_RAW_CHARS:
+        text = text[:MAX_RAW_CHARS] + f"\n... ({len(raw)} bytes; the rest is not shown)"
+    try:
+        data = load_receipt(path)
+    except ValueError as err:
+        return Detail(file, None, text, str(err))
+    return Detail(file, data, text)
+
+
+def previous_receipt(model: Model, file: str) -> ReceiptRow | None:
+    """The receipt of the same method written just before this one (parseable ones only)."""
+    row = model.receipt(file)
+    if row is None:
+        return None
+    rows = next(m.receipts for m in model.methods if row in m.receipts)  # newest first
+    i = next(i for i, r in enumerate(rows) if r.file == file)
+    return next((r for r in rows[i + 1:] if r.freshness in (FRESH, STALE)), None)
+
+
+def as_text(value: Any) -> str:
+    """A value as the clipboard should get it."""
+    if hasattr(value, "plain"):
+        return value.plain
+    return str(value)
+
+
+def model_as_dict(model: Model) -> dict:
+    """What the first screen shows, as data (`contracts tui --json`)."""
+    return {
+        "methods": [{
+            "method": m.key, "spec": m.spec_file, "review": m.review, "promotion": m.promotion,
+            "gate": {"verdict": m.gate.verdict, "source": m.gate.source,
+                     "unmet": [{"what": w, "how": h} for w, h in m.gate.unmet]},
+            "summary": m.summary(), "problems": list(m.problems), "receipts": len(m.receipts),
+            "contracts": [{"id": c.id, "kind": c.kind, "status": c.overall,
+                           "devices": {d: {"status": s, "evidence": f} for d, (s, f) in c.cells.items()},
+                           "worst_margin": c.worst_margin, "latest": c.latest, "seeds_passed": c.seeds_passed}
+                          for c in m.contracts],
+        } for m in model.methods],
+        "problems": list(model.problems),
+        "receipts": model.receipts_total,
+    }

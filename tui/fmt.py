@@ -1,0 +1,67 @@
+"""Marks, words and colours for statuses: every colour comes with a mark and a word (NO_COLOR stays readable)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.text import Text
+
+STATUS_MARK = {"passed": "✓", "failed": "✗", "error": "!", "interrupted": "◌", None: "·"}
+STATUS_STYLE = {"passed": "green", "failed": "bold red", "error": "bold magenta", "interrupted": "yellow",
+                None: "dim"}
+STATE_STYLE = {"fresh": "green", "stale": "yellow", "tampered": "bold red reverse", "invalid": "bold red reverse"}
+STATE_WORD = {"fresh": "fresh", "stale": "stale", "tampered": "TAMPERED", "invalid": "CORRUPT"}
+GATE_MARK = {"open": "✓", "closed": "✗", "unknown": "…"}
+GATE_STYLE = {"open": "bold green", "closed": "bold red", "unknown": "dim"}
+OPS = {"le": "≤", "lt": "<", "ge": "≥", "gt": ">", "eq": "="}
+
+
+def status(value: str | None, extra: str = "") -> Text:
+    """'✓ passed' in green, '✗ failed' in red, '· none' dim."""
+    word = value or "none"
+    return Text(f"{STATUS_MARK.get(value, '?')} {word}{extra}", style=STATUS_STYLE.get(value, "bold"))
+
+
+def state(value: str) -> Text:
+    return Text(STATE_WORD.get(value, value), style=STATE_STYLE.get(value, ""))
+
+
+def gate(verdict: str) -> Text:
+    word = "pending" if verdict == "unknown" else verdict
+    return Text(f"{GATE_MARK.get(verdict, '?')} gate {word}", style=GATE_STYLE.get(verdict, ""))
+
+
+def num(x: Any) -> str:
+    """Short, exact enough: 3 significant digits for floats, ints as they are."""
+    if isinstance(x, bool) or x is None:
+        return str(x).lower() if isinstance(x, bool) else "–"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "NaN"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return f"{x:.3g}"
+    return str(x)
+
+
+def expectation(metric: Any, value: Any, op: Any, threshold: Any) -> str:
+    """'max_abs_err 3.1e-16 ≤ 1e-12'."""
+    if metric is None:
+        return "–"
+    return f"{metric} {num(value)} {OPS.get(op, op or '?')} {num(threshold)}"
+
+
+def when(created_at: str | None) -> str:
+    """'2026-05-01 12:03:04' from an RFC 3339 UTC stamp (UTC, to the second)."""
+    if not created_at:
+        return "?"
+    return created_at[:19].replace("T", " ")
+
+
+def commit(c: Any, dirty: Any) -> str:
+    if not isinstance(c, str) or not c:
+        return "–"
+    return c[:8] + ("+dirty" if dirty else "")

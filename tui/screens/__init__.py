@@ -1,0 +1,1 @@
+"""Screens of `contracts tui`."""

@@ -1,0 +1,479 @@
+"""The main screen: methods on the left, the selected method's tabs on the right."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
+
+from tui import fmt
+from tui.data import MethodModel, Model
+from tui.widgets import FilterBar, KeyBar, MethodTree, VimTable
+
+MAX_RECEIPT_ROWS = 500  # a DataTable measures every cell; the store can hold 10,000+ receipts
+TABS = ("contracts", "receipts", "spec", "paper", "gate")
+
+
+class MainScreen(Screen):
+    """Tree of methods (review, promotion, gate) and tabs: Contracts, Receipts, Spec, Paper, Gate."""
+
+    BINDINGS = [
+        Binding("slash", "filter", "Filter", id="filter"),
+        Binding("f", "failures", "Failures only", id="failures"),
+        Binding("y", "copy", "Copy", id="copy"),
+        Binding("d", "diff", "Diff", id="diff"),
+        Binding("escape", "back", "Clear filter", id="back", show=False),
+        Binding("1", "tab('contracts')", "Contracts", show=False, id="tab.contracts"),
+        Binding("2", "tab('receipts')", "Receipts", show=False, id="tab.receipts"),
+        Binding("3", "tab('spec')", "Spec", show=False, id="tab.spec"),
+        Binding("4", "tab('paper')", "Paper", show=False, id="tab.paper"),
+        Binding("5", "tab('gate')", "Gate", show=False, id="tab.gate"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(id="main")
+        self.method: str | None = None
+        self.contract: str | None = None  # a contract picked in the tree narrows the receipt list
+        self._receipt_files: list[str] = []  # receipts-table row index -> file in the store
+        self._ready = False  # a model can arrive from the worker before this screen is mounted
+        self.filter_text = ""
+        self.failures_only = False
+
+    # -- layout ------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                yield MethodTree("methods", id="methods")
+                yield Static(Text("gate ✓ open ✗ closed … pending\ncontract ✓ pass ✗ fail ! error · none",
+                                  style="dim"), id="legend")
+            with Vertical(id="right"):
+                yield Static("loading specs and the receipt index ...", id="status")
+                with TabbedContent(id="tabs", initial="contracts"):
+                    with TabPane("Contracts", id="contracts"):
+                        yield VimTable(id="contracts-table", cursor_type="cell")
+                    with TabPane("Receipts", id="receipts"):
+                        yield Static("", id="receipts-note")
+                        yield VimTable(id="receipts-table")
+                    with TabPane("Spec", id="spec"):
+                        with VerticalScroll():
+                            yield Static("", id="spec-view")
+                    with TabPane("Paper", id="paper"):
+                        with VerticalScroll():
+                            yield Static("", id="paper-view")
+                    with TabPane("Gate", id="gate"):
+                        with VerticalScroll():
+                            yield Static("", id="gate-view")
+        yield FilterBar(placeholder="filter (enter: keep, escape: clear)", id="filter")
+        yield KeyBar()
+
+    def on_mount(self) -> None:
+        self._ready = True
+        tree = self.query_one(MethodTree)
+        tree.show_root = False
+        tree.guide_depth = 2
+        self.query_one("#filter").display = False
+        if self.app.model is not None:
+            self.show_model(self.app.model)
+        self.refresh_bindings()
+
+    # -- model -> widgets ----------------------------------------------------------
+
+    @property
+    def current(self) -> MethodModel | None:
+        model: Model | None = self.app.model
+        return model.method(self.method) if (model and self.method) else None
+
+    def show_model(self, model: Model) -> None:
+        """Redraw everything from a new model, keeping the selection where it still exists."""
+        if not self._ready:
+            return  # on_mount draws it
+        self.sub_title = f"{len(model.methods)} method(s), {model.receipts_total} receipt(s)"
+        tree = self.query_one(MethodTree)
+        expanded = {n.data[1] for n in tree.root.children if n.data and n.is_expanded}
+        tree.clear()
+        if self.method is None or model.method(self.method) is None:
+            self.method = model.methods[0].key if model.methods else None
+        for m in model.methods:
+            node = tree.root.add(self._method_label(m), data=("method", m.key),
+                                 expand=m.key in expanded or (not expanded and m.key == self.method))
+            for c in m.contracts:
+                if self.failures_only and not c.failing:
+                    continue
+                node.add_leaf(self._contract_label(c), data=("contract", m.key, c.id))
+            for p in m.problems[:5]:
+                node.add_leaf(Text(f"⚠ {p}", style="bold red"), data=("problem", m.key))
+        for p in model.problems:
+            tree.root.add_leaf(Text(f"⚠ {p}", style="yellow"), data=("problem", None))
+        if not model.methods:
+            self.query_one("#status", Static).update(Text("\n".join(model.problems) or "nothing to show",
+                                                          style="yellow"))
+        self._select_tree_line()
+        self.refresh_method()
+
+    def update_gate(self, key: str) -> None:
+        """A verdict arrived: relabel that method and, if it is shown, its title and Gate tab."""
+        if not self._ready or self.app.model is None:
+            return
+        m = self.app.model.method(key)
+        for node in self.query_one(MethodTree).root.children:
+            if node.data and node.data[0] == "method" and node.data[1] == key:
+                node.set_label(self._method_label(m))
+        if key == self.method:
+            self.query_one("#right").border_title = m.summary()
+            self._fill_status(m)
+            self._fill_gate(m)
+
+    def _select_tree_line(self) -> None:
+        tree = self.query_one(MethodTree)
+        for line in range(tree.last_line + 1):
+            node = tree.get_node_at_line(line)
+            if node is None or not node.data:
+                continue
+            if node.data[0] == "method" and node.data[1] == self.method and not self.contract:
+                tree.move_cursor_to_line(line)
+                return
+            if node.data[0] == "contract" and node.data[1] == self.method and node.data[2] == self.contract:
+                tree.move_cursor_to_line(line)
+                return
+
+    @staticmethod
+    def _method_label(m: MethodModel) -> Text:
+        t = Text()
+        t.append(f"{fmt.GATE_MARK.get(m.gate.verdict, '?')} ", style=fmt.GATE_STYLE.get(m.gate.verdict, ""))
+        t.append(m.key, style="bold")
+        if m.spec is None:
+            t.append(" BROKEN SPEC", style="bold red")
+        else:
+            t.append(f" {m.review}", style="green" if m.review == "DONE" else "yellow")
+            t.append(f" {m.promotion}", style="green" if m.promotion == "promoted" else "dim")
+        return t
+
+    @staticmethod
+    def _contract_label(c) -> Text:
+        return Text(f"{fmt.STATUS_MARK.get(c.overall, '?')} {c.id}", style=fmt.STATUS_STYLE.get(c.overall, ""))
+
+    def refresh_method(self) -> None:
+        m = self.current
+        right = self.query_one("#right")
+        if m is None:
+            right.border_title = "no method"
+            for sel in ("#contracts-table", "#receipts-table"):
+                self.query_one(sel, VimTable).clear()
+            return
+        right.border_title = m.summary()
+        shown = (["failures only"] if self.failures_only else []) + (
+            [f"filter '{self.filter_text}'"] if self.filter_text else [])
+        right.border_subtitle = ", ".join(shown)
+        self._fill_status(m)
+        self._fill_contracts(m)
+        self._fill_receipts(m)
+        self._fill_spec(m)
+        self._fill_paper(m)
+        self._fill_gate(m)
+
+    def _fill_status(self, m: MethodModel) -> None:
+        status = Text()
+        status.append(m.key, style="bold")
+        status.append(f"  review {m.review}  promotion {m.promotion}  ")
+        status.append_text(fmt.gate(m.gate.verdict))
+        if m.problems:
+            status.append("\n" + "\n".join(m.problems[:3]), style="bold red")
+        self.query_one("#status", Static).update(status)
+
+    def _match(self, text: str) -> bool:
+        return not self.filter_text or self.filter_text.lower() in text
+
+    def _fill_contracts(self, m: MethodModel) -> None:
+        t = self.query_one("#contracts-table", VimTable)
+        cursor_key = self._cursor_key(t)
+        rows = []
+        for c in m.contracts:
+            if (self.failures_only and not c.failing) or not self._match(c.search_text()):
+                continue
+            cells = []
+            for dev in m.devices:
+                st, fr = c.cells.get(dev, (None, None))
+                cells.append(fmt.status(st, " (stale)" if fr == "stale" else ""))
+            rows.append(([c.id, c.kind, *cells, fmt.num(c.worst_margin), c.latest, c.seeds_passed],
+                         [c.id, c.kind, *[fmt_plain(x) for x in cells], c.worst_margin, c.latest, c.seeds_passed],
+                         c.id))
+        t.fill(["contract", "kind", *m.devices, "worst margin", "latest value vs tolerance", "seeds passed"], rows)
+        self._restore_cursor(t, self.contract or cursor_key)
+
+    def _visible_receipts(self, m: MethodModel) -> list:
+        rows = m.receipts
+        if self.contract:
+            rows = [r for r in rows if self.contract in r.contracts or r.freshness == "invalid"]
+        if self.failures_only:
+            rows = [r for r in rows if r.status != "passed" or r.freshness in ("tampered", "invalid")]
+        if self.filter_text:
+            needle = self.filter_text.lower()
+            rows = [r for r in rows if needle in r.search_text()]
+        return rows
+
+    def _fill_receipts(self, m: MethodModel) -> None:
+        t = self.query_one("#receipts-table", VimTable)
+        cursor_key = self.selected_receipt()
+        rows = self._visible_receipts(m)
+        shown = rows[:MAX_RECEIPT_ROWS]
+        t.fill(["time (UTC)", "device", "seeds", "status", "evidence", "commit", "id"], [
+            ([fmt.when(r.created_at), r.device, ",".join(map(str, r.entry.get("seeds") or [])) or "–",
+              fmt.status(r.status) if r.status else Text("? unknown", style="bold red"), fmt.state(r.freshness),
+              fmt.commit(r.entry.get("commit"), r.entry.get("dirty")), r.short_id], None, None)
+            for r in shown])
+        self._receipt_files = [r.file for r in shown]  # row index -> file (rows are not keyed)
+        parts = [f"{len(m.receipts)} receipt(s)"]
+        if self.contract:
+            parts.append(f"holding contract {self.contract}")
+        if self.failures_only:
+            parts.append("failures only")
+        if self.filter_text:
+            parts.append(f"matching '{self.filter_text}'")
+        note = ", ".join(parts)
+        if len(rows) > len(shown):
+            note += f"; newest {len(shown)} of {len(rows)} shown (/ to filter for older ones)"
+        elif rows is not m.receipts:
+            note += f"; {len(rows)} shown"
+        if not m.receipts:
+            note = f"no receipts for {m.key} yet: run contracts check {m.key} --device cpu"
+        self.query_one("#receipts-note", Static).update(Text(note, style="dim"))
+        if cursor_key in self._receipt_files:
+            t.move_cursor(row=self._receipt_files.index(cursor_key), animate=False)
+
+    def _fill_spec(self, m: MethodModel) -> None:
+        view = self.query_one("#spec-view", Static)
+        if m.spec is None:
+            view.update(Text("\n".join(m.problems) + f"\n\nfix it, then press r (contracts validate {m.spec_file})",
+                             style="bold red"))
+            return
+        d = m.spec
+        parts = [Text(f"{d['title']}  ({m.spec_file}, level {d['level']}, implementation {d['implementation']})",
+                      style="bold")]
+        t = Table(title="formulas (LaTeX source)", title_justify="left", expand=True, show_lines=True)
+        t.add_column("id", no_wrap=True), t.add_column("LaTeX"), t.add_column("implements", no_wrap=True)
+        for f in d["formulas"]:
+            t.add_row(f["id"], Text(f["latex"]), f["implements"])
+        parts.append(t)
+        t = Table(title="assumptions", title_justify="left", expand=True, show_header=False)
+        t.add_column("id", no_wrap=True), t.add_column("text")
+        for a in d["assumptions"]:
+            t.add_row(a["id"], Text(a["text"]))
+        parts.append(t)
+        b = d["budget"]
+        parts.append(Text(f"budget: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} updates "
+                          f"and {b['max_tokens_per_seed']} sampled tokens per seed, <= {b['max_wall_seconds']} s, "
+                          f"downloads: {b['downloads']}"))
+        t = Table(title="mutants (killed in the newest receipt that ran them)", title_justify="left", expand=True)
+        t.add_column("mutant", no_wrap=True), t.add_column("killed"), t.add_column("breaks"), t.add_column("killed by")
+        for mu in m.mutants:
+            killed = {True: Text("✓ killed", style="green"), False: Text("✗ SURVIVED", style="bold red"),
+                      None: Text("· not run", style="dim")}[mu.killed]
+            t.add_row(mu.id, killed, Text(mu.description), ", ".join(mu.killed_by))
+        parts.append(t)
+        view.update(Group(*parts))
+
+    def _fill_paper(self, m: MethodModel) -> None:
+        view = self.query_one("#paper-view", Static)
+        if m.spec is None:
+            view.update("")
+            return
+        p, pr = m.spec["paper"], m.spec["paper_results"]
+        head = Text()
+        head.append("PAPER-REPORTED: not measured here\n", style="bold reverse yellow")
+        head.append(f"{p['title']} (arXiv {p['arxiv']}{p['version']}, {p['institution']}, first public "
+                    f"{p['first_public']}; code released: {'yes' if p['code_released'] else 'no'})\n")
+        if pr.get("note"):
+            head.append(pr["note"] + "\n", style="italic")
+        t = Table(title="results the paper (or its page) reports", title_justify="left", expand=True)
+        for col in ("id", "source", "model", "benchmark", "metric", "baseline", "method"):
+            t.add_column(col)
+        for r in pr["results"]:
+            t.add_row(r["id"], r["source"], r["model"], r["benchmark"], r["metric"],
+                      f"{r.get('baseline', '')} {fmt.num(r.get('baseline_value', '')) if 'baseline_value' in r else ''}"
+                      .strip(), fmt.num(r["value"]) if not isinstance(r["value"], list) else str(r["value"]))
+        view.update(Group(head, t))
+
+    def _fill_gate(self, m: MethodModel) -> None:
+        g = m.gate
+        out = Text()
+        out.append_text(fmt.gate(g.verdict))
+        word = {"open": "promotable", "closed": "not promotable"}.get(g.verdict, "not decided yet")
+        out.append(f"  ({word}; verdict from {g.source})\n\n")
+        if g.unmet:
+            out.append("unmet requirements, each with what would meet it:\n", style="bold")
+            for what, how in g.unmet:
+                out.append("✗ ", style="bold red")
+                out.append(what + "\n")
+                if how:
+                    out.append(f"    {'$ ' if how.startswith('contracts ') else '-> '}{how}\n", style="cyan")
+        for what in g.met:
+            out.append("✓ ", style="green")
+            out.append(what + "\n")
+        for w in g.warnings:
+            out.append("⚠ ", style="yellow")
+            out.append(w + "\n")
+        self.query_one("#gate-view", Static).update(out)
+
+    # -- cursor helpers -------------------------------------------------------------
+
+    @staticmethod
+    def _cursor_key(t: VimTable) -> str | None:
+        if not t.row_count:
+            return None
+        try:
+            return t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value
+        except Exception:
+            return None
+
+    @staticmethod
+    def _restore_cursor(t: VimTable, key: str | None) -> None:
+        if key is None:
+            return
+        try:
+            t.move_cursor(row=t.get_row_index(key), animate=False)
+        except Exception:
+            pass
+
+    def selected_receipt(self) -> str | None:
+        t = self.query_one("#receipts-table", VimTable)
+        files = self._receipt_files
+        return files[t.cursor_row] if t.row_count and t.cursor_row < len(files) else None
+
+    # -- events -----------------------------------------------------------------
+
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
+        data = event.node.data
+        if not data or data[1] is None:
+            return
+        changed = data[1] != self.method or (data[2] if data[0] == "contract" else None) != self.contract
+        self.method = data[1]
+        self.contract = data[2] if data[0] == "contract" else None
+        if changed:
+            self.refresh_method()
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
+        data = event.node.data
+        if data and data[0] == "contract":
+            self.action_tab("contracts")
+            self.query_one("#contracts-table", VimTable).focus()
+        elif data and data[0] == "problem":
+            self.action_tab("spec")
+
+    def on_vim_table_opened(self, event: VimTable.Opened) -> None:
+        m = self.current
+        if m is None:
+            return
+        if event.table.id == "receipts-table":
+            file = self.selected_receipt()
+            if file:
+                self.app.open_receipt(file, contract=self.contract)
+        elif event.table.id == "contracts-table":
+            row = next((c for c in m.contracts if c.id == event.key), None)
+            if row is None:
+                return
+            if row.open_file is None:
+                self.notify(f"{row.id} has no receipt yet: contracts check {m.key} --only {row.id} --device cpu",
+                            severity="warning")
+                return
+            self.app.open_receipt(row.open_file, contract=row.id)
+
+    def on_input_changed(self, event: FilterBar.Changed) -> None:
+        if event.input.id != "filter":
+            return
+        self.filter_text = event.value.strip()
+        self.refresh_tables()
+        self.query_one("#right").border_subtitle = ", ".join(
+            (["failures only"] if self.failures_only else []) + ([f"filter '{self.filter_text}'"]
+                                                                 if self.filter_text else []))
+
+    def on_filter_bar_done(self, event: FilterBar.Done) -> None:
+        bar = self.query_one("#filter", FilterBar)
+        if event.cleared:
+            bar.display = False
+            self.filter_text = ""
+            self.refresh_tables()
+        self._focus_table()
+
+    def refresh_tables(self) -> None:
+        m = self.current
+        if m is not None:
+            self._fill_contracts(m)
+            self._fill_receipts(m)
+
+    def _focus_table(self) -> None:
+        tab = self.query_one(TabbedContent).active
+        if tab == "receipts":
+            self.query_one("#receipts-table").focus()
+        else:
+            self.query_one("#contracts-table").focus()
+
+    # -- actions -----------------------------------------------------------------
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        if tab in ("contracts", "receipts"):
+            self.query_one(f"#{tab}-table").focus()
+
+    def action_filter(self) -> None:
+        bar = self.query_one("#filter", FilterBar)
+        bar.display = True
+        bar.focus()
+
+    def action_failures(self) -> None:
+        self.failures_only = not self.failures_only
+        if self.app.model is not None:
+            self.show_model(self.app.model)
+
+    def action_back(self) -> None:
+        if self.filter_text or self.query_one("#filter").display:
+            self.query_one("#filter", FilterBar).action_clear()
+        elif self.contract:
+            self.contract = None
+            self._select_tree_line()
+            self.refresh_method()
+
+    def action_diff(self) -> None:
+        file = self.selected_receipt()
+        if file is None:
+            self.notify("select a receipt on the Receipts tab first", severity="warning")
+            return
+        self.app.open_diff(file)
+
+    def action_copy(self) -> None:
+        focused = self.focused
+        if isinstance(focused, VimTable) and focused.id == "receipts-table":
+            file = self.selected_receipt()
+            if file:
+                self.app.copy_text(self.app.receipt_display_path(file))
+            return
+        if isinstance(focused, VimTable):
+            value = focused.cursor_value()
+            if value is not None:
+                self.app.copy_text(fmt_plain(value))
+            return
+        if isinstance(focused, MethodTree) and self.method:
+            self.app.copy_text(self.contract or self.method)
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        # The footer shows only what applies here; asked before on_mount too, when nothing can be queried.
+        if not self._ready:
+            return True
+        if action == "diff":
+            return self.query_one(TabbedContent).active == "receipts" and bool(self._receipt_files)
+        if action == "back":
+            return bool(self.filter_text or self.contract)
+        return True
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()
+
+
+def fmt_plain(value) -> str:
+    return value.plain if isinstance(value, Text) else str(value)

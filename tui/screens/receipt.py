@@ -1,0 +1,332 @@
+"""One receipt in full: header, per-contract results, mutants, mechanism steps, raw JSON."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Group
+from rich.pretty import Pretty
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Header, Static, TabbedContent, TabPane, TextArea
+
+from tui import fmt
+from tui.data import Detail, ReceiptRow, load_detail
+from tui.widgets import FilterBar, KeyBar, VimTable
+
+MAX_STEP_COLUMNS = 8
+
+
+class ReceiptScreen(Screen):
+    """Opened from a receipt row; the file is read in a worker, so opening never blocks the UI."""
+
+    BINDINGS = [
+        Binding("escape", "back", "Back", id="back"),
+        Binding("slash", "filter", "Filter", id="filter"),
+        Binding("f", "failures", "Failures only", id="failures"),
+        Binding("d", "diff", "Diff vs previous", id="diff"),
+        Binding("y", "copy", "Copy", id="copy"),
+    ]
+
+    AUTO_FOCUS = "#results-table"  # focused at mount, so the footer is built once, not again on load
+
+    def __init__(self, row: ReceiptRow, contract: str | None = None) -> None:
+        super().__init__(id="receipt")
+        self.row = row
+        self.filter_text = contract or ""
+        self.failures_only = False
+        self.detail: Detail | None = None
+        self._results: list[dict] = []
+        self._result_rows: list[dict] = []  # results-table row index -> result
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield Static(self._header_text(), id="receipt-header")
+        with TabbedContent(id="receipt-tabs", initial="results"):
+            with TabPane("Results", id="results"):
+                yield Static("", id="results-note")
+                yield VimTable(id="results-table", cursor_type="cell")
+            with TabPane("Mutants", id="mutants"):
+                yield VimTable(id="mutants-table")
+            with TabPane("Mechanism", id="mechanism"):
+                yield VimTable(id="steps-table", cursor_type="cell")
+                yield Static("", id="comparisons")
+            with TabPane("Raw JSON", id="raw"):
+                yield TextArea("", id="raw-text", read_only=True, show_line_numbers=True, soft_wrap=False)
+        yield FilterBar(value=self.filter_text, placeholder="filter results (enter: keep, escape: clear)",
+                        id="filter")
+        yield KeyBar()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.row.file
+        self.query_one("#filter").display = bool(self.filter_text)
+        self.query_one("#results-note", Static).update(Text("reading the receipt ...", style="dim"))
+        self.load()
+
+    # -- loading -------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="detail")
+    def load(self) -> None:
+        detail = load_detail(self.app.receipts_dir, self.row.file)
+        self.app.ui(self.show_detail, detail)
+
+    def show_detail(self, detail: Detail) -> None:
+        if not self.is_mounted:
+            return  # closed (escape) before the file was read
+        self.detail = detail
+        pred = (detail.data or {}).get("predicate") or {}
+        self._results = [r for r in pred.get("results") or [] if isinstance(r, dict)]
+        raw = self.query_one("#raw-text", TextArea)
+        raw.load_text(detail.text)
+        try:
+            self.query_one("#receipt-header", Static).update(self._header_text(pred, detail.error))
+            self._fill_results()
+            self._fill_mutants(pred)
+            self._fill_mechanism(pred)
+        except Exception as err:  # a tampered file can hold any JSON at all: show it raw, never crash
+            self.detail = Detail(detail.file, None, detail.text,
+                                 f"cannot be shown as a receipt ({type(err).__name__}: {err})")
+            self.query_one("#results-note", Static).update(Text(f"{self.detail.error}; see Raw JSON",
+                                                                style="bold red"))
+            detail = self.detail
+        if detail.data is None:
+            self.query_one(TabbedContent).active = "raw"
+            raw.focus()
+        elif self.focused is None:
+            self.query_one("#results-table").focus()
+
+    # -- drawing -----------------------------------------------------------------------
+
+    def _header_text(self, pred: dict | None = None, error: str = "") -> Text:
+        r, e = self.row, self.row.entry
+        pred = pred or {}
+        env = pred.get("environment") or {}
+        dev = env.get("device") or {}
+        t = Text()
+        t.append(f"{r.method}  ", style="bold")
+        t.append_text(fmt.status(r.status))
+        t.append("  ")
+        t.append_text(fmt.state(r.freshness))
+        t.append(f"  id {r.receipt_id or '?'}\n")
+        t.append(f"time {fmt.when(r.created_at)} UTC"
+                 + (f" -> {fmt.when(pred.get('finished_at'))}" if pred.get("finished_at") else "")
+                 + f"   device {e.get('device') or '?'} ({e.get('device_name') or '?'})"
+                 + (f" cuda {dev.get('cuda')}" if dev.get("cuda") else "")
+                 + f"   commit {fmt.commit(e.get('commit'), e.get('dirty'))}\n")
+        if env:
+            t.append(f"python {env.get('python')}  torch {env.get('torch')}  {env.get('platform')}  "
+                     f"threads {env.get('torch_threads')}", style="dim")
+            req, act = pred.get("request") or {}, pred.get("actual") or {}
+            t.append(f"  seeds requested {req.get('seeds')} run {act.get('seeds')}", style="dim")
+            cost = pred.get("cost") or {}
+            t.append(f"  wall {cost.get('wall_s')} s, {cost.get('optimizer_updates')} updates\n", style="dim")
+        problem = error or r.problem
+        if problem:
+            label = {"stale": "stale", "tampered": "TAMPERED", "invalid": "CORRUPT"}.get(r.freshness, "problem")
+            t.append(f"{label}: {problem}\n", style=fmt.STATE_STYLE.get(r.freshness, "bold red"))
+        for msg in (pred.get("errors") or [])[:3]:
+            t.append(f"run error: {msg}\n", style="bold magenta")
+        t.rstrip()
+        return t
+
+    def _fill_results(self) -> None:
+        t = self.query_one("#results-table", VimTable)
+        needle = self.filter_text.lower()
+        rows = []
+        self._result_rows = []
+        for r in self._results:
+            if self.failures_only and r.get("status") == "passed":
+                continue
+            text = f"{r.get('contract')} {r.get('kind')} {r.get('seed')} {r.get('dtype')} {r.get('status')} " \
+                   f"{r.get('message') or ''}".lower()
+            if needle and needle not in text:
+                continue
+            worst = _worst(r.get("expectations") if isinstance(r.get("expectations"), list) else [])
+            cells = [str(r.get("contract")), str(r.get("kind")), fmt.num(r.get("seed")), str(r.get("dtype")),
+                     fmt.status(r.get("status") if isinstance(r.get("status"), str) else None),
+                     fmt.expectation(worst.get("metric"), worst.get("value"), worst.get("op"), worst.get("threshold")),
+                     fmt.num(worst.get("margin")), str(r.get("message") or "")[:120]]
+            raw = [r.get("contract"), r.get("kind"), r.get("seed"), r.get("dtype"), r.get("status"),
+                   worst.get("value"), worst.get("margin"), r.get("message") or ""]
+            rows.append((cells, raw, None))
+            self._result_rows.append(r)
+        t.fill(["contract", "kind", "seed", "dtype", "status", "worst expectation", "margin", "message"], rows)
+        total, shown = len(self._results), len(rows)
+        parts = [f"{shown} of {total} result(s)"]
+        if self.failures_only:
+            parts.append("failures only")
+        if self.filter_text:
+            parts.append(f"matching '{self.filter_text}' (escape clears)")
+        if self.detail is not None and self.detail.data is None:
+            parts = [f"unreadable receipt: {self.detail.error}; see Raw JSON"]
+        elif total and not shown and self.failures_only:
+            parts.append("every result passed")
+        self.query_one("#results-note", Static).update(Text(", ".join(parts), style="dim"))
+
+    def _fill_mutants(self, pred: dict) -> None:
+        rows = []
+        for m in pred.get("mutants") or []:
+            if not isinstance(m, dict):
+                continue
+            if self.failures_only and m.get("killed"):
+                continue
+            killed = Text("✓ killed", style="green") if m.get("killed") else Text("✗ SURVIVED", style="bold red")
+            desc = str(m.get("description") or "")
+            if m.get("error"):
+                desc = f"{desc} [{m['error']}]"
+            killers, expected = _names(m.get("killed_by")), _names(m.get("expected_killers"))
+            rows.append(([str(m.get("id")), killed, killers or "–", expected, desc],
+                         [m.get("id"), m.get("killed"), killers, expected, desc], None))
+        self.query_one("#mutants-table", VimTable).fill(["mutant", "killed", "killed by", "expected killers",
+                                                         "breaks"], rows)
+
+    def _fill_mechanism(self, pred: dict) -> None:
+        mech = [m for m in pred.get("mechanism") or [] if isinstance(m, dict)]
+        fields: list[str] = []
+        for m in mech:
+            for st in m.get("steps") if isinstance(m.get("steps"), list) else []:
+                for k in st if isinstance(st, dict) else []:
+                    if k not in fields:
+                        fields.append(k)
+        fields = fields[:MAX_STEP_COLUMNS]
+        rows = []
+        for m in mech:
+            for i, st in enumerate(m.get("steps") if isinstance(m.get("steps"), list) else []):
+                if not isinstance(st, dict):
+                    continue
+                vals = [st.get(k) for k in fields]
+                rows.append(([str(m.get("contract")), fmt.num(m.get("seed")), str(m.get("dtype")), str(i),
+                              *[f"[{len(v)} values]" if isinstance(v, list) else fmt.num(v) for v in vals]],
+                             [m.get("contract"), m.get("seed"), m.get("dtype"), i, *vals], None))
+        self.query_one("#steps-table", VimTable).fill(["contract", "seed", "dtype", "#", *fields], rows)
+        out = Text()
+        comps = [(m, c) for m in mech for c in m.get("comparisons") or [] if isinstance(c, dict)]
+        if not mech:
+            out.append("no mechanism run in this receipt\n", style="dim")
+        for m, c in comps:
+            label = "FORMAL" if c.get("formal") else "diagnostic only (the gate never counts it)"
+            out.append(f"{c.get('name')} [{label}]: {c.get('method')} vs {c.get('control')} on {c.get('metric')} "
+                       f"(contract {m.get('contract')}, seed {m.get('seed')})\n", style="bold")
+            out.append(f"  method  {c.get('method_values')}\n  control {c.get('control_values')}\n")
+            mv, cv = _numbers(c.get("method_values")), _numbers(c.get("control_values"))
+            if mv and cv:
+                out.append(f"  mean(method) - mean(control) = {sum(mv) / len(mv) - sum(cv) / len(cv):+.4g} "
+                           "(the gate's interval is over seeds: Gate tab)\n")
+            if c.get("note"):
+                out.append(f"  {c['note']}\n", style="italic")
+        self.query_one("#comparisons", Static).update(out)
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def action_back(self) -> None:
+        bar = self.query_one("#filter", FilterBar)
+        if bar.has_focus:
+            bar.action_clear()
+            return
+        self.app.pop_screen()
+
+    def action_filter(self) -> None:
+        bar = self.query_one("#filter", FilterBar)
+        bar.display = True
+        bar.focus()
+
+    def action_failures(self) -> None:
+        self.failures_only = not self.failures_only
+        self._fill_results()
+        self._fill_mutants(((self.detail.data if self.detail else None) or {}).get("predicate") or {})
+
+    def action_diff(self) -> None:
+        self.app.open_diff(self.row.file)
+
+    def action_copy(self) -> None:
+        focused = self.focused
+        if isinstance(focused, VimTable) and focused.row_count:
+            value = focused.cursor_value()
+            if value is not None:
+                self.app.copy_text(value if isinstance(value, str) else json.dumps(value))
+                return
+        self.app.copy_text(self.app.receipt_display_path(self.row.file))
+
+    def on_input_changed(self, event: FilterBar.Changed) -> None:
+        if event.input.id == "filter":
+            self.filter_text = event.value.strip()
+            self._fill_results()
+
+    def on_filter_bar_done(self, event: FilterBar.Done) -> None:
+        if event.cleared:
+            self.query_one("#filter").display = False
+            self.filter_text = ""
+            self._fill_results()
+        self.query_one("#results-table").focus()
+
+    def on_vim_table_opened(self, event: VimTable.Opened) -> None:
+        if event.table.id == "results-table":
+            rows = self._result_rows
+            if event.row < len(rows):
+                self.app.push_screen(ResultScreen(rows[event.row]))
+
+
+class ResultScreen(ModalScreen):
+    """Every measurement and expectation of one contract result."""
+
+    BINDINGS = [Binding("escape", "dismiss", "Close", id="back")]
+
+    def __init__(self, result: dict) -> None:
+        super().__init__()
+        self.result = result
+
+    def compose(self) -> ComposeResult:
+        r = self.result
+        with VerticalScroll(id="result-box"):
+            head = Text()
+            head.append(f"{r.get('contract')}  seed {r.get('seed')}  {r.get('dtype')}  ", style="bold")
+            head.append_text(fmt.status(r.get("status")))
+            lines = [head]
+            for e in r.get("expectations") or []:
+                ok = e.get("passed")
+                line = Text(("✓ " if ok else "✗ "), style="green" if ok else "bold red")
+                line.append(f"{fmt.expectation(e.get('metric'), e.get('value'), e.get('op'), e.get('threshold'))}"
+                            f"  margin {fmt.num(e.get('margin'))}  (tolerance from {e.get('tolerance_source')})")
+                lines.append(line)
+            if r.get("message"):
+                lines.append(Text(f"message: {r['message']}", style="magenta"))
+            lines.append(Text("measurements (full precision):", style="bold"))
+            lines.append(Pretty(r.get("measurements") or {}))
+            yield Static(Group(*lines))
+
+    def action_dismiss(self) -> None:
+        self.app.pop_screen()
+
+
+def _worst(expectations: list) -> dict:
+    """The expectation with the smallest margin (a missing margin counts as worst)."""
+    best, key = {}, None
+    for e in expectations:
+        if not isinstance(e, dict):
+            continue
+        m = e.get("margin")
+        k = m if isinstance(m, (int, float)) and not isinstance(m, bool) else float("-inf")
+        if key is None or k < key:
+            best, key = e, k
+    return best
+
+
+def _numbers(values) -> list[float]:
+    """Finite numbers only; an empty list when any value is not one."""
+    import math
+
+    if not isinstance(values, list):
+        return []
+    ok = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return ok if len(ok) == len(values) else []
+
+
+def _names(value) -> str:
+    """A list of ids as 'a, b'; anything else as its text (a tampered receipt may hold anything)."""
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return "" if value is None else str(value)

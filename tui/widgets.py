@@ -1,0 +1,197 @@
+"""Small widgets shared by the screens: a DataTable with vim keys and a filter bar."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.coordinate import Coordinate
+from textual.message import Message
+from rich.cells import cell_len
+from rich.text import Text
+from textual.widgets import DataTable, Input, Static, Tree
+
+
+class VimTable(DataTable):
+    """DataTable with j/k/g/G; `enter` opens the row. Every binding has an id users can remap.
+
+    Rows may carry their raw values beside the displayed text, so `y` copies
+    full precision rather than the 3 significant digits shown.
+    """
+
+    BINDINGS = [
+        Binding("enter", "select_cursor", "Open", id="open"),
+        Binding("j", "cursor_down", "Down", show=False, id="table.down"),
+        Binding("k", "cursor_up", "Up", show=False, id="table.up"),
+        Binding("g", "scroll_top", "Top", show=False, id="table.top"),
+        Binding("G", "scroll_bottom", "Bottom", show=False, id="table.bottom"),
+    ]
+
+    class Opened(Message):
+        """Enter on a row (or cell): which row, by index and key."""
+
+        def __init__(self, table: "VimTable", row: int, key: str | None) -> None:
+            self.table, self.row, self.key = table, row, key
+            super().__init__()
+
+    MAX_WIDTH = 60  # longer cells are cut on screen; y copies them whole, enter shows them whole
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("cursor_type", "row")
+        kwargs.setdefault("zebra_stripes", True)
+        super().__init__(*args, **kwargs)
+        self._raw: list = []
+        self._pending_raw = None
+
+    def clear(self, columns: bool = False):
+        self._raw = []
+        return super().clear(columns)
+
+    def add_row(self, *cells, **kwargs):
+        self._raw.append(self._pending_raw)
+        self._pending_raw = None
+        return super().add_row(*cells, **kwargs)
+
+    def add_raw_row(self, cells: list, raw: list | None, key: str | None = None):
+        """A row shown as `cells`, copied as `raw`."""
+        self._pending_raw = raw
+        return self.add_row(*cells, key=key)
+
+    def fill(self, columns: list, rows: list) -> None:
+        """Replace every column and row: `columns` are labels or (label, key); `rows` are (cells, raw, key).
+
+        Column widths are computed here from the text (capped at MAX_WIDTH), not
+        left to DataTable's measuring pass on idle: the picture is the same
+        whenever it is taken, and no cell is measured twice.
+        """
+        cols = [c if isinstance(c, tuple) else (c, None) for c in columns]
+        widths = [cell_len(label) for label, _ in cols]
+        for cells, _raw, _key in rows:
+            for i, cell in enumerate(cells[:len(widths)]):
+                w = cell.cell_len if isinstance(cell, Text) else cell_len(str(cell))
+                if w > widths[i]:
+                    widths[i] = min(w, self.MAX_WIDTH)
+        self.clear(columns=True)
+        for (label, key), width in zip(cols, widths):
+            self.add_column(label, width=width, key=key)
+        for cells, raw, key in rows:
+            self.add_raw_row(cells, raw, key)
+
+    def action_select_cursor(self) -> None:
+        if not self.row_count:
+            return
+        row = self.cursor_coordinate.row
+        try:
+            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except Exception:
+            key = None
+        self.post_message(self.Opened(self, row, key))
+
+    def action_scroll_top(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=0, animate=False)
+
+    def action_scroll_bottom(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=self.row_count - 1, animate=False)
+
+    def cursor_value(self):
+        """The value under the cursor, raw if the row has raw values (row mode: the first column)."""
+        if not self.row_count:
+            return None
+        row, col = self.cursor_coordinate
+        if self.cursor_type == "row":
+            col = 0
+        raw = self._raw[row] if row < len(self._raw) else None
+        if raw is not None and col < len(raw):
+            return raw[col]
+        if not self.is_valid_coordinate(Coordinate(row, col)):
+            return None
+        value = self.get_cell_at(Coordinate(row, col))
+        return value.plain if hasattr(value, "plain") else value
+
+
+class MethodTree(Tree):
+    """The method tree, with the same binding ids as the tables."""
+
+    BINDINGS = [
+        Binding("enter", "select_cursor", "Open", id="open"),
+        Binding("j", "cursor_down", "Down", show=False, id="table.down"),
+        Binding("k", "cursor_up", "Up", show=False, id="table.up"),
+        Binding("g", "scroll_home", "Top", show=False, id="table.top"),
+        Binding("G", "scroll_end", "Bottom", show=False, id="table.bottom"),
+    ]
+
+    def action_scroll_home(self) -> None:
+        self.move_cursor_to_line(0)
+
+    def action_scroll_end(self) -> None:
+        self.move_cursor_to_line(max(0, self.last_line))
+
+
+class FilterBar(Input):
+    """The `/` filter: typing filters live; enter keeps it, escape clears it."""
+
+    class Done(Message):
+        def __init__(self, cleared: bool) -> None:
+            self.cleared = cleared
+            super().__init__()
+
+    BINDINGS = [Binding("escape", "clear", "Clear filter", id="filter.clear")]
+
+    def action_clear(self) -> None:
+        self.value = ""
+        self.post_message(self.Done(cleared=True))
+
+    async def action_submit(self) -> None:
+        self.post_message(self.Done(cleared=False))
+
+
+class KeyBar(Static):
+    """The footer: the keys that apply here, on one line, from the screen's active bindings.
+
+    One widget rather than Textual's Footer, which mounts a widget per key and
+    rebuilds them on every focus change (about 100 ms per screen opened here).
+    """
+
+    DEFAULT_CSS = """
+    KeyBar {
+        dock: bottom;
+        width: 100%;
+        height: 1;
+        background: $footer-background;
+        color: $footer-foreground;
+    }
+    """
+
+    def on_mount(self) -> None:
+        self.screen.bindings_updated_signal.subscribe(self, self._changed)
+        self._changed(self.screen)
+
+    def on_unmount(self) -> None:
+        self.screen.bindings_updated_signal.unsubscribe(self)
+
+    def on_resize(self, event) -> None:
+        if event.size.width != getattr(self, "_width", None):  # only a new width moves the palette hint
+            self._width = event.size.width
+            self._changed(self.screen)
+
+    def _changed(self, screen) -> None:
+        if screen is self.screen:
+            self.update(self.render_keys())
+
+    def render_keys(self) -> Text:
+        """' ⏎ Open  / Filter  ...' with the palette key at the right edge."""
+        text, seen, palette = Text(), set(), None
+        for _node, binding, enabled, _tip in self.screen.active_bindings.values():
+            if binding.action == "command_palette":
+                palette = binding
+                continue
+            if not binding.show or binding.action in seen:
+                continue
+            seen.add(binding.action)
+            text.append(f" {self.app.get_key_display(binding)} ", style="bold" if enabled else "dim")
+            text.append(f"{binding.description} ", style="" if enabled else "dim")
+        if palette is not None and self.app.ENABLE_COMMAND_PALETTE:
+            hint = f" {self.app.get_key_display(palette)} palette "
+            gap = max(1, self.size.width - text.cell_len - len(hint))
+            text.append(" " * gap + hint, style="dim")
+        return text
