@@ -431,9 +431,9 @@ COMPARATORS = ("le", "lt", "ge", "gt", "eq", "default")
 
 def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) -> list[SpecError]:
     """Names and ids that must point at something: registry names, formula ids, contract ids."""
-    from engine.registry import static_names
+    from engine.registry import known_names
 
-    names = static_names()
+    names = known_names()
     errors: list[SpecError] = []
 
     def err(path: list, message: str, fix: str, key: bool = False) -> None:
