@@ -276,16 +276,22 @@ def _parse_seeds(text: Optional[str]) -> Optional[list[int]]:
 
 
 class _StopFlag:
-    """SIGTERM (and SIGINT) set a flag the runner checks between check calls."""
+    """SIGTERM (and SIGINT) set a flag the runner checks between check calls, and interrupt the check running.
+
+    While `hold` is set (the receipt is being built and written) a signal only
+    sets the flag: the receipt is written whole, then the command exits 130.
+    """
 
     def __init__(self) -> None:
         self.stopped = False
+        self.hold = False
         self._old: dict = {}
 
     def __enter__(self) -> "_StopFlag":
         def handler(signum, frame):  # noqa: ARG001
             self.stopped = True
-            raise KeyboardInterrupt
+            if not self.hold:
+                raise KeyboardInterrupt
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -299,8 +305,29 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
+_STOP: Optional[_StopFlag] = None
+
+
+def stops_on_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """SIGTERM/SIGINT mean "stop, keep what is done, exit 130" from the command's first line (torch import
+    included), not only once the runner starts; the flag is `_STOP` while the command runs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _STOP
+        with _StopFlag() as stop:
+            _STOP = stop
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _STOP = None
+
+    return wrapper
+
+
 @app.command()
 @handles_errors
+@stops_on_signals
 def check(
     method: Annotated[Optional[str], typer.Argument(help="Method key (or use --all).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every spec.")] = False,
@@ -342,15 +369,15 @@ def check(
     dev = resolve_device(device)
     ensure_writable(receipts_dir)
     outcomes = []
-    with _StopFlag() as stop:
-        for plan in plans:
-            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out))
-            if outcomes[-1]["status"] == "interrupted":
-                break
+    stop = _STOP
+    for plan in plans:
+        outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out))
+        if outcomes[-1]["status"] == "interrupted" or stop.stopped:
+            break
     if json_out:
         _print_json({"runs": outcomes})
     statuses = {o["status"] for o in outcomes}
-    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses else E.EXIT_INTERNAL if "error" in statuses
+    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or stop.stopped else E.EXIT_INTERNAL if "error" in statuses
             else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
 
@@ -378,9 +405,15 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> 
             progress.update(task, advance=1, description=f"{plan.spec.key}: {label} {r['status']}")
 
         runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped)
-        runner.run()
-    stmt = build_statement(runner, created)
-    path = write_receipt(receipts_dir, stmt)
+        try:
+            runner.run()
+        finally:
+            stop.hold = True  # from here a signal is only noted: the receipt is written whole, or not at all
+    try:
+        stmt = build_statement(runner, created)
+        path = write_receipt(receipts_dir, stmt)
+    finally:
+        stop.hold = False
     pred = stmt["predicate"]
     shown = display_path(path, project_root())
     if not json_out:
