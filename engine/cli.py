@@ -638,6 +638,17 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
                                         if entry["receipts"] else ""))
 
 
+def _locked_change(method: str, new_state: str, reason: str, by: Optional[str], specs: Optional[Path],
+                   receipts: Optional[Path], json_out: bool) -> None:
+    """`_change_state` with the store's promotion lock held, so concurrent promote/demote take turns."""
+    from engine.locking import PROMOTION_LOCK, exclusive
+    from engine.spec import check_key
+
+    check_key(method)  # a path trick is refused before any file (the lock file included) is touched
+    with exclusive(_dirs(specs, receipts)[1], PROMOTION_LOCK):
+        _change_state(method, new_state, reason, by, specs, receipts, json_out)
+
+
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")]
 ByOpt = Annotated[Optional[str], typer.Option("--by", help="Who decided (recorded in the ledger; e.g. evolve).")]
 
@@ -653,7 +664,7 @@ def promote(
     json_out: JsonOpt = False,
 ) -> None:
     """Set promotion.state: promoted, only when the gate is open; ledger the change."""
-    _change_state(method, "promoted", reason, by, specs, receipts, json_out)
+    _locked_change(method, "promoted", reason, by, specs, receipts, json_out)
 
 
 @app.command()
@@ -667,7 +678,7 @@ def demote(
     json_out: JsonOpt = False,
 ) -> None:
     """Set promotion.state: not-promoted (always allowed); ledger the change."""
-    _change_state(method, "not-promoted", reason, by, specs, receipts, json_out)
+    _locked_change(method, "not-promoted", reason, by, specs, receipts, json_out)
 
 
 SCHEMAS = ("receipt", "spec", "gate", "ledger")
