@@ -33,6 +33,11 @@ app = typer.Typer(
 SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", help="Folder of spec YAML files (default: specs/).")]
 ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", help="Receipt store (default: receipts/).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
+PolicyOpt = Annotated[Optional[str], typer.Option(
+    "--policy", help="Train the mechanism runs on this instead of the tiny policies: hf:PATH, a local Hugging Face "
+                     "causal-LM checkpoint folder (needs the 'hf' extra; never downloads).")]
+LoraRankOpt = Annotated[Optional[int], typer.Option(
+    "--lora-rank", help="LoRA rank for --policy hf:PATH (default 8; 0 trains every weight).")]
 
 
 def _err(text: str) -> None:
@@ -82,7 +87,8 @@ def _console():
     from rich.console import Console
 
     # Piped output is read whole (logs, CI), so do not squeeze tables into 80 columns there.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    # markup=False: spec text such as "logp_loo[k]" must print as written, not as Rich markup.
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _load_valid_specs(specs_dir: Path) -> tuple[list, list[SpecError]]:
@@ -215,7 +221,7 @@ def show(
 
     con = _console()
     p = d["paper"]
-    con.print(f"[bold]{spec.key}[/bold]: {d['title']}")
+    con.print(f"{spec.key}: {d['title']}", style="bold")
     con.print(f"arXiv {p['arxiv']} {p['version']} | {p['institution']} | first public {p['first_public']} | "
               f"code released: {'yes' if p['code_released'] else 'no'} | licence: {p['license'] or 'unknown'}")
     con.print(f"level {d['level']} | implementation {d['implementation']} | review {d['promotion']['review']} | "
@@ -225,7 +231,7 @@ def show(
     for f in d["formulas"]:
         t.add_row(f["id"], f["implements"], f["latex"])
     con.print(t)
-    con.print("[bold]assumptions[/bold]")
+    con.print("assumptions", style="bold")
     for a in d["assumptions"]:
         con.print(f"- {a['id']}: {a['text']}")
     t = Table(title="contracts", title_justify="left")
@@ -241,7 +247,7 @@ def show(
         t.add_row(m["id"], m["description"], ", ".join(m["killed_by"]))
     con.print(t)
     b = d["budget"]
-    con.print(f"[bold]budget[/bold]: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} "
+    con.print(f"budget: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} "
               f"updates and {b['max_tokens_per_seed']} sampled tokens per seed, <= {b['max_wall_seconds']} s, "
               f"downloads: {b['downloads']}")
     t = Table(title="paper-reported results (NOT measured here)", title_justify="left")
@@ -251,10 +257,10 @@ def show(
         t.add_row(r["id"], r["source"], r["model"], r["benchmark"], r["metric"],
                   f"{r.get('baseline', '')} {r.get('baseline_value', '')}".strip(), str(r["value"]))
     con.print(t)
-    con.print("[bold]promotion[/bold]: " + d["promotion"]["state"])
+    con.print("promotion: " + d["promotion"]["state"], style="bold")
     for reason in d["promotion"]["reasons"]:
         con.print(f"- {reason}")
-    con.print("[bold]latest receipts[/bold]" + ("" if recent else ": none yet (run contracts check "
+    con.print("latest receipts" + ("" if recent else ": none yet (run contracts check "
                                                                   f"{spec.key} --device cpu)"))
     for r in recent:
         con.print(f"- {r['file']}  {r['status']}  {r['state']}")
@@ -335,6 +341,8 @@ def check(
     seeds: Annotated[Optional[str], typer.Option(help="Comma-separated seeds (default: the spec budget's).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this contract id (repeatable).")] = None,
     no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase (the run cannot pass).")] = False,
+    policy: PolicyOpt = None,
+    lora_rank: LoraRankOpt = None,
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
@@ -347,6 +355,7 @@ def check(
     specs_dir, receipts_dir = _dirs(specs, receipts)
     parse_device(device)
     seed_list = _parse_seeds(seeds)
+    _check_policy_options(policy, lora_rank)
     if all_ and method:
         raise E.UsageError("give a method or --all, not both")
     if not all_ and not method:
@@ -368,10 +377,11 @@ def check(
 
     dev = resolve_device(device)
     ensure_writable(receipts_dir)
+    provider = _load_policy(policy, lora_rank)
     outcomes = []
     stop = _STOP
     for plan in plans:
-        outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out))
+        outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
         if outcomes[-1]["status"] == "interrupted" or stop.stopped:
             break
     if json_out:
@@ -382,7 +392,7 @@ def check(
     raise typer.Exit(code)
 
 
-def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> dict:
+def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engine.receipts import utc_now, write_receipt
@@ -404,7 +414,7 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> 
                 f"{r['contract']} seed {r['seed']} {r['dtype']}"
             progress.update(task, advance=1, description=f"{plan.spec.key}: {label} {r['status']}")
 
-        runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped)
+        runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped, policy=provider)
         try:
             runner.run()
         finally:
@@ -418,7 +428,9 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> 
     shown = display_path(path, project_root())
     if not json_out:
         _print_summary(pred, shown)
+    _note_policy(pred)
     return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
+            "policy": _policy_summary(pred),
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
                         for r in pred["results"]],
@@ -461,6 +473,54 @@ def _print_summary(pred: dict, receipt: str) -> None:
     c = pred["cost"]
     con.print(f"wall {c['wall_s']:.2f} s, {c['optimizer_updates']} optimizer updates, {c['sampled_tokens']} sampled "
               f"tokens; receipt {receipt}")
+
+
+# --- check --policy: mechanism runs on a Hugging Face checkpoint (issue 9) ------------
+
+
+def _check_policy_options(policy: Optional[str], lora_rank: Optional[int]) -> None:
+    """Refuse a bad --policy/--lora-rank before anything is imported or run."""
+    from engine.policy import check_policy
+
+    if policy is None:
+        if lora_rank is not None:
+            raise E.UsageError("--lora-rank applies to --policy hf:PATH; give the checkpoint too")
+        return
+    if lora_rank is not None and lora_rank < 0:
+        raise E.UsageError(f"--lora-rank {lora_rank}: give 0 (train every weight) or a positive rank, e.g. 8")
+    check_policy(policy)
+
+
+def _load_policy(policy: Optional[str], lora_rank: Optional[int]):
+    if policy is None:
+        return None
+    from engine.policy import load_policy
+
+    _err(f"loading {policy} ...")
+    return load_policy(policy, lora_rank)
+
+
+def _policy_summary(pred: dict) -> Optional[dict]:
+    p = pred.get("policy")
+    if not p:
+        return None
+    ck = p.get("checkpoint") or {}
+    return {"kind": p.get("kind"), "checkpoint": ck.get("name"), "config_sha256": ck.get("config_sha256"),
+            "lora": p.get("lora"), "used_by": p.get("used_by", [])}
+
+
+def _note_policy(pred: dict) -> None:
+    """Say which contracts trained the given policy; a policy nothing used must not pass unnoticed."""
+    p = _policy_summary(pred)
+    if p is None:
+        return
+    lora = f"LoRA rank {p['lora']['rank']}" if p["lora"] else "all weights trained"
+    if p["used_by"]:
+        _err(f"policy: {p['kind']} checkpoint {p['checkpoint']} ({lora}), config sha256 "
+             f"{(p['config_sha256'] or '')[:12]}, used by: {', '.join(p['used_by'])}")
+    else:
+        _err(f"warning: --policy was given but no selected contract of {pred['method']} builds a policy "
+             "(only mechanism runs do); this receipt's results do not depend on it")
 
 
 # --- verify / gate / promote / demote / schema ---------------------------------

@@ -181,6 +181,20 @@ def receipt_files(receipts_dir: Path, method: str | None = None) -> list[Path]:
     return sorted(files, key=lambda p: p.name)
 
 
+# --- subjects outside the working tree ----------------------------------------
+
+# `contracts check --policy hf:PATH` binds the checkpoint's files as subjects named
+# `checkpoint:<file in the checkpoint folder>`. They say exactly which weights ran;
+# they are not part of the working tree, so they never make a receipt stale, and
+# the folder's location is never stored (no absolute paths in receipts).
+EXTERNAL_SUBJECT_PREFIX = "checkpoint:"
+
+
+def is_external_subject(name: str) -> bool:
+    """True for a subject that binds a file outside the working tree (a model checkpoint's)."""
+    return isinstance(name, str) and name.startswith(EXTERNAL_SUBJECT_PREFIX)
+
+
 @dataclass
 class ReceiptCheck:
     """What `verify` says of one receipt file."""
@@ -244,6 +258,8 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
     changed = []
     for s in subject:
         name = s.get("name", "")
+        if is_external_subject(name):
+            continue  # a checkpoint file: binds what ran, is not in the tree (see is_external_subject)
         parts = Path(name).parts
         target = (Path(specs_dir) / Path(*parts[1:])) if (specs_dir is not None and parts[:1] == ("specs",)
                                                            and len(parts) > 1) else root / name

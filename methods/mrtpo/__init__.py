@@ -1,0 +1,19 @@
+"""MRTPO (arXiv 2610.21439 v1): token-level multi-reward credit from a frozen replay.
+
+Importing the package registers the implementation "mrtpo", its checks and its mutants.
+"""
+
+from methods.mrtpo.credit import beta_schedule, credit_weights, js_distance, mrtpo_advantages
+from methods.mrtpo.mechanism import freeze, student_context
+from methods.mrtpo.impl import IMPL
+from methods.mrtpo import checks, mutants  # noqa: F401  (registration)
+
+__all__ = [
+    "IMPL",
+    "js_distance",
+    "beta_schedule",
+    "credit_weights",
+    "mrtpo_advantages",
+    "student_context",
+    "freeze",
+]

@@ -1,0 +1,198 @@
+"""The MRTPO mechanism run: real sampling, frozen replay with verifier blocks, real updates.
+
+A randomly initialised TinyGRUPolicy over a 32-token vocabulary samples
+responses to prompts that carry no verifier information. Two programmatic
+verifiers reward particular tokens. Their information blocks are token
+sequences made only of reserved verifier tokens, which the policies can
+never sample (a -1e4 logit bias, like PAD), so "the student never saw a
+verifier token" is checkable on every tensor fed to the student. A frozen
+snapshot of the behaviour policy (taken right before sampling) rescores the
+same responses under the full context and under each leave-one-out context;
+the student updates on the plain prompt context with MRTPO advantages.
+
+Extends methods/common (policy, rollout, GRPO group advantages) without
+changing it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from methods.common.grpo import group_advantages, grpo_token_loss
+from methods.common.policy import make_policy as build_policy, param_l2_change, snapshot, state_copy
+from methods.common.rollout import sample, sequence_logprobs
+from methods.common.tasks import FIRST_CONTENT
+
+VOCAB = 32
+CONTENT_END = 22  # content tokens are FIRST_CONTENT .. 21
+MARK = (22, 27)  # first token of verifier block k
+HINT_BASE = (23, 28)  # block k's second token: HINT_BASE[k] + (its target token % 4)
+VERIFIER_TOKENS = tuple(range(22, 32))
+PROMPT_LEN = 4
+
+
+def student_context(prompts: torch.Tensor, blocks: list[torch.Tensor]) -> torch.Tensor:
+    """What the student is conditioned on: the plain prompt, never a verifier block."""
+    return prompts
+
+
+def freeze(policy: torch.nn.Module) -> torch.nn.Module:
+    """The replay policy: a frozen copy of the behaviour policy at sampling time."""
+    return snapshot(policy)
+
+
+def replay_contexts(prompts: torch.Tensor, blocks: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Full context (prompt + every block) and, per reward k, the context without block k."""
+    full = torch.cat([prompts, *blocks], dim=1)
+    loo = [torch.cat([prompts, *[b for j, b in enumerate(blocks) if j != k]], dim=1) for k in range(len(blocks))]
+    return full, loo
+
+
+def make_prompts(n: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(FIRST_CONTENT, CONTENT_END, (n, PROMPT_LEN), generator=g)
+
+
+def targets(prompts: torch.Tensor) -> list[torch.Tensor]:
+    """Verifier k rewards a response that contains target k: the prompt's last / first token."""
+    return [prompts[:, -1], prompts[:, 0]]
+
+
+def verify(prompts: torch.Tensor, responses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Rewards [K=2, B] in {0, 1}: does a valid response token equal target k?"""
+    out = []
+    for tgt in targets(prompts):
+        hit = (responses == tgt.to(responses.device)[:, None]) & mask
+        out.append(hit.any(dim=1).to(torch.float32))
+    return torch.stack(out, 0)
+
+
+def info_blocks(prompts: torch.Tensor) -> list[torch.Tensor]:
+    """Verifier k's information block [B, 2]: its marker and a hint about its target."""
+    blocks = []
+    for k, tgt in enumerate(targets(prompts)):
+        mark = torch.full_like(tgt, MARK[k])
+        hint = HINT_BASE[k] + tgt % 4
+        blocks.append(torch.stack([mark, hint], dim=1))
+    return blocks
+
+
+def make_policy(ctx, hidden: int = 16) -> torch.nn.Module:
+    policy = build_policy(ctx, vocab_size=VOCAB, hidden_size=hidden)  # the tiny GRU, or the run's --policy
+    with torch.no_grad():
+        policy.pad_bias[list(VERIFIER_TOKENS)] = -1.0e4  # never sampled, never predicted
+    return policy
+
+
+def _is_verifier(tokens: torch.Tensor) -> torch.Tensor:
+    return (tokens >= VERIFIER_TOKENS[0]) & (tokens <= VERIFIER_TOKENS[-1])
+
+
+def _weight_stats(w: torch.Tensor, mask: torch.Tensor) -> dict:
+    out = {}
+    for k in range(w.shape[0]):
+        v = w[k][mask].double()
+        out[f"w{k}_mean"] = float(v.mean())
+        out[f"w{k}_std"] = float(v.std(unbiased=False))
+        out[f"w{k}_min"] = float(v.min())
+        out[f"w{k}_max"] = float(v.max())
+    return out
+
+
+def run(impl, ctx) -> dict:
+    """One seed of the mechanism run; returns the measurements the spec's contract reads."""
+    p = ctx.params
+    updates = int(p.get("updates", 3))
+    n_prompts = int(p.get("prompts", 4))
+    group = int(p.get("group_size", 8))
+    max_new = int(p.get("max_new_tokens", 8))
+    lr = float(p.get("lr", 1e-2))
+    warmup = float(p.get("warmup_steps", 2))
+    beta_max = float(p.get("beta_max", 0.5))
+    eps = float(p.get("eps", 1e-6))
+    device = ctx.device
+
+    student = make_policy(ctx)
+    opt = torch.optim.Adam(student.parameters(), lr=lr)
+    start = state_copy(student)
+    seen = {"calls": 0, "verifier_tokens": 0, "tokens": 0}
+
+    def watch(module, args):
+        if module is student:
+            toks = args[0]
+            seen["calls"] += 1
+            seen["tokens"] += int(toks.numel())
+            seen["verifier_tokens"] += int(_is_verifier(toks).sum())
+
+    handle = student.register_forward_pre_hook(watch)
+    g = ctx.generator(7)
+    snapshot_changes, step_l2, cons_errs, s_values = [], [], [], []
+    replay_saw_blocks = True
+    try:
+        for step in range(updates):
+            prompts = make_prompts(n_prompts, g).repeat_interleave(group, dim=0).to(device)
+            blocks = info_blocks(prompts)
+            frozen = impl.freeze(student)
+            frozen_before = state_copy(frozen)
+            roll = sample(student, impl.student_context(prompts, blocks), max_new, g)
+            ctx.meter.add_tokens(roll.n_tokens)
+            mask = roll.mask
+            rewards = verify(prompts, roll.responses, mask)
+            reward_adv = torch.stack([group_advantages(r, group) for r in rewards], 0)
+
+            full, loo = replay_contexts(prompts, blocks)
+            replay_saw_blocks &= bool((_is_verifier(full).sum(dim=1) == 2 * len(blocks)).all())
+            with torch.no_grad():
+                _, _, logp_all = sequence_logprobs(frozen, full, roll.responses, full=True)
+                logp_loo = [sequence_logprobs(frozen, c, roll.responses, full=True)[2] for c in loo]
+            beta = impl.beta_schedule(step + 1, warmup, beta_max)
+            w = impl.credit_weights(logp_all, logp_loo, mask, beta)
+            adv, metrics = impl.mrtpo_advantages(reward_adv, w, mask, eps)
+
+            before = state_copy(student)
+            logp, _ = sequence_logprobs(student, impl.student_context(prompts, blocks), roll.responses)
+            loss, info = grpo_token_loss(logp, roll.old_logp, adv.detach().to(logp.dtype), mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in student.parameters() if q.grad is not None))
+            ctx.meter.optimizer_step(opt)
+
+            l2 = param_l2_change(before, student)
+            snap = param_l2_change(frozen_before, frozen)
+            valid_resp = mask.any(dim=1)
+            mean_w = (torch.where(mask[None], w.double(), 0.0).sum(-1) / mask.sum(-1).clamp_min(1).double())
+            cons = float((mean_w - 1.0).abs()[:, valid_resp].max())
+            snapshot_changes.append(snap)
+            step_l2.append(l2)
+            cons_errs.append(cons)
+            s_values.append(metrics["s"])
+            ctx.record_step(
+                step=step + 1,
+                loss=float(loss.detach()),
+                beta=beta,
+                s=metrics["s"],
+                adv_std=metrics["std"],
+                capped=metrics["capped"],
+                grad_norm=float(grad_norm),
+                conservation_err=cons,
+                student_l2_change=l2,
+                snapshot_param_change=snap,
+                reward_mean=[float(r.mean()) for r in rewards],
+                tokens=roll.n_tokens,
+                **_weight_stats(w, mask),
+            )
+    finally:
+        handle.remove()
+
+    total = param_l2_change(start, student)
+    return {
+        "updates": ctx.meter.updates,
+        "student_l2_change": total,
+        "min_step_l2_change": min(step_l2) if step_l2 else 0.0,
+        "snapshot_max_change": max(snapshot_changes) if snapshot_changes else float("nan"),
+        "student_forward_calls": seen["calls"],
+        "student_verifier_tokens": seen["verifier_tokens"],
+        "replay_saw_blocks": replay_saw_blocks,
+        "max_conservation_err": max(cons_errs) if cons_errs else float("nan"),
+        "min_s": min(s_values) if s_values else float("nan"),
+        "sampled_tokens": ctx.meter.tokens,
+    }

@@ -1,0 +1,250 @@
+"""Known-bad MRTPO variants: each has exactly one deliberate defect and must be killed.
+
+The variant functions re-implement the affected function with the defect in
+place (rather than adding mutation switches to the method code); everything
+else is the same formula.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine import registry
+from methods.mrtpo import credit
+from methods.mrtpo.credit import LN2, _compute_dtype, _empty_flags, _as_loo_list
+from methods.mrtpo.impl import IMPL
+
+
+# --------------------------------------------------------------------------- JS variants
+
+
+def _js_sampled_token(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
+    """DEFECT: JS between the Bernoulli laws of one token (the one p_a favours: the greedy
+    sample) instead of the full-vocabulary distributions."""
+    cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
+    idx = logp_a.argmax(dim=-1, keepdim=True)
+    pa = logp_a.gather(-1, idx).squeeze(-1).double().exp()
+    pb = logp_b.gather(-1, idx).squeeze(-1).double().exp()
+
+    def ent(p):
+        return -(torch.xlogy(p, p) + torch.xlogy(1 - p, 1 - p))
+
+    js = ent((pa + pb) / 2) - (ent(pa) + ent(pb)) / 2
+    return (js / LN2).clamp(0.0, 1.0).sqrt().to(cdt)
+
+
+def _js_unchunked(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
+    """DEFECT: the same arithmetic on the whole [N, V] input at once (scratch grows with N and V)."""
+    cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
+    V = logp_a.shape[-1]
+    la = logp_a.reshape(-1, V).to(cdt)
+    lb = logp_b.reshape(-1, V).to(cdt)
+    ws = credit._Workspace(la.numel(), cdt, la.device, upcast=False)
+    js = credit._block_terms(la, lb, ws).sum(-1, dtype=torch.float64)
+    return (js / LN2).clamp(0.0, 1.0).sqrt().to(cdt).reshape(logp_a.shape[:-1])
+
+
+def _js_textbook(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
+    """DEFECT: the textbook 0.5 sum p log(p/m) + q log(q/m), evaluated in the compute dtype:
+    terms of both signs cancel, so nearly identical distributions lose all their digits."""
+    cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
+    la, lb = logp_a.to(cdt), logp_b.to(cdt)
+    lm = torch.logaddexp(la, lb) - LN2
+    pa, pb = la.exp(), lb.exp()
+    ta = torch.where(pa > 0, pa * (la - lm), 0.0)
+    tb = torch.where(pb > 0, pb * (lb - lm), 0.0)
+    js = 0.5 * (ta + tb).sum(-1)
+    return (js / LN2).clamp(0.0, 1.0).sqrt()
+
+
+# --------------------------------------------------------------------------- weight variants
+
+
+def _weights_variant(defect: str, js=None):
+    """credit_weights with one defect; `js` swaps the JS distance it uses (the JS mutants pass
+    theirs, so the defect reaches the weights as it would in a real implementation)."""
+    js = js or credit.js_distance
+
+    def credit_weights(logp_all, logp_loo, mask, beta, empty_block=None, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
+        beta = float(beta)
+        if defect == "beta_ignored":
+            beta = 1.0  # DEFECT: the warm-up coefficient is not applied
+        B, T, V = logp_all.shape
+        loo = _as_loo_list(logp_loo)
+        K = len(loo)
+        m = mask.to(torch.bool)
+        cdt = _compute_dtype(logp_all.dtype)
+        empty = _empty_flags(empty_block, K, B, logp_all.device)
+        count = m.sum(dim=1).to(cdt)
+        ws = []
+        for k, lk in enumerate(loo):
+            if lk is None:
+                q = torch.zeros(B, T, dtype=cdt, device=logp_all.device)
+                empty_k = torch.ones(B, dtype=torch.bool, device=logp_all.device)
+                raw = q
+            else:
+                raw = js(logp_all, lk).to(cdt)
+                if defect == "mask_by_multiplication":
+                    q = raw * m.to(cdt)  # DEFECT: NaN * 0 = NaN from padding slots
+                else:
+                    q = torch.where(m, raw, 0.0)
+                empty_k = empty[k]
+            if defect == "qbar_over_padding":
+                qbar = raw.mean(dim=1)  # DEFECT: mean over every position, padding included
+            else:
+                qbar = q.sum(dim=1) / count.clamp_min(1.0)
+            if defect == "no_fallback":
+                uniform = torch.zeros_like(empty_k)  # DEFECT: empty blocks and qbar = 0 are not special
+            else:
+                uniform = empty_k | (qbar == 0)
+            if defect == "not_divided_by_qbar":
+                ratio = q  # DEFECT: q itself, not q / qbar
+            else:
+                ratio = q / torch.where(uniform, torch.ones_like(qbar), qbar)[:, None]
+            w = (1.0 - beta) + beta * ratio
+            w = torch.where(uniform[:, None], torch.ones_like(w), w)
+            ws.append(torch.where(m, w, torch.zeros_like(w)))
+        return torch.stack(ws, dim=0)
+
+    return credit_weights
+
+
+# --------------------------------------------------------------------------- advantage variants
+
+
+def _advantages_variant(defect: str):
+    def mrtpo_advantages(reward_advantages, weights, mask, eps=1e-6):
+        out_dtype = _compute_dtype(torch.promote_types(reward_advantages.dtype, weights.dtype))
+        cdt = torch.float64
+        m = mask.to(torch.bool)
+        a = reward_advantages.to(cdt)
+        w = torch.where(m[None], weights.to(cdt), 0.0)
+        count = m.sum(dim=1).to(cdt)
+        a = torch.where((count > 0)[None], a, 0.0)
+        if defect == "uniform_for_negative":
+            w = torch.where(a[:, :, None] < 0, torch.where(m[None], 1.0, 0.0).to(cdt), w)  # DEFECT
+        S = (a[:, :, None] * w).sum(dim=0)
+        U = a.sum(dim=0)
+        D = torch.where(m, S - U[:, None], 0.0)
+        mom_u = (count * U * U).sum()
+        mom_d = (D * D).sum()
+        if defect == "no_cap" or not bool(mom_d > 0):
+            s = torch.ones((), dtype=cdt, device=S.device)  # DEFECT (no_cap): s = 1 always
+        else:
+            s = torch.clamp(torch.sqrt(mom_u / mom_d), max=1.0)
+        St = torch.where(m, U[:, None] + s * D, 0.0)
+        if defect == "std_over_padding":
+            std = St.std(unbiased=False)  # DEFECT: padding zeros enter the batch std
+        else:
+            n = count.sum()
+            mean = St.sum() / n.clamp_min(1)
+            dev = torch.where(m, St - mean, 0.0)
+            std = torch.sqrt((dev * dev).sum() / n.clamp_min(1))
+        A = torch.where(m, St / (std + eps), 0.0).to(out_dtype)
+        return A, {
+            "s": float(s),
+            "std": float(std),
+            "tokens": int(count.sum()),
+            "second_moment_U": float(mom_u),
+            "second_moment_D": float(mom_d),
+            "capped": bool(s < 1.0),
+        }
+
+    return mrtpo_advantages
+
+
+# --------------------------------------------------------------------------- other variants
+
+
+def _linear_warmup(step, warmup_steps, beta_max):
+    """DEFECT: a linear ramp instead of the smoothstep."""
+    if step < 0:
+        return 0.0
+    if warmup_steps <= 0:
+        return float(beta_max)
+    return float(beta_max) * min(1.0, float(step) / float(warmup_steps))
+
+
+def _student_sees_block(prompts, blocks):
+    """DEFECT: the student's context carries the first verifier's information block."""
+    return torch.cat([prompts, blocks[0]], dim=1)
+
+
+def _live_replay(policy):
+    """DEFECT: the replay 'snapshot' is the live student, so it moves with every update."""
+    return policy
+
+
+# --------------------------------------------------------------------------- registration
+
+
+@registry.mutant("mrtpo.js_sampled_token", base="mrtpo")
+def js_sampled_token():
+    return IMPL.replace("mrtpo.js_sampled_token", js_distance=_js_sampled_token, credit_weights=_weights_variant("none", js=_js_sampled_token))
+
+
+@registry.mutant("mrtpo.js_unchunked", base="mrtpo")
+def js_unchunked():
+    return IMPL.replace("mrtpo.js_unchunked", js_distance=_js_unchunked, credit_weights=_weights_variant("none", js=_js_unchunked))
+
+
+@registry.mutant("mrtpo.js_textbook_formula", base="mrtpo")
+def js_textbook_formula():
+    return IMPL.replace("mrtpo.js_textbook_formula", js_distance=_js_textbook, credit_weights=_weights_variant("none", js=_js_textbook))
+
+
+@registry.mutant("mrtpo.qbar_over_padding", base="mrtpo")
+def qbar_over_padding():
+    return IMPL.replace("mrtpo.qbar_over_padding", credit_weights=_weights_variant("qbar_over_padding"))
+
+
+@registry.mutant("mrtpo.weights_not_divided_by_qbar", base="mrtpo")
+def weights_not_divided_by_qbar():
+    return IMPL.replace("mrtpo.weights_not_divided_by_qbar", credit_weights=_weights_variant("not_divided_by_qbar"))
+
+
+@registry.mutant("mrtpo.no_uniform_fallback", base="mrtpo")
+def no_uniform_fallback():
+    return IMPL.replace("mrtpo.no_uniform_fallback", credit_weights=_weights_variant("no_fallback"))
+
+
+@registry.mutant("mrtpo.beta_ignored", base="mrtpo")
+def beta_ignored():
+    return IMPL.replace("mrtpo.beta_ignored", credit_weights=_weights_variant("beta_ignored"))
+
+
+@registry.mutant("mrtpo.mask_by_multiplication", base="mrtpo")
+def mask_by_multiplication():
+    return IMPL.replace("mrtpo.mask_by_multiplication", credit_weights=_weights_variant("mask_by_multiplication"))
+
+
+@registry.mutant("mrtpo.no_second_moment_cap", base="mrtpo")
+def no_second_moment_cap():
+    return IMPL.replace("mrtpo.no_second_moment_cap", mrtpo_advantages=_advantages_variant("no_cap"))
+
+
+@registry.mutant("mrtpo.std_over_padding", base="mrtpo")
+def std_over_padding():
+    return IMPL.replace("mrtpo.std_over_padding", mrtpo_advantages=_advantages_variant("std_over_padding"))
+
+
+@registry.mutant("mrtpo.uniform_for_negative", base="mrtpo")
+def uniform_for_negative():
+    return IMPL.replace("mrtpo.uniform_for_negative", mrtpo_advantages=_advantages_variant("uniform_for_negative"))
+
+
+@registry.mutant("mrtpo.linear_warmup", base="mrtpo")
+def linear_warmup():
+    return IMPL.replace("mrtpo.linear_warmup", beta_schedule=_linear_warmup)
+
+
+@registry.mutant("mrtpo.student_sees_verifier_block", base="mrtpo")
+def student_sees_verifier_block():
+    return IMPL.replace("mrtpo.student_sees_verifier_block", student_context=_student_sees_block)
+
+
+@registry.mutant("mrtpo.replay_with_live_policy", base="mrtpo")
+def replay_with_live_policy():
+    return IMPL.replace("mrtpo.replay_with_live_policy", freeze=_live_replay)

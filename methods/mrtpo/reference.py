@@ -1,0 +1,171 @@
+"""Independent per-scalar references for the MRTPO checks (no torch arithmetic).
+
+Every reference works on plain Python floats, one scalar at a time, in
+decimal arithmetic with 28 significant digits (the `decimal` module), and
+rounds to a float64 only at the end. Its own error is far below float64
+rounding, so a measured difference is the implementation's error. The
+formulas are the page's, written the textbook way (KL to the mixture,
+explicit loops), independently of the vectorised implementation.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, localcontext
+from fractions import Fraction
+from functools import lru_cache
+
+PREC = 28
+
+
+def _ctx():
+    return localcontext(prec=PREC)
+
+
+def _D(x: float) -> Decimal:
+    return Decimal(float(x))  # exact: every float is a finite decimal
+
+
+def _exp(x: float) -> Decimal:
+    if x == -math.inf:
+        return Decimal(0)
+    return _D(x).exp()
+
+
+@lru_cache(maxsize=1)
+def _ln2() -> Decimal:
+    with _ctx():
+        return Decimal(2).ln()
+
+
+def exp_row(row: list[float]) -> list[Decimal]:
+    """Probabilities of one row of log-probabilities, as Decimals."""
+    with _ctx():
+        return [_exp(x) for x in row]
+
+
+def js_ratio_dec(la: list[float], lb: list[float], pa: list[Decimal] | None = None,
+                 pb: list[Decimal] | None = None) -> Decimal:
+    """min(1, JS(p || q) / ln 2) for one pair of log-probability rows, as a Decimal.
+
+    JS = (KL(p || m) + KL(q || m)) / 2 with m = (p + q) / 2, summed element by
+    element; ln p is the given log-probability itself (exact), so each element
+    costs two exponentials and one logarithm. pa / pb may pass exp_row(la) /
+    exp_row(lb) computed once for several pairs."""
+    with _ctx():
+        p = pa if pa is not None else [_exp(x) for x in la]
+        q = pb if pb is not None else [_exp(x) for x in lb]
+        total = Decimal(0)
+        for lai, lbi, pi, qi in zip(la, lb, p, q):
+            if lai == lbi:  # p = q = m: the element is exactly 0 (ln m would only round to ln p)
+                continue
+            lm = ((pi + qi) / 2).ln()
+            if pi > 0:
+                total += pi * (_D(lai) - lm)
+            if qi > 0:
+                total += qi * (_D(lbi) - lm)
+        r = total / 2 / _ln2()
+        # JS / ln 2 lies in [0, 1] for distributions; inputs rounded to a low-precision
+        # dtype no longer sum to 1 exactly, so the contract's clamp is applied here too
+        return min(Decimal(1), max(Decimal(0), r))
+
+
+def js_distance_ref(la: list[float], lb: list[float]) -> float:
+    """sqrt(JS / ln 2) for one pair of rows (float64 result)."""
+    with _ctx():
+        return float(js_ratio_dec(la, lb).sqrt())
+
+
+def beta_schedule_ref(step: float, warmup_steps: float, beta_max: float) -> float:
+    """beta_max * (3x^2 - 2x^3), x = clamp(step / warmup, 0, 1), in exact rationals."""
+    if step < 0:
+        return 0.0
+    if warmup_steps <= 0:
+        return float(beta_max)
+    x = Fraction(step) / Fraction(warmup_steps)
+    x = min(Fraction(1), max(Fraction(0), x))
+    return float(Fraction(beta_max) * (3 * x * x - 2 * x * x * x))
+
+
+def credit_weights_ref(
+    logp_all: list,  # [B][T][V] floats
+    logp_loo: list,  # [K][B][T][V] floats (entry k may be None: empty block)
+    mask: list,  # [B][T] bools
+    beta: float,
+    empty: list | None = None,  # [K][B] bools
+) -> list:
+    """w [K][B][T]: (1 - beta) + beta q/qbar on valid tokens, 1 if empty or qbar = 0, 0 on padding."""
+    K, B = len(logp_loo), len(logp_all)
+    out = []
+    p_all: dict = {}  # exp of the full-context rows, shared by every reward
+    with _ctx():
+        bd = _D(beta)
+        for k in range(K):
+            wk = []
+            for b in range(B):
+                T = len(mask[b])
+                valid = [t for t in range(T) if mask[b][t]]
+                is_empty = logp_loo[k] is None or (empty is not None and empty[k][b])
+                q = {}
+                if not is_empty:
+                    for t in valid:
+                        if (b, t) not in p_all:
+                            p_all[b, t] = exp_row(logp_all[b][t])
+                        q[t] = js_ratio_dec(logp_all[b][t], logp_loo[k][b][t], pa=p_all[b, t]).sqrt()
+                qbar = sum(q.values(), Decimal(0)) / len(valid) if (valid and not is_empty) else Decimal(0)
+                row = []
+                for t in range(T):
+                    if not mask[b][t]:
+                        row.append(0.0)
+                    elif is_empty or qbar == 0:
+                        row.append(1.0)
+                    else:
+                        row.append(float((1 - bd) + bd * q[t] / qbar))
+                wk.append(row)
+            out.append(wk)
+    return out
+
+
+def mrtpo_advantages_ref(reward_adv: list, weights: list, mask: list, eps: float) -> tuple[list, float, float]:
+    """(A [B][T], s, std) by the page's Appendix D, one scalar at a time."""
+    K, B = len(reward_adv), len(reward_adv[0])
+    with _ctx():
+        e = _D(eps)
+        valid = [[t for t in range(len(mask[b])) if mask[b][t]] for b in range(B)]
+        U = [sum((_D(reward_adv[k][b]) for k in range(K)), Decimal(0)) if valid[b] else Decimal(0) for b in range(B)]
+        S = {}
+        for b in range(B):
+            for t in valid[b]:
+                S[b, t] = sum((_D(reward_adv[k][b]) * _D(weights[k][b][t]) for k in range(K)), Decimal(0))
+        D = {bt: S[bt] - U[bt[0]] for bt in S}
+        mom_u = sum((len(valid[b]) * U[b] * U[b] for b in range(B)), Decimal(0))
+        mom_d = sum((d * d for d in D.values()), Decimal(0))
+        s = min(Decimal(1), (mom_u / mom_d).sqrt()) if mom_d > 0 else Decimal(1)
+        St = {bt: U[bt[0]] + s * D[bt] for bt in D}
+        n = len(St)
+        if n:
+            mean = sum(St.values(), Decimal(0)) / n
+            std = (sum(((v - mean) ** 2 for v in St.values()), Decimal(0)) / n).sqrt()
+        else:
+            std = Decimal(0)
+        A = [[float(St[b, t] / (std + e)) if (b, t) in St else 0.0 for t in range(len(mask[b]))] for b in range(B)]
+        return A, float(s), float(std)
+
+
+def gdpo_uniform_ref(reward_adv: list, mask: list, eps: float) -> list:
+    """GDPO-style uniform allocation: every valid token of response b gets U_b / (std + eps),
+    the std taken over the batch's valid tokens (each response counted once per valid token)."""
+    K, B = len(reward_adv), len(reward_adv[0])
+    with _ctx():
+        vals = []
+        U = []
+        for b in range(B):
+            u = sum((_D(reward_adv[k][b]) for k in range(K)), Decimal(0))
+            U.append(u)
+            vals.extend([u] * sum(1 for x in mask[b] if x))
+        if vals:
+            mean = sum(vals, Decimal(0)) / len(vals)
+            std = (sum(((v - mean) ** 2 for v in vals), Decimal(0)) / len(vals)).sqrt()
+        else:
+            std = Decimal(0)
+        return [[float(U[b] / (std + _D(eps))) if mask[b][t] else 0.0 for t in range(len(mask[b]))] for b in range(B)]
