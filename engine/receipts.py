@@ -125,8 +125,10 @@ def receipt_filename(method: str, created_at: str, rid: str) -> str:
 
 def write_receipt(receipts_dir: Path, stmt: dict) -> Path:
     """Write one receipt atomically under receipts_dir/<method>/; never overwrite."""
+    from engine.spec import check_key
+
     pred = stmt["predicate"]
-    folder = Path(receipts_dir) / pred["method"]
+    folder = Path(receipts_dir) / check_key(pred["method"])  # the method names a folder: no "..", no "/"
     folder.mkdir(parents=True, exist_ok=True)
     data = serialize(stmt)
     tmp = folder / f"{TMP_PREFIX}{secrets.token_hex(8)}"
@@ -171,8 +173,10 @@ def _fsync_dir(folder: Path) -> None:
 
 def receipt_files(receipts_dir: Path, method: str | None = None) -> list[Path]:
     """Receipt files, oldest first (file names start with the UTC time)."""
+    from engine.spec import check_key
+
     base = Path(receipts_dir)
-    folders = [base / method] if method else sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    folders = [base / check_key(method)] if method else sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
     files: list[Path] = []
     for folder in folders:
         if folder.is_dir():

@@ -697,3 +697,77 @@ def test_what_is_not_a_regular_file_is_refused_without_reading_it(tmp_path, kind
     assert res.exit_code == 2 and "Traceback" not in res.output
     first = res.stderr.splitlines()[0]
     assert re.match(r"^\S+:1:1 \$ ", first), first
+
+
+# --- path tricks in method keys and receipt paths -------------------------------------------------
+
+TRICK_KEYS = ["../tapo-trajectory", "..", ".", "/etc/passwd", "tapo-trajectory/../tapo-trajectory", "a/b",
+              "tapo-trajectory\n", "tapo-trajectory\x00", "~", "~root", "%2e%2e%2f", "TAPO", " tapo-trajectory",
+              "tapo-trajectory.yaml", "..\\x", "\u2024\u2024", "tapo-trajectory/", "C:\\x", ""]
+TOUCHING = ("open", "os.mkdir", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.link", "os.chmod")
+
+
+@pytest.mark.parametrize("key", TRICK_KEYS, ids=ascii)
+@pytest.mark.parametrize("verb", ["check", "show", "gate", "verify", "promote", "demote"])
+def test_a_path_trick_in_a_method_key_is_refused_before_any_file_is_touched(verb, key, tmp_path):
+    specs, store = tmp_path / "specs", tmp_path / "receipts"
+    specs.mkdir()
+    extra = ["--reason", "r"] if verb in ("promote", "demote") else []
+    args = [verb, key, *extra, "--specs", str(specs), "--receipts", str(store)]
+    CliRunner().invoke(CONTRACTS, [verb, "no-such-method", *extra, "--specs", str(specs), "--receipts",
+                                   str(tmp_path / "warm")])  # the command's own lazy imports, once
+    Watch.events = []
+    Watch.on = True
+    try:
+        res = CliRunner().invoke(CONTRACTS, args)
+    finally:
+        Watch.on = False
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and ("not a method key" in lines[0] or (key == "" and "name a method" in lines[0])), lines
+    touched = [(e, a) for e, a in Watch.events if e in TOUCHING]
+    assert touched == [], f"touched files before refusing: {touched!r:.300}"
+    assert not store.exists() and list(specs.iterdir()) == []
+
+
+def test_the_schema_command_takes_only_a_listed_name():
+    res = CliRunner().invoke(CONTRACTS, ["schema", "../schemas/spec"])
+    assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1 and "no schema" in res.stderr
+
+
+@pytest.mark.parametrize("method", ["../escape", "/abs", "a/b", "..", "ok\n"], ids=ascii)
+def test_a_receipt_never_names_a_folder_outside_its_store(method, tmp_path):
+    from engine import receipts as R
+    from engine.errors import UsageError
+
+    store = tmp_path / "store"
+    stmt = R.statement([], {"method": method, "created_at": R.utc_now(), "status": "passed"})
+    with pytest.raises(UsageError, match="not a method key"):
+        R.write_receipt(store, stmt)
+    with pytest.raises(UsageError, match="not a method key"):
+        R.receipt_files(store, method)
+    assert list(tmp_path.iterdir()) == [], "not even the store folder was made"
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "/etc/hostname", "specs/../../outside.txt",
+                                  "engine/../../outside.txt", "", "specs/", "x\x00y"], ids=ascii)
+def test_a_receipt_subject_outside_the_tree_is_never_read(name, tmp_path):
+    """A receipt naming a path outside the checkout is reported, and that file is never opened."""
+    from engine import receipts as R
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    (tmp_path / "outside.txt").write_text("secret")
+    stmt = R.statement([{"name": name, "digest": {"sha256": "0" * 64}}],
+                       {"method": "demo", "created_at": R.utc_now(), "status": "passed"})
+    path = R.write_receipt(tmp_path / "store", stmt)
+    R.check_receipt(path, root, root / "specs")  # warm
+    Watch.events = []
+    Watch.on = True
+    try:
+        rc = R.check_receipt(path, root, root / "specs")
+    finally:
+        Watch.on = False
+    assert rc.state == "stale" and rc.changed, rc
+    opened = [str(a[0]) for e, a in Watch.events if e == "open"]
+    assert opened == [str(path)], opened
