@@ -760,7 +760,31 @@ def schema(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        if exc.code == E.EXIT_INTERRUPTED:
+            _exit_interrupted()
+        raise
+
+
+def _exit_interrupted() -> None:
+    """Leave with 130 now, whatever CPython remembers.
+
+    A KeyboardInterrupt that crossed a C extension's PyRun_* call (torch's
+    pybind11 code can be on the stack when the signal lands) sets CPython's
+    `_Py_UnhandledKeyboardInterrupt` even though the runner caught it; at
+    exit `python -m engine.cli` then kills itself with SIGINT (status -2, not
+    130). The receipt is written and fsynced by now; flush and go.
+    """
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(E.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -89,8 +89,19 @@ def git_revision(root: Path) -> dict | None:
 
 
 def statement(subject: list[dict], predicate: dict) -> dict:
-    """Bind subject and predicate: the id covers the subject list through its digest."""
-    predicate = dict(predicate)
+    """Bind subject and predicate: the id covers the subject list through its digest.
+
+    Free text in the predicate is scrubbed of absolute paths, user and host names and environment
+    values first (engine.redact), so what the id covers is what may be shared.
+    """
+    from engine.redact import scrub_predicate
+
+    for s in subject:  # repository-relative names only: a receipt holds no absolute path, never points outside
+        name = s.get("name") if isinstance(s, dict) else None
+        if not isinstance(name, str) or not name or not name.isprintable() or (not is_external_subject(name) and (
+                name.startswith(("/", "\\")) or ".." in Path(name).parts or ":" in name.split("/")[0])):
+            raise ValueError(f"subject name {name!r} is not a repository-relative path")
+    predicate = scrub_predicate(dict(predicate))
     predicate["subject_sha256"] = hashlib.sha256(canonical(subject)).hexdigest()
     predicate["receipt_id"] = receipt_id(predicate)
     return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": PREDICATE_TYPE, "predicate": predicate}

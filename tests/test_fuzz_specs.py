@@ -755,12 +755,23 @@ def test_a_receipt_subject_outside_the_tree_is_never_read(name, tmp_path):
     """A receipt naming a path outside the checkout is reported, and that file is never opened."""
     from engine import receipts as R
 
+    import hashlib
+
     root = tmp_path / "repo"
     root.mkdir()
     (tmp_path / "outside.txt").write_text("secret")
-    stmt = R.statement([{"name": name, "digest": {"sha256": "0" * 64}}],
-                       {"method": "demo", "created_at": R.utc_now(), "status": "passed"})
-    path = R.write_receipt(tmp_path / "store", stmt)
+    subject = [{"name": name, "digest": {"sha256": "0" * 64}}]
+    if name != "specs/":
+        with pytest.raises(ValueError, match="not a repository-relative path"):
+            R.statement(subject, {"method": "demo"})  # the engine never writes such a receipt
+    # so forge one by hand, as an attacker would, with a genuine id (a tampered one is refused sooner);
+    # named *.forged so the suite's leak scan, which covers what the tool wrote, does not count it
+    pred = {"method": "demo", "created_at": R.utc_now(), "status": "passed",
+            "subject_sha256": hashlib.sha256(R.canonical(subject)).hexdigest()}
+    pred["receipt_id"] = R.receipt_id(pred)
+    path = tmp_path / "receipt.forged"
+    path.write_bytes(R.serialize({"_type": R.STATEMENT_TYPE, "subject": subject,
+                                  "predicateType": R.PREDICATE_TYPE, "predicate": pred}))
     R.check_receipt(path, root, root / "specs")  # warm
     Watch.events = []
     Watch.on = True

@@ -38,6 +38,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 SIGNAL_PACKAGE = '''\
 """Test-only checks for the signal tests: each drops a marker file when it starts."""
 
+import ctypes
 import os
 import time
 from pathlib import Path
@@ -67,7 +68,13 @@ def quick(impl, ctx):
 @registry.check("reliab_signal.block")
 def block(impl, ctx):
     _mark("block", ctx)
-    time.sleep(60)  # the signal arrives in here
+    # The signal arrives while this sleeps inside a C-level PyRun_String call, as it can inside torch's
+    # pybind11 code: CPython then remembers the KeyboardInterrupt even though the runner catches it.
+    run = ctypes.pythonapi.PyRun_String
+    run.restype = ctypes.py_object
+    run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+    scope = {"__builtins__": __builtins__}
+    run(b"import time\\ntime.sleep(60)\\n", 257, scope, scope)  # 257: Py_file_input
     return {"err": 0.0}
 
 
@@ -104,13 +111,13 @@ promotion:
   requires: {review: DONE, devices: [cpu], all_budget_seeds: true, mutants_killed: true, formal_comparison: false}
 """
 
-# The real CLI entry point, after the test-only method has registered itself in this process.
+# The real CLI entry point, after the test-only method has registered itself in this process. Run with
+# `python -m`, as `python -m engine.cli` is (a module run exits differently from a script on CPython).
 DRIVER = """\
 import sys
-sys.path.insert(0, sys.argv[1])
 import reliab_signal_pkg  # noqa: F401  (registers the test-only method)
 from engine.cli import main
-sys.argv = ["contracts", *sys.argv[2:]]
+sys.argv = ["contracts", *sys.argv[1:]]
 main()
 """
 
@@ -136,7 +143,7 @@ def signal_layout(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "reliab_signal_pkg.py").write_text(SIGNAL_PACKAGE)
-    (pkg / "driver.py").write_text(DRIVER)
+    (pkg / "reliab_signal_driver.py").write_text(DRIVER)
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "reliab-signal.yaml").write_text(SIGNAL_SPEC)
@@ -148,8 +155,8 @@ def signal_layout(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_check_leaves_an_interrupted_receipt_with_every_finished_result(signal_layout, signum):
     pkg, specs, marks, store = signal_layout
-    env = {**ENV, "RELIAB_MARKS": str(marks)}
-    proc = subprocess.Popen([sys.executable, str(pkg / "driver.py"), str(pkg), "check", "reliab-signal",
+    env = {**ENV, "RELIAB_MARKS": str(marks), "PYTHONPATH": f"{ROOT}{os.pathsep}{pkg}"}
+    proc = subprocess.Popen([sys.executable, "-m", "reliab_signal_driver", "check", "reliab-signal",
                              "--specs", str(specs), "--receipts", str(store)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: (marks / "block-1").exists(), 120, proc)
