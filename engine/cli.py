@@ -282,16 +282,22 @@ def _parse_seeds(text: Optional[str]) -> Optional[list[int]]:
 
 
 class _StopFlag:
-    """SIGTERM (and SIGINT) set a flag the runner checks between check calls."""
+    """SIGTERM (and SIGINT) set a flag the runner checks between check calls, and interrupt the check running.
+
+    While `hold` is set (the receipt is being built and written) a signal only
+    sets the flag: the receipt is written whole, then the command exits 130.
+    """
 
     def __init__(self) -> None:
         self.stopped = False
+        self.hold = False
         self._old: dict = {}
 
     def __enter__(self) -> "_StopFlag":
         def handler(signum, frame):  # noqa: ARG001
             self.stopped = True
-            raise KeyboardInterrupt
+            if not self.hold:
+                raise KeyboardInterrupt
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -305,8 +311,29 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
+_STOP: Optional[_StopFlag] = None
+
+
+def stops_on_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """SIGTERM/SIGINT mean "stop, keep what is done, exit 130" from the command's first line (torch import
+    included), not only once the runner starts; the flag is `_STOP` while the command runs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _STOP
+        with _StopFlag() as stop:
+            _STOP = stop
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _STOP = None
+
+    return wrapper
+
+
 @app.command()
 @handles_errors
+@stops_on_signals
 def check(
     method: Annotated[Optional[str], typer.Argument(help="Method key (or use --all).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every spec.")] = False,
@@ -363,15 +390,15 @@ def check(
     ensure_writable(receipts_dir)
     provider = _load_policy(policy, lora_rank)
     outcomes = []
-    with _StopFlag() as stop:
-        for plan in plans:
-            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
-            if outcomes[-1]["status"] == "interrupted":
-                break
+    stop = _STOP
+    for plan in plans:
+        outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
+        if outcomes[-1]["status"] == "interrupted" or stop.stopped:
+            break
     if json_out:
         _print_json({"runs": outcomes})
     statuses = {o["status"] for o in outcomes}
-    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses else E.EXIT_INTERNAL if "error" in statuses
+    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or stop.stopped else E.EXIT_INTERNAL if "error" in statuses
             else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
 
@@ -399,9 +426,15 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, pro
             progress.update(task, advance=1, description=f"{plan.spec.key}: {label} {r['status']}")
 
         runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped, policy=provider)
-        runner.run()
-    stmt = build_statement(runner, created)
-    path = write_receipt(receipts_dir, stmt)
+        try:
+            runner.run()
+        finally:
+            stop.hold = True  # from here a signal is only noted: the receipt is written whole, or not at all
+    try:
+        stmt = build_statement(runner, created)
+        path = write_receipt(receipts_dir, stmt)
+    finally:
+        stop.hold = False
     pred = stmt["predicate"]
     shown = display_path(path, project_root())
     if not json_out:
@@ -748,6 +781,17 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
                                         if entry["receipts"] else ""))
 
 
+def _locked_change(method: str, new_state: str, reason: str, by: Optional[str], specs: Optional[Path],
+                   receipts: Optional[Path], json_out: bool) -> None:
+    """`_change_state` with the store's promotion lock held, so concurrent promote/demote take turns."""
+    from engine.locking import PROMOTION_LOCK, exclusive
+    from engine.spec import check_key
+
+    check_key(method)  # a path trick is refused before any file (the lock file included) is touched
+    with exclusive(_dirs(specs, receipts)[1], PROMOTION_LOCK):
+        _change_state(method, new_state, reason, by, specs, receipts, json_out)
+
+
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")]
 ByOpt = Annotated[Optional[str], typer.Option("--by", help="Who decided (recorded in the ledger; e.g. evolve).")]
 
@@ -763,7 +807,7 @@ def promote(
     json_out: JsonOpt = False,
 ) -> None:
     """Set promotion.state: promoted, only when the gate is open; ledger the change."""
-    _change_state(method, "promoted", reason, by, specs, receipts, json_out)
+    _locked_change(method, "promoted", reason, by, specs, receipts, json_out)
 
 
 @app.command()
@@ -777,7 +821,7 @@ def demote(
     json_out: JsonOpt = False,
 ) -> None:
     """Set promotion.state: not-promoted (always allowed); ledger the change."""
-    _change_state(method, "not-promoted", reason, by, specs, receipts, json_out)
+    _locked_change(method, "not-promoted", reason, by, specs, receipts, json_out)
 
 
 SCHEMAS = ("receipt", "spec", "gate", "ledger")
@@ -844,7 +888,31 @@ def tui(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        if exc.code == E.EXIT_INTERRUPTED:
+            _exit_interrupted()
+        raise
+
+
+def _exit_interrupted() -> None:
+    """Leave with 130 now, whatever CPython remembers.
+
+    A KeyboardInterrupt that crossed a C extension's PyRun_* call (torch's
+    pybind11 code can be on the stack when the signal lands) sets CPython's
+    `_Py_UnhandledKeyboardInterrupt` even though the runner caught it; at
+    exit `python -m engine.cli` then kills itself with SIGINT (status -2, not
+    130). The receipt is written and fsynced by now; flush and go.
+    """
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(E.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,12 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM during a run: finish nothing more, keep what is done."""
 
 
-class CheckTimeout(Exception):
-    """A check ran past budget.per_contract_timeout_seconds."""
+class CheckTimeout(BaseException):
+    """A check ran past budget.per_contract_timeout_seconds.
+
+    A BaseException, like KeyboardInterrupt, so that a check's own
+    `except Exception:` cannot swallow it and run on past the limit.
+    """
 
 
 @contextlib.contextmanager
@@ -170,9 +174,12 @@ class Runner:
                   "cases_requested": contract["cases"], "wall_s": 0.0}
         torch.manual_seed(seed)
         start = time.perf_counter()
+        limit = self.budget.get("per_contract_timeout_seconds")
         try:
-            with _time_limit(self.budget.get("per_contract_timeout_seconds")):
+            with _time_limit(limit):
                 raw = check(impl, ctx)
+            if limit and time.perf_counter() - start > limit:  # it caught the alarm itself and ran on
+                raise CheckTimeout(f"check ran past the per-contract limit of {limit} s")
             measurements = _plain_measurements(raw)
             result["measurements"] = measurements
             records = [evaluate(e, measurements, dtype) for e in contract["expect"] if applies(e, dtype)]
@@ -192,7 +199,7 @@ class Runner:
             result["message"] = f"{type(exc).__name__}: {exc}"
         except (KeyboardInterrupt, Interrupted):
             raise
-        except Exception as exc:  # a raising check is recorded, and the run goes on
+        except BaseException as exc:  # a raising check (even sys.exit() in one) is recorded, and the run goes on
             where = _where(exc)
             result["status"] = ERROR
             result["message"] = f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
