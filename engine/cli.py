@@ -33,6 +33,11 @@ app = typer.Typer(
 SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", help="Folder of spec YAML files (default: specs/).")]
 ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", help="Receipt store (default: receipts/).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
+PolicyOpt = Annotated[Optional[str], typer.Option(
+    "--policy", help="Train the mechanism runs on this instead of the tiny policies: hf:PATH, a local Hugging Face "
+                     "causal-LM checkpoint folder (needs the 'hf' extra; never downloads).")]
+LoraRankOpt = Annotated[Optional[int], typer.Option(
+    "--lora-rank", help="LoRA rank for --policy hf:PATH (default 8; 0 trains every weight).")]
 
 
 def _err(text: str) -> None:
@@ -277,16 +282,22 @@ def _parse_seeds(text: Optional[str]) -> Optional[list[int]]:
 
 
 class _StopFlag:
-    """SIGTERM (and SIGINT) set a flag the runner checks between check calls."""
+    """SIGTERM (and SIGINT) set a flag the runner checks between check calls, and interrupt the check running.
+
+    While `hold` is set (the receipt is being built and written) a signal only
+    sets the flag: the receipt is written whole, then the command exits 130.
+    """
 
     def __init__(self) -> None:
         self.stopped = False
+        self.hold = False
         self._old: dict = {}
 
     def __enter__(self) -> "_StopFlag":
         def handler(signum, frame):  # noqa: ARG001
             self.stopped = True
-            raise KeyboardInterrupt
+            if not self.hold:
+                raise KeyboardInterrupt
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -300,8 +311,29 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
+_STOP: Optional[_StopFlag] = None
+
+
+def stops_on_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """SIGTERM/SIGINT mean "stop, keep what is done, exit 130" from the command's first line (torch import
+    included), not only once the runner starts; the flag is `_STOP` while the command runs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _STOP
+        with _StopFlag() as stop:
+            _STOP = stop
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _STOP = None
+
+    return wrapper
+
+
 @app.command()
 @handles_errors
+@stops_on_signals
 def check(
     method: Annotated[Optional[str], typer.Argument(help="Method key (or use --all).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every spec.")] = False,
@@ -309,9 +341,16 @@ def check(
     seeds: Annotated[Optional[str], typer.Option(help="Comma-separated seeds (default: the spec budget's).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this contract id (repeatable).")] = None,
     no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase (the run cannot pass).")] = False,
+    policy: PolicyOpt = None,
+    lora_rank: LoraRankOpt = None,
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Run (method, seed) cells in N local processes.")] = 1,
+    executor: Annotated[str, typer.Option(help="local (processes on this machine) or ray (tasks on a Ray "
+                                                "cluster; needs the [ray] extra).")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster address for --executor ray (default: "
+                                                        "start a local Ray instance).")] = None,
 ) -> None:
     """Run a method's contracts and mutants on a device; write one receipt per method."""
     from engine.devices import parse_device
@@ -321,6 +360,7 @@ def check(
     specs_dir, receipts_dir = _dirs(specs, receipts)
     parse_device(device)
     seed_list = _parse_seeds(seeds)
+    _check_policy_options(policy, lora_rank)
     if all_ and method:
         raise E.UsageError("give a method or --all, not both")
     if not all_ and not method:
@@ -335,28 +375,35 @@ def check(
     if only and all_:
         raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
 
+    if jobs > 1 and executor == "local" and not address and policy is None:
+        from engine.executors import prestart_local_workers
+
+        prestart_local_workers()  # the workers' server imports torch while this process does
     from engine.runner import plan_run  # imports torch from here on
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
+    if jobs != 1 or executor != "local" or address:
+        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy)  # exits
     from engine.devices import resolve_device
 
     dev = resolve_device(device)
     ensure_writable(receipts_dir)
+    provider = _load_policy(policy, lora_rank)
     outcomes = []
-    with _StopFlag() as stop:
-        for plan in plans:
-            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out))
-            if outcomes[-1]["status"] == "interrupted":
-                break
+    stop = _STOP
+    for plan in plans:
+        outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
+        if outcomes[-1]["status"] == "interrupted" or stop.stopped:
+            break
     if json_out:
         _print_json({"runs": outcomes})
     statuses = {o["status"] for o in outcomes}
-    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses else E.EXIT_INTERNAL if "error" in statuses
+    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or stop.stopped else E.EXIT_INTERNAL if "error" in statuses
             else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
 
 
-def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> dict:
+def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engine.receipts import utc_now, write_receipt
@@ -378,15 +425,23 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool) -> 
                 f"{r['contract']} seed {r['seed']} {r['dtype']}"
             progress.update(task, advance=1, description=f"{plan.spec.key}: {label} {r['status']}")
 
-        runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped)
-        runner.run()
-    stmt = build_statement(runner, created)
-    path = write_receipt(receipts_dir, stmt)
+        runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped, policy=provider)
+        try:
+            runner.run()
+        finally:
+            stop.hold = True  # from here a signal is only noted: the receipt is written whole, or not at all
+    try:
+        stmt = build_statement(runner, created)
+        path = write_receipt(receipts_dir, stmt)
+    finally:
+        stop.hold = False
     pred = stmt["predicate"]
     shown = display_path(path, project_root())
     if not json_out:
         _print_summary(pred, shown)
+    _note_policy(pred)
     return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
+            "policy": _policy_summary(pred),
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
                         for r in pred["results"]],
@@ -429,6 +484,126 @@ def _print_summary(pred: dict, receipt: str) -> None:
     c = pred["cost"]
     con.print(f"wall {c['wall_s']:.2f} s, {c['optimizer_updates']} optimizer updates, {c['sampled_tokens']} sampled "
               f"tokens; receipt {receipt}")
+
+
+# --- check in cells: --jobs N and --executor ray (engine/executors.py) ---------------------------
+
+
+def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
+                 json_out: bool, policy: Optional[str] = None) -> None:
+    """Run every (method, seed) cell on the executor, write one merged receipt per method, exit like check."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.executors import EXECUTORS, execute
+    from engine.receipts import ensure_writable
+
+    if executor not in EXECUTORS:
+        raise E.UsageError(f"--executor {executor!r} is not an executor; use {' or '.join(EXECUTORS)}")
+    if jobs < 1:
+        raise E.UsageError(f"--jobs {jobs}: give 1 or more processes")
+    if address and executor != "ray":
+        raise E.UsageError("--address names a Ray cluster; add --executor ray")
+    if executor == "ray" and jobs != 1:
+        raise E.UsageError("--jobs is for the local executor; Ray schedules by the cluster's CPUs and GPUs")
+    if policy is not None:
+        raise E.UsageError("--policy runs in one process for now; drop --jobs/--executor to check a checkpoint")
+    if executor == "local":
+        from engine.devices import resolve_device
+
+        resolve_device(device)  # exit 4 here, before any worker starts; Ray workers resolve it on their node
+    ensure_writable(receipts_dir)
+    cells = sum(len(p.seeds) for p in plans)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    with progress, _StopFlag() as stop:
+        task = progress.add_task(f"{cells} cells on {executor}", total=cells)
+
+        def on_progress(cell, r: dict) -> None:
+            what = f"mutant {r['mutant']} / {r['contract']}" if r.get("phase") == "mutant" else \
+                f"{r['contract']} {r['dtype']}"
+            progress.update(task, description=f"{cell.method} seed {cell.seed}: {what} {r['status']}")
+
+        def on_cell(o) -> None:
+            progress.update(task, advance=1, description=f"{o.cell.method} seed {o.cell.seed}: "
+                                                         f"{'done' if o.data is not None else o.failure}")
+
+        try:
+            statements = execute(plans, device, executor=executor, jobs=jobs, address=address,
+                                 on_progress=on_progress, on_cell=on_cell, should_stop=lambda: stop.stopped)
+        except KeyboardInterrupt as exc:
+            statements = getattr(exc, "statements", [])
+    outcomes = [_write_merged(stmt, receipts_dir, json_out) for stmt in statements]
+    if json_out:
+        _print_json({"runs": outcomes})
+    statuses = {o["status"] for o in outcomes}
+    code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or not outcomes else E.EXIT_INTERNAL
+            if "error" in statuses else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
+    raise typer.Exit(code)
+
+
+def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool) -> dict:
+    from engine.receipts import write_receipt
+
+    path = write_receipt(receipts_dir, stmt)
+    pred = stmt["predicate"]
+    shown = display_path(path, project_root())
+    if not json_out:
+        _print_summary(pred, shown)
+    return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
+            "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
+            "execution": pred["execution"],
+            "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
+                        for r in pred["results"]],
+            "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]]}
+
+
+# --- check --policy: mechanism runs on a Hugging Face checkpoint (issue 9) ------------
+
+
+def _check_policy_options(policy: Optional[str], lora_rank: Optional[int]) -> None:
+    """Refuse a bad --policy/--lora-rank before anything is imported or run."""
+    from engine.policy import check_policy
+
+    if policy is None:
+        if lora_rank is not None:
+            raise E.UsageError("--lora-rank applies to --policy hf:PATH; give the checkpoint too")
+        return
+    if lora_rank is not None and lora_rank < 0:
+        raise E.UsageError(f"--lora-rank {lora_rank}: give 0 (train every weight) or a positive rank, e.g. 8")
+    check_policy(policy)
+
+
+def _load_policy(policy: Optional[str], lora_rank: Optional[int]):
+    if policy is None:
+        return None
+    from engine.policy import load_policy
+
+    _err(f"loading {policy} ...")
+    return load_policy(policy, lora_rank)
+
+
+def _policy_summary(pred: dict) -> Optional[dict]:
+    p = pred.get("policy")
+    if not p:
+        return None
+    ck = p.get("checkpoint") or {}
+    return {"kind": p.get("kind"), "checkpoint": ck.get("name"), "config_sha256": ck.get("config_sha256"),
+            "lora": p.get("lora"), "used_by": p.get("used_by", [])}
+
+
+def _note_policy(pred: dict) -> None:
+    """Say which contracts trained the given policy; a policy nothing used must not pass unnoticed."""
+    p = _policy_summary(pred)
+    if p is None:
+        return
+    lora = f"LoRA rank {p['lora']['rank']}" if p["lora"] else "all weights trained"
+    if p["used_by"]:
+        _err(f"policy: {p['kind']} checkpoint {p['checkpoint']} ({lora}), config sha256 "
+             f"{(p['config_sha256'] or '')[:12]}, used by: {', '.join(p['used_by'])}")
+    else:
+        _err(f"warning: --policy was given but no selected contract of {pred['method']} builds a policy "
+             "(only mechanism runs do); this receipt's results do not depend on it")
 
 
 # --- verify / gate / promote / demote / schema ---------------------------------
@@ -606,6 +781,17 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
                                         if entry["receipts"] else ""))
 
 
+def _locked_change(method: str, new_state: str, reason: str, by: Optional[str], specs: Optional[Path],
+                   receipts: Optional[Path], json_out: bool) -> None:
+    """`_change_state` with the store's promotion lock held, so concurrent promote/demote take turns."""
+    from engine.locking import PROMOTION_LOCK, exclusive
+    from engine.spec import check_key
+
+    check_key(method)  # a path trick is refused before any file (the lock file included) is touched
+    with exclusive(_dirs(specs, receipts)[1], PROMOTION_LOCK):
+        _change_state(method, new_state, reason, by, specs, receipts, json_out)
+
+
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")]
 ByOpt = Annotated[Optional[str], typer.Option("--by", help="Who decided (recorded in the ledger; e.g. evolve).")]
 
@@ -621,7 +807,7 @@ def promote(
     json_out: JsonOpt = False,
 ) -> None:
     """Set promotion.state: promoted, only when the gate is open; ledger the change."""
-    _change_state(method, "promoted", reason, by, specs, receipts, json_out)
+    _locked_change(method, "promoted", reason, by, specs, receipts, json_out)
 
 
 @app.command()
@@ -635,7 +821,7 @@ def demote(
     json_out: JsonOpt = False,
 ) -> None:
     """Set promotion.state: not-promoted (always allowed); ledger the change."""
-    _change_state(method, "not-promoted", reason, by, specs, receipts, json_out)
+    _locked_change(method, "not-promoted", reason, by, specs, receipts, json_out)
 
 
 SCHEMAS = ("receipt", "spec", "gate", "ledger")
@@ -702,7 +888,31 @@ def tui(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        if exc.code == E.EXIT_INTERRUPTED:
+            _exit_interrupted()
+        raise
+
+
+def _exit_interrupted() -> None:
+    """Leave with 130 now, whatever CPython remembers.
+
+    A KeyboardInterrupt that crossed a C extension's PyRun_* call (torch's
+    pybind11 code can be on the stack when the signal lands) sets CPython's
+    `_Py_UnhandledKeyboardInterrupt` even though the runner caught it; at
+    exit `python -m engine.cli` then kills itself with SIGINT (status -2, not
+    130). The receipt is written and fsynced by now; flush and go.
+    """
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(E.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

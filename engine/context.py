@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -62,6 +62,10 @@ class CheckContext:
     meter: Meter = field(default_factory=Meter)
     steps: list[dict] = field(default_factory=list)
     comparisons: list[dict] = field(default_factory=list)
+    # Set by `--policy` (e.g. hf:PATH): mechanism runs build their policy through
+    # methods.common.policy.make_policy, which calls this instead of the tiny GRU.
+    # Signature: policy_factory(seed=, device=, vocab_size=, hidden_size=) -> nn.Module.
+    policy_factory: Callable[..., Any] | None = None
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A CPU generator seeded from the run seed: the same inputs on every device."""

@@ -12,13 +12,19 @@ EXIT_NOTHING = 5  # nothing selected
 EXIT_INTERRUPTED = 130
 
 
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped: an error message stays one line
+    whatever a spec or an argument put into it."""
+    return "".join(ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in str(text))
+
+
 class ContractsError(Exception):
     """Base for errors shown to the user as one line, never as a traceback."""
 
     exit_code = EXIT_USAGE
 
     def line(self) -> str:
-        return str(self)
+        return one_line(str(self))
 
 
 class UsageError(ContractsError):
@@ -43,7 +49,7 @@ class SpecError(UsageError):
         text = f"{where} {self.path} {self.message}"
         if self.fix:
             text += f" (fix: {self.fix})"
-        return text
+        return one_line(text)
 
     def as_dict(self) -> dict:
         return {

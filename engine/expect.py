@@ -1,7 +1,8 @@
 """Compare a check's measurements with a contract's `expect:` entries.
 
-NaN never passes: every comparison with NaN is false, and a missing or
-non-numeric measurement fails with a message rather than passing by default.
+A non-finite measurement never passes: NaN compares false by IEEE rules and an
+infinity fails whatever the comparison; a missing or non-numeric measurement
+fails with a message rather than passing by default.
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ def evaluate(expectation: dict, measurements: dict[str, Any], dtype: str) -> dic
         record["message"] = f"measurement {metric!r} is {type(value).__name__}, not a number"
         return record
     value = float(value)
-    record["passed"] = bool(_OPS[op](value, threshold))  # False for NaN by IEEE rules
     if math.isfinite(value):
+        record["passed"] = bool(_OPS[op](value, threshold))
         record["margin"] = (threshold - value) if op in ("le", "lt") else (value - threshold)
     else:
-        record["message"] = f"measurement {metric!r} is {value}"
+        # NaN compares false anyway; an infinite measurement is a broken one too, even where
+        # `ge`/`gt` (or `le` against -inf) would let it through.
+        record["message"] = f"measurement {metric!r} is {value}, not a finite number"
     return record
 
 

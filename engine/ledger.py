@@ -150,6 +150,11 @@ def check_against(report: LedgerReport, known_receipts: set[str], spec_states: d
             report.problems.append(
                 f"{LEDGER_NAME}: entry {entry['seq']} ({entry['action']} {entry['method']}) names receipt(s) "
                 f"not in the store: {', '.join(m[:12] for m in missing)}")
+        before = last.get(entry["method"], "not-promoted")
+        if entry["old_state"] != before:  # two changes raced, or a line was forged: the history does not add up
+            report.problems.append(
+                f"{LEDGER_NAME}: entry {entry['seq']} ({entry['action']} {entry['method']}) starts from "
+                f"{entry['old_state']}, but the history before it left {before}")
         last[entry["method"]] = entry["new_state"]
     for method, state in sorted(spec_states.items()):
         expected = last.get(method, "not-promoted")

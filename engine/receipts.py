@@ -89,8 +89,19 @@ def git_revision(root: Path) -> dict | None:
 
 
 def statement(subject: list[dict], predicate: dict) -> dict:
-    """Bind subject and predicate: the id covers the subject list through its digest."""
-    predicate = dict(predicate)
+    """Bind subject and predicate: the id covers the subject list through its digest.
+
+    Free text in the predicate is scrubbed of absolute paths, user and host names and environment
+    values first (engine.redact), so what the id covers is what may be shared.
+    """
+    from engine.redact import scrub_predicate
+
+    for s in subject:  # repository-relative names only: a receipt holds no absolute path, never points outside
+        name = s.get("name") if isinstance(s, dict) else None
+        if not isinstance(name, str) or not name or not name.isprintable() or (not is_external_subject(name) and (
+                name.startswith(("/", "\\")) or ".." in Path(name).parts or ":" in name.split("/")[0])):
+            raise ValueError(f"subject name {name!r} is not a repository-relative path")
+    predicate = scrub_predicate(dict(predicate))
     predicate["subject_sha256"] = hashlib.sha256(canonical(subject)).hexdigest()
     predicate["receipt_id"] = receipt_id(predicate)
     return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": PREDICATE_TYPE, "predicate": predicate}
@@ -125,8 +136,10 @@ def receipt_filename(method: str, created_at: str, rid: str) -> str:
 
 def write_receipt(receipts_dir: Path, stmt: dict) -> Path:
     """Write one receipt atomically under receipts_dir/<method>/; never overwrite."""
+    from engine.spec import check_key
+
     pred = stmt["predicate"]
-    folder = Path(receipts_dir) / pred["method"]
+    folder = Path(receipts_dir) / check_key(pred["method"])  # the method names a folder: no "..", no "/"
     folder.mkdir(parents=True, exist_ok=True)
     data = serialize(stmt)
     tmp = folder / f"{TMP_PREFIX}{secrets.token_hex(8)}"
@@ -171,14 +184,30 @@ def _fsync_dir(folder: Path) -> None:
 
 def receipt_files(receipts_dir: Path, method: str | None = None) -> list[Path]:
     """Receipt files, oldest first (file names start with the UTC time)."""
+    from engine.spec import check_key
+
     base = Path(receipts_dir)
-    folders = [base / method] if method else sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    folders = [base / check_key(method)] if method else sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
     files: list[Path] = []
     for folder in folders:
         if folder.is_dir():
             files.extend(p for p in folder.iterdir()
                          if p.is_file() and p.suffix == RECEIPT_SUFFIX and not p.name.startswith("."))
     return sorted(files, key=lambda p: p.name)
+
+
+# --- subjects outside the working tree ----------------------------------------
+
+# `contracts check --policy hf:PATH` binds the checkpoint's files as subjects named
+# `checkpoint:<file in the checkpoint folder>`. They say exactly which weights ran;
+# they are not part of the working tree, so they never make a receipt stale, and
+# the folder's location is never stored (no absolute paths in receipts).
+EXTERNAL_SUBJECT_PREFIX = "checkpoint:"
+
+
+def is_external_subject(name: str) -> bool:
+    """True for a subject that binds a file outside the working tree (a model checkpoint's)."""
+    return isinstance(name, str) and name.startswith(EXTERNAL_SUBJECT_PREFIX)
 
 
 @dataclass
@@ -244,6 +273,8 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
     changed = []
     for s in subject:
         name = s.get("name", "")
+        if is_external_subject(name):
+            continue  # a checkpoint file: binds what ran, is not in the tree (see is_external_subject)
         parts = Path(name).parts
         target = (Path(specs_dir) / Path(*parts[1:])) if (specs_dir is not None and parts[:1] == ("specs",)
                                                            and len(parts) > 1) else root / name

@@ -218,3 +218,26 @@ def static_names() -> StaticNames:
         files=tuple(files),
     )
     return _STATIC
+
+
+# --- static and runtime together ------------------------------------------------
+
+
+def known_names() -> StaticNames:
+    """Names a spec may use: the static scan, plus anything registered at runtime in this process.
+
+    Read-only commands never import methods, so for them this is exactly
+    `static_names()`. A process that registered names itself (a test's
+    misbehaving implementation, a plugin loaded by hand) can validate specs
+    that use them; nothing is imported here either way.
+    """
+    static = static_names()
+    runtime = _REGISTRY
+    if not (runtime.implementations or runtime.checks or runtime.mutants):
+        return static
+    impls = dict(static.implementations)
+    impls.update({name: impl.functions for name, impl in runtime.implementations.items()})
+    mutants = dict(static.mutants)
+    mutants.update({name: entry.base for name, entry in runtime.mutants.items()})
+    return StaticNames(implementations=MappingProxyType(impls), checks=static.checks | frozenset(runtime.checks),
+                       mutants=MappingProxyType(mutants), files=static.files)

@@ -36,8 +36,12 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM during a run: finish nothing more, keep what is done."""
 
 
-class CheckTimeout(Exception):
-    """A check ran past budget.per_contract_timeout_seconds."""
+class CheckTimeout(BaseException):
+    """A check ran past budget.per_contract_timeout_seconds.
+
+    A BaseException, like KeyboardInterrupt, so that a check's own
+    `except Exception:` cannot swallow it and run on past the limit.
+    """
 
 
 @contextlib.contextmanager
@@ -134,8 +138,11 @@ class Runner:
     """Runs one plan on one device; `on_result` is called after every check call (progress)."""
 
     def __init__(self, plan: Plan, device: torch.device, on_result: Callable[[dict], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None):
+                 should_stop: Callable[[], bool] | None = None, policy: Any = None):
         self.plan = plan
+        # Optional stand-in for the mechanism runs' tiny policies (`--policy`, engine/policy.py).
+        self.policy = policy
+        self.policy_used_by: set[str] = set()
         self.device = device
         self.on_result = on_result or (lambda r: None)
         self.should_stop = should_stop or (lambda: False)
@@ -160,15 +167,19 @@ class Runner:
         check = self.registry.get_check(contract["check"])
         meter = Meter(max_updates=self.budget["max_updates_per_seed"], max_tokens=self.budget["max_tokens_per_seed"])
         ctx = CheckContext(device=self.device, dtype=DTYPES[dtype], seed=seed, cases=contract["cases"],
-                           params=dict(contract.get("params") or {}), meter=meter)
+                           params=dict(contract.get("params") or {}), meter=meter,
+                           policy_factory=self._policy_factory(contract["id"]))
         result = {"contract": contract["id"], "kind": contract["kind"], "check": contract["check"], "seed": seed,
                   "dtype": dtype, "status": ERROR, "measurements": {}, "expectations": [], "message": None,
                   "cases_requested": contract["cases"], "wall_s": 0.0}
         torch.manual_seed(seed)
         start = time.perf_counter()
+        limit = self.budget.get("per_contract_timeout_seconds")
         try:
-            with _time_limit(self.budget.get("per_contract_timeout_seconds")):
+            with _time_limit(limit):
                 raw = check(impl, ctx)
+            if limit and time.perf_counter() - start > limit:  # it caught the alarm itself and ran on
+                raise CheckTimeout(f"check ran past the per-contract limit of {limit} s")
             measurements = _plain_measurements(raw)
             result["measurements"] = measurements
             records = [evaluate(e, measurements, dtype) for e in contract["expect"] if applies(e, dtype)]
@@ -188,7 +199,7 @@ class Runner:
             result["message"] = f"{type(exc).__name__}: {exc}"
         except (KeyboardInterrupt, Interrupted):
             raise
-        except Exception as exc:  # a raising check is recorded, and the run goes on
+        except BaseException as exc:  # a raising check (even sys.exit() in one) is recorded, and the run goes on
             where = _where(exc)
             result["status"] = ERROR
             result["message"] = f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
@@ -199,6 +210,17 @@ class Runner:
             self.mechanism.append({"contract": contract["id"], "seed": seed, "dtype": dtype,
                                    "steps": ctx.steps, "comparisons": ctx.comparisons})
         return result
+
+    def _policy_factory(self, contract_id: str) -> Callable[..., Any] | None:
+        """The provider's `build`, noting which contracts really used it (the receipt says so)."""
+        if self.policy is None:
+            return None
+
+        def build(**kwargs: Any) -> Any:
+            self.policy_used_by.add(contract_id)
+            return self.policy.build(**kwargs)
+
+        return build
 
     # -- phases --------------------------------------------------------------
 
@@ -303,6 +325,8 @@ class Runner:
                 "device": describe(self.device),
                 "torch_threads": torch.get_num_threads(),
             },
+            "policy": None if self.policy is None else {**self.policy.describe(),
+                                                        "used_by": sorted(self.policy_used_by)},
             "request": {"device": str(self.device), "seeds": list(self.plan.seeds), "only": self.plan.only,
                         "contracts": [c["id"] for c in self.plan.contracts],
                         "mutants": [m["id"] for m in self.plan.mutants]},
@@ -370,6 +394,9 @@ def build_statement(runner: Runner, created_at: str) -> dict:
     plan = runner.plan
     subj = subjects(root, source_files(plan))
     subj.append({"name": f"specs/{plan.spec.path.name}", "digest": {"sha256": plan.spec.sha256}})
+    if runner.policy is not None:  # its code and, for a checkpoint, its weight and config files
+        known = {s["name"] for s in subj}
+        subj += [s for s in runner.policy.subjects() if s["name"] not in known]
     pred = {"schema": "paper-contracts/receipt/v1", "created_at": created_at, "finished_at": utc_now(),
             "git": git_revision(root), **runner.predicate()}
     return statement(sorted(subj, key=lambda s: s["name"]), pred)

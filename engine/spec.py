@@ -24,7 +24,8 @@ from engine.errors import SpecError, UsageError
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_DEPTH = 32
-KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+MAX_INT = 10 ** 300
+KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")  # \Z: Python's $ would also accept a trailing newline
 _PLAIN_TAGS = {
     None,
     "!",
@@ -83,10 +84,19 @@ def display_path(path: Path, root: Path | None = None) -> str:
     return path.name if path.is_absolute() else path.as_posix()
 
 
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def json_path(parts: Iterable[Any]) -> str:
+    """`$.a[0].b`; a key that is not an identifier is quoted (`$["a b"]`), so the path stays one token."""
     out = "$"
     for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif isinstance(p, str) and _IDENT.match(p):
+            out += f".{p}"
+        else:
+            out += "[" + json.dumps(str(p)).replace(" ", "\\u0020") + "]"  # no spaces inside the path token
     return out
 
 
@@ -123,42 +133,111 @@ def locate(doc: Any, path: list, key_of_last: bool = False) -> tuple[int | None,
 # --- loading --------------------------------------------------------------
 
 
-def _mark_error(display: str, err: Exception, fix: str) -> SpecError:
+def _mark_error(display: str, err: Exception, fix: str, where: dict | None = None,
+                path: list | None = None) -> SpecError:
+    """A ruamel error as a SpecError at its mark; the JSON path from `where` (node positions) when known."""
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
     line = mark.line + 1 if mark is not None else None
     col = mark.column + 1 if mark is not None else None
-    return SpecError(display, line, col, "$", f"YAML: {problem}", fix)
+    if path is None and where is not None and line is not None:
+        path = where.get((line, col))
+    return SpecError(display, line, col, json_path(path or []), f"YAML: {problem}", fix)
 
 
-def _scan_events(text: str, display: str) -> None:
-    """Refuse tags, anchors, aliases and runaway nesting before anything is built."""
+class _Open:
+    """One collection being read by `_scan_events`: which child comes next, and the keys seen so far."""
+
+    __slots__ = ("is_map", "want_key", "child", "keys")
+
+    def __init__(self, is_map: bool) -> None:
+        self.is_map, self.want_key, self.child, self.keys = is_map, is_map, (None if is_map else -1), set()
+
+
+def _scan_events(text: str, display: str) -> dict[tuple[int, int], list]:
+    """Refuse what could build or run anything, before anything is built; return node positions -> JSON path.
+
+    Works on parser events only (nothing is constructed): tags other than the
+    plain ones, anchors and aliases (so no alias bomb), merge keys, keys that
+    are not scalars, duplicate keys and nesting deeper than MAX_DEPTH are
+    refused at their line, column and JSON path. The returned map lets later
+    errors (which ruamel reports by position) name their JSON path too.
+    """
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError
-    from ruamel.yaml.events import AliasEvent, CollectionStartEvent, CollectionEndEvent
+    from ruamel.yaml.events import (AliasEvent, CollectionEndEvent, CollectionStartEvent, MappingStartEvent,
+                                    NodeEvent, ScalarEvent)
 
-    depth = 0
+    stack: list[_Open] = []
+    where: dict[tuple[int, int], list] = {}
+
+    def refuse(here: tuple[int, int], path: list, message: str, fix: str) -> None:
+        raise SpecError(display, *here, json_path(path), message, fix)
+
     try:
         for ev in YAML(typ="rt").parse(io.StringIO(text)):
+            if isinstance(ev, CollectionEndEvent):
+                stack.pop()
+                if stack and stack[-1].is_map:
+                    stack[-1].want_key = True
+                continue
+            if not isinstance(ev, NodeEvent):
+                continue
             mark = ev.start_mark
             here = (mark.line + 1, mark.column + 1)
+            is_key = bool(stack) and stack[-1].is_map and stack[-1].want_key
+            if is_key:
+                top = stack[-1]
+                if not isinstance(ev, ScalarEvent):
+                    refuse(here, [o.child for o in stack[:-1]], "a mapping key must be a plain string",
+                           "write the key as a string")
+                top.child, top.want_key = ev.value, False
+                path = [o.child for o in stack]
+                if ev.value in top.keys:
+                    refuse(here, path, f"duplicate key {ev.value!r}", "remove the duplicate key")
+                if ev.value == "<<" and ev.style is None:
+                    refuse(here, path, "YAML merge keys (<<) are not allowed in specs", "write the keys out in full")
+                top.keys.add(ev.value)
+            else:
+                if stack and not stack[-1].is_map:
+                    stack[-1].child += 1
+                path = [o.child for o in stack]
             if isinstance(ev, AliasEvent) or getattr(ev, "anchor", None):
-                raise SpecError(display, *here, "$", "YAML anchors and aliases are not allowed in specs",
-                                "write the value out in full")
+                refuse(here, path, "YAML anchors and aliases are not allowed in specs", "write the value out in full")
             tag = getattr(ev, "tag", None)
             tag = getattr(tag, "value", tag)
             if tag not in _PLAIN_TAGS:
-                raise SpecError(display, *here, "$", f"YAML tag {tag} is not allowed (specs are plain data)",
-                                "remove the tag")
+                refuse(here, path, f"YAML tag {tag} is not allowed (specs are plain data)", "remove the tag")
             if isinstance(ev, CollectionStartEvent):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    raise SpecError(display, *here, "$", f"nesting deeper than {MAX_DEPTH} levels",
-                                    "flatten the structure")
-            elif isinstance(ev, CollectionEndEvent):
-                depth -= 1
+                if len(stack) + 1 > MAX_DEPTH:
+                    refuse(here, path, f"nesting deeper than {MAX_DEPTH} levels", "flatten the structure")
+                where.setdefault(here, path)
+                stack.append(_Open(isinstance(ev, MappingStartEvent)))
+            else:
+                where[here] = path
+                if not is_key and stack and stack[-1].is_map:
+                    stack[-1].want_key = True
     except MarkedYAMLError as err:
-        raise _mark_error(display, err, "fix the YAML syntax at that position") from None
+        # The problem lies in the value of the key just read, or else in the innermost collection still open.
+        inside_value = bool(stack) and stack[-1].is_map and not stack[-1].want_key
+        raise _mark_error(display, err, "fix the YAML syntax at that position",
+                          path=[o.child for o in (stack if inside_value else stack[:-1])]) from None
+    return where
+
+
+def _locating_constructor():
+    """ruamel's round-trip constructor, but a value it cannot build (2026-13-45, a 5000-digit integer)
+    becomes a marked error at that value instead of a bare ValueError."""
+    from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
+
+    class LocatingConstructor(RoundTripConstructor):
+        def construct_object(self, node, deep=False):
+            try:
+                return super().construct_object(node, deep=deep)
+            except (ValueError, OverflowError) as err:
+                raise ConstructorError(None, None, f"cannot read this value ({err})", node.start_mark) from None
+
+    return LocatingConstructor
 
 
 def _plain(node: Any, doc: Any, path: list, display: str) -> Any:
@@ -177,6 +256,11 @@ def _plain(node: Any, doc: Any, path: list, display: str) -> Any:
     if isinstance(node, bool) or node is None:
         return node
     if isinstance(node, int):
+        if abs(node) > MAX_INT:  # every number in a spec is bounded far below; huge ints break repr() downstream
+            line, col = locate(doc, path)
+            digits = int(abs(node).bit_length() * 0.30103) + 1  # str() itself refuses ints past 4300 digits
+            raise SpecError(display, line, col, json_path(path), f"integer of about {digits} digits is too large",
+                            "write a number within the schema's bounds")
         return int(node)
     if isinstance(node, float):
         return float(node)
@@ -193,14 +277,22 @@ def read_document(path: Path, display: str | None = None) -> tuple[dict, Any, by
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
     display = display or display_path(path)
+    path = Path(path)
+    # File-level problems point at 1:1: the one-line format always names a position.
     try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise SpecError(display, None, None, "$", "file not found", "check the path") from None
+        if not path.exists():
+            raise SpecError(display, 1, 1, "$", "file not found", "check the path")
+        if not path.is_file():  # a FIFO would block, /dev/zero would never end, a folder cannot be read
+            raise SpecError(display, 1, 1, "$", "not a regular file", "give the path of a .yaml file")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)  # never more than the limit, whatever the file claims
     except OSError as err:
-        raise SpecError(display, None, None, "$", f"cannot read: {err.strerror}", "check permissions") from None
+        raise SpecError(display, 1, 1, "$", f"cannot read: {err.strerror or err}", "check permissions") from None
     if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(display, None, None, "$", f"file is {len(raw)} bytes, over the {MAX_SPEC_BYTES} limit",
+        head = raw[:MAX_SPEC_BYTES]
+        line = head.count(b"\n") + 1
+        col = len(head) - (head.rfind(b"\n") + 1) + 1
+        raise SpecError(display, line, col, "$", f"file is over the {MAX_SPEC_BYTES}-byte limit from here on",
                         "specs are small; split or trim it")
     try:
         text = raw.decode("utf-8")
@@ -212,15 +304,16 @@ def read_document(path: Path, display: str | None = None) -> tuple[dict, Any, by
     if "\x00" in text:
         line = text[: text.index("\x00")].count("\n") + 1
         raise SpecError(display, line, 1, "$", "NUL character in file", "remove it")
-    _scan_events(text, display)
+    where = _scan_events(text, display)
     yaml = YAML(typ="rt")
+    yaml.Constructor = _locating_constructor()
     try:
         doc = yaml.load(text)
     except MarkedYAMLError as err:
         fix = "remove the duplicate key" if "duplicate key" in str(err) else "fix the YAML at that position"
         if "duplicate key" in str(err):
             err.problem = err.problem or "duplicate key"
-        raise _mark_error(display, err, fix) from None
+        raise _mark_error(display, err, fix, where) from None
     except (YAMLError, RecursionError, ValueError) as err:
         raise SpecError(display, None, None, "$", f"YAML: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
                         "fix the YAML") from None
@@ -269,11 +362,15 @@ def _schema_error(err, doc: Any, display: str) -> SpecError:
             fix = "write the number without quotes"
         elif best is not None:
             message = best.message
+            if len(best.absolute_path) > len(path):  # e.g. one bad item of a list: point at the item
+                path = list(best.absolute_path)
     elif validator in ("minItems", "minProperties"):
         fix = "add the missing entries"
     elif validator == "uniqueItems":
         fix = "remove the repeated entry"
     line, col = locate(doc, path, key_of_last=key_of_last)
+    if len(message) > 300:  # jsonschema quotes the whole offending value; one readable line is enough
+        message = message[:297] + "..."
     return SpecError(display, line, col, json_path(path), message, fix)
 
 
@@ -288,16 +385,32 @@ def _non_finite(data: Any, path: list) -> Iterable[list]:
             yield from _non_finite(v, path + [i])
 
 
-def schema_errors(data: dict, doc: Any, display: str) -> list[SpecError]:
-    from jsonschema import Draft202012Validator
+@lru_cache(maxsize=None)
+def _ecma_regex(pattern: str) -> re.Pattern:
+    # JSON Schema patterns are ECMA-262: `$` is the end of the string. Python's `$` also matches before a
+    # final newline, so "tapo\n" would pass ^[a-z0-9-]+$ and reach a file name.
+    return re.compile(re.sub(r"(?<!\\)\$", r"\\Z", pattern))
 
+
+@lru_cache(maxsize=None)
+def _validator():
+    """The spec schema's validator, with `pattern` matched as JSON Schema (ECMA-262) means it."""
+    from jsonschema import Draft202012Validator, ValidationError, validators
+
+    def pattern(validator, patrn, instance, schema):  # noqa: ARG001
+        if validator.is_type(instance, "string") and not _ecma_regex(patrn).search(instance):
+            yield ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    return validators.extend(Draft202012Validator, {"pattern": pattern})(spec_schema())
+
+
+def schema_errors(data: dict, doc: Any, display: str) -> list[SpecError]:
     errors: list[SpecError] = []
     for p in _non_finite(data, []):
         line, col = locate(doc, p)
         errors.append(SpecError(display, line, col, json_path(p), "non-finite number (NaN or infinity)",
                                 "write a finite number"))
-    validator = Draft202012Validator(spec_schema())
-    for err in validator.iter_errors(data):
+    for err in _validator().iter_errors(data):
         errors.append(_schema_error(err, doc, display))
     return _sorted_unique(errors)
 
@@ -318,9 +431,9 @@ COMPARATORS = ("le", "lt", "ge", "gt", "eq", "default")
 
 def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) -> list[SpecError]:
     """Names and ids that must point at something: registry names, formula ids, contract ids."""
-    from engine.registry import static_names
+    from engine.registry import known_names
 
-    names = static_names()
+    names = known_names()
     errors: list[SpecError] = []
 
     def err(path: list, message: str, fix: str, key: bool = False) -> None:

@@ -1,7 +1,7 @@
 """Shared pieces of the mechanism runs: tiny policies, tasks, rollout, GRPO."""
 
 from methods.common.masking import masked_mean, masked_sum, valid_where
-from methods.common.policy import TinyGRUPolicy, param_l2_change, snapshot
+from methods.common.policy import TinyGRUPolicy, make_policy, param_l2_change, snapshot, state_copy
 from methods.common.rollout import Rollout, sample, sequence_logprobs
 from methods.common.grpo import group_advantages, grpo_token_loss
 from methods.common.tasks import TargetTokenTask
@@ -11,8 +11,10 @@ __all__ = [
     "masked_sum",
     "valid_where",
     "TinyGRUPolicy",
+    "make_policy",
     "param_l2_change",
     "snapshot",
+    "state_copy",
     "Rollout",
     "sample",
     "sequence_logprobs",

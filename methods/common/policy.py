@@ -63,3 +63,18 @@ def param_l2_change(before: dict[str, torch.Tensor], module: nn.Module) -> float
 
 def state_copy(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def make_policy(ctx, vocab_size: int = 16, hidden_size: int = 8) -> nn.Module:
+    """The policy a mechanism run trains, seeded from `ctx.seed` and on `ctx.device`.
+
+    A seeded TinyGRUPolicy, unless the run was given another policy
+    (`contracts check --policy hf:PATH` sets `ctx.policy_factory`). Mechanism
+    runs build every policy through here, so a real checkpoint can stand in for
+    the tiny model without any change to the method's code; `hidden_size` only
+    applies to the tiny model.
+    """
+    factory = getattr(ctx, "policy_factory", None)
+    if factory is not None:
+        return factory(seed=ctx.seed, device=ctx.device, vocab_size=vocab_size, hidden_size=hidden_size)
+    return TinyGRUPolicy.seeded(ctx.seed, ctx.device, vocab_size=vocab_size, hidden_size=hidden_size)

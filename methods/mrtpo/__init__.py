@@ -3,7 +3,7 @@
 Importing the package registers the implementation "mrtpo", its checks and its mutants.
 """
 
-from methods.mrtpo.credit import beta_schedule, credit_weights, js_distance, mrtpo_advantages
+from methods.mrtpo.credit import beta_schedule, credit_weights, credit_weights_from_logits, js_distance, mrtpo_advantages
 from methods.mrtpo.mechanism import freeze, student_context
 from methods.mrtpo.impl import IMPL
 from methods.mrtpo import checks, mutants  # noqa: F401  (registration)
@@ -13,6 +13,7 @@ __all__ = [
     "js_distance",
     "beta_schedule",
     "credit_weights",
+    "credit_weights_from_logits",
     "mrtpo_advantages",
     "student_context",
     "freeze",

@@ -26,6 +26,10 @@ LN2 = math.log(2.0)
 # Elements per block of js_distance's scratch (four compute-dtype buffers and
 # two bool masks of this size: about 18 MiB in float32 at the default).
 DEFAULT_CHUNK_ELEMS = 1 << 20
+# Elements per context in one block of credit_weights_from_logits (16 MiB of float32): big enough
+# that each operation's fixed cost is small against its work, small enough that K + 1 of them stay
+# far below one [B*T, V] tensor at real shapes.
+LOGITS_BLOCK_ELEMS = 1 << 22
 # Inputs are cut into at least _MIN_BLOCKS blocks, so the scratch (about 4.5
 # block-sized float32 buffers) stays below one [N, V] float32 buffer, unless
 # a block would fall under _MIN_BLOCK elements: inputs under 1M elements are
@@ -267,14 +271,79 @@ def credit_weights(
                 raise ValueError(f"credit_weights: logp_loo[{k}] must be [B, T, V] = {(B, T, V)}, got {tuple(lk.shape)}")
             q = torch.where(m, js_distance(logp_all, lk, chunk_elems=chunk_elems).to(cdt), 0.0)
             empty_k = empty[k]
-        qbar = q.sum(dim=1) / count.clamp_min(1.0)  # [B]
-        # uniform where the block is empty or every q is 0 (identical distributions);
-        # a NaN qbar (NaN in a valid slot) is not hidden: it stays NaN
-        uniform = empty_k | (qbar == 0)
-        ratio = q / torch.where(uniform, torch.ones_like(qbar), qbar)[:, None]
-        w = (1.0 - beta) + beta * ratio
-        w = torch.where(uniform[:, None], torch.ones_like(w), w)
-        ws.append(torch.where(m, w, torch.zeros_like(w)))
+        ws.append(_weights_from_q(q, m, count, empty_k, beta))
+    return torch.stack(ws, dim=0)
+
+
+def _weights_from_q(q: torch.Tensor, m: torch.Tensor, count: torch.Tensor, empty_k: torch.Tensor,
+                    beta: float) -> torch.Tensor:
+    """w [B, T] for one reward from q (0 at masked tokens): (1 - beta) + beta q / qbar, 1 if uniform, 0 masked."""
+    qbar = q.sum(dim=1) / count.clamp_min(1.0)  # [B]
+    # uniform where the block is empty or every q is 0 (identical distributions);
+    # a NaN qbar (NaN in a valid slot) is not hidden: it stays NaN
+    uniform = empty_k | (qbar == 0)
+    ratio = q / torch.where(uniform, torch.ones_like(qbar), qbar)[:, None]
+    w = (1.0 - beta) + beta * ratio
+    w = torch.where(uniform[:, None], torch.ones_like(w), w)
+    return torch.where(m, w, torch.zeros_like(w))
+
+
+def credit_weights_from_logits(
+    logits_all: torch.Tensor,
+    logits_loo: torch.Tensor | Sequence[torch.Tensor | None],
+    mask: torch.Tensor,
+    beta: float,
+    empty_block=None,
+    chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    block_elems: int = LOGITS_BLOCK_ELEMS,
+) -> torch.Tensor:
+    """credit_weights from the frozen replay's logits [B, T, V], a block of valid rows at a time.
+
+    The same weights as credit_weights(log_softmax(logits_all), [log_softmax(l) for l in
+    logits_loo], ...) within float32 rounding, without holding any [B, T, V] log-softmax:
+    each block of about `block_elems` elements per context is normalised, compared (by
+    js_distance, in its own `chunk_elems` scratch) and dropped, so the extra memory stays
+    at K + 1 blocks plus that scratch, whatever B or T (about 115 MB in float32 for K = 2
+    at the default; a naive version holds K + 1 whole log-softmaxes and [B*T, V]
+    temporaries: 3.0 GB at 512 x 152,064; benchmarks/mrtpo_credit.py). Masked tokens are
+    never normalised (their q is 0 in any case), so junk there, NaN included, is never read.
+    """
+    beta = float(beta)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"credit_weights_from_logits: beta must be in [0, 1], got {beta}")
+    if logits_all.dim() != 3:
+        raise ValueError(f"credit_weights_from_logits: logits_all must be [B, T, V], got {tuple(logits_all.shape)}")
+    B, T, V = logits_all.shape
+    if tuple(mask.shape) != (B, T):
+        raise ValueError(f"credit_weights_from_logits: mask must be [B, T] = {(B, T)}, got {tuple(mask.shape)}")
+    loo = _as_loo_list(logits_loo)
+    K = len(loo)
+    if K == 0:
+        raise ValueError("credit_weights_from_logits: need at least one reward (K >= 1)")
+    for k, lk in enumerate(loo):
+        if lk is not None and tuple(lk.shape) != (B, T, V):
+            raise ValueError(f"credit_weights_from_logits: logits_loo[{k}] must be [B, T, V] = {(B, T, V)}, "
+                             f"got {tuple(lk.shape)}")
+    m = mask.to(torch.bool)
+    cdt = _compute_dtype(logits_all.dtype)
+    device = logits_all.device
+    empty = _empty_flags(empty_block, K, B, device)
+    count = m.sum(dim=1).to(cdt)
+    valid = m.reshape(-1).nonzero().flatten()  # rows that are ever read
+    q = torch.zeros(K, B * T, dtype=cdt, device=device)
+    live = [k for k, lk in enumerate(loo) if lk is not None]
+    step = max(1, int(block_elems) // V)
+    with torch.no_grad():  # the replay is frozen: q carries no gradient
+        for start in range(0, valid.numel(), step):
+            rows = valid[start : start + step]
+            la = torch.log_softmax(logits_all.reshape(-1, V).index_select(0, rows).to(cdt), dim=-1)
+            for k in live:
+                lb = torch.log_softmax(loo[k].reshape(-1, V).index_select(0, rows).to(cdt), dim=-1)
+                q[k].index_copy_(0, rows, js_distance(la, lb, chunk_elems=chunk_elems).to(cdt))
+    ws = []
+    for k in range(K):
+        empty_k = torch.ones(B, dtype=torch.bool, device=device) if loo[k] is None else empty[k]
+        ws.append(_weights_from_q(q[k].view(B, T), m, count, empty_k, beta))
     return torch.stack(ws, dim=0)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from methods.common.grpo import group_advantages, grpo_token_loss
-from methods.common.policy import TinyGRUPolicy, param_l2_change, snapshot, state_copy
+from methods.common.policy import make_policy as build_policy, param_l2_change, snapshot, state_copy
 from methods.common.rollout import sample, sequence_logprobs
 from methods.common.tasks import FIRST_CONTENT
 
@@ -76,8 +76,8 @@ def info_blocks(prompts: torch.Tensor) -> list[torch.Tensor]:
     return blocks
 
 
-def make_policy(seed: int, device, hidden: int = 16) -> TinyGRUPolicy:
-    policy = TinyGRUPolicy.seeded(seed, device=device, vocab_size=VOCAB, hidden_size=hidden)
+def make_policy(ctx, hidden: int = 16) -> torch.nn.Module:
+    policy = build_policy(ctx, vocab_size=VOCAB, hidden_size=hidden)  # the tiny GRU, or the run's --policy
     with torch.no_grad():
         policy.pad_bias[list(VERIFIER_TOKENS)] = -1.0e4  # never sampled, never predicted
     return policy
@@ -111,7 +111,7 @@ def run(impl, ctx) -> dict:
     eps = float(p.get("eps", 1e-6))
     device = ctx.device
 
-    student = make_policy(ctx.seed, device)
+    student = make_policy(ctx)
     opt = torch.optim.Adam(student.parameters(), lr=lr)
     start = state_copy(student)
     seen = {"calls": 0, "verifier_tokens": 0, "tokens": 0}

@@ -23,7 +23,7 @@ import torch
 
 from engine import registry
 from methods.common.grpo import group_advantages, grpo_token_loss
-from methods.common.policy import TinyGRUPolicy, param_l2_change, state_copy
+from methods.common.policy import make_policy, param_l2_change, state_copy
 from methods.common.rollout import sample, sequence_logprobs
 from methods.common.tasks import TargetTokenTask
 
@@ -71,7 +71,7 @@ def mechanism(impl, ctx) -> dict:
     acc = {}
     for arm in ARMS:
         r = res[arm]
-        policy = TinyGRUPolicy.seeded(ctx.seed, ctx.device)
+        policy = make_policy(ctx)  # the tiny GRU, or the run's --policy (e.g. a checkpoint)
         opt = torch.optim.Adam(policy.parameters(), lr=lr)
         sampling = ctx.generator(103)  # the same sampling stream for both arms
         for gi in range(groups):

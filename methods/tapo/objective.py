@@ -79,6 +79,15 @@ def as_bool_mask(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return mask != 0
 
 
+def valid_count(mask: torch.Tensor) -> torch.Tensor:
+    """Number of valid tokens up to and including each position, as int32 (exact below 2^31).
+
+    A bool cumsum goes through int64 and was 4-5x slower on CPU than this uint8 -> int32 one at
+    [8, 16384] (benchmarks/tapo_loss.py); the values are the same.
+    """
+    return mask.view(torch.uint8).cumsum(dim=-1, dtype=torch.int32)
+
+
 def prefix_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log R~_t = (1/t) sum_{i<=t} (l_theta,i - l_old,i), t counting valid tokens; detached.
 
@@ -89,8 +98,29 @@ def prefix_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     with torch.no_grad():
         zero = torch.zeros((), dtype=cdt, device=logp.device)
         delta = torch.where(m, logp.detach().to(cdt) - old_logp.detach().to(cdt), zero)
-        count = m.cumsum(dim=-1).clamp_min(1).to(cdt)
+        count = valid_count(m).clamp_min_(1).to(cdt)
         return torch.where(m, delta.cumsum(dim=-1) / count, zero)
+
+
+class _LocalRatio(torch.autograd.Function):
+    """sg[R~] * exp(l - sg[l]) as one node: value R~_t, gradient R~_t * d l_t at valid positions, 0 elsewhere.
+
+    The same numbers as building it from where/exp/mul (exp(0) = 1 exactly, so
+    the chain rule multiplies by R~_t and nothing else), in one backward
+    multiply instead of five graph nodes: at 16k-token responses the graph
+    overhead was a third of the loss's time (benchmarks/tapo_loss.py).
+    """
+
+    @staticmethod
+    def forward(ctx, logp: torch.Tensor, r_tilde: torch.Tensor, grad_scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(grad_scale)
+        ctx.logp_dtype = logp.dtype
+        return r_tilde
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (grad_scale,) = ctx.saved_tensors
+        return (grad * grad_scale).to(ctx.logp_dtype), None, None
 
 
 def trajectory_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -99,27 +129,33 @@ def trajectory_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     Masked positions hold 1.0 and pass no gradient; junk there (NaN, +/-1e4) changes nothing.
     """
     m = as_bool_mask(mask, logp.shape)
-    cdt = compute_dtype(logp.dtype)
     r_tilde = torch.exp(prefix_log_ratio(logp, old_logp, m))  # sg[R~_t]; exactly 1 where masked
-    zero = torch.zeros((), dtype=cdt, device=logp.device)
-    lv = torch.where(m, logp.to(cdt), zero)
-    # pi_theta / sg[pi_theta] = exp(l - sg[l]): value exactly 1, gradient d l_t.
-    return r_tilde * torch.exp(lv - lv.detach())
+    if not logp.requires_grad:
+        return r_tilde
+    # pi_theta / sg[pi_theta] = exp(l - sg[l]): value exactly 1, gradient d l_t; masked: no gradient.
+    grad_scale = torch.where(m, r_tilde, torch.zeros((), dtype=r_tilde.dtype, device=r_tilde.device))
+    return _LocalRatio.apply(logp, r_tilde, grad_scale)
 
 
 def clip_schedule(pos: torch.Tensor, T: torch.Tensor, eps_min: float, eps_max: float) -> torch.Tensor:
     """eps at position `pos` (1-based) of a response with horizon `T` (broadcasting tensors).
 
-    Computed in float64. T = 1 gives eps_max (see the module docstring).
+    Computed in the wider of the inputs' floating dtypes and float32 (float64
+    for integer inputs). T = 1 gives eps_max (see the module docstring).
     """
     _check_eps(eps_min, eps_max)
-    pos = pos.to(torch.float64)
-    T = T.to(torch.float64)
+    cdt = torch.promote_types(pos.dtype, T.dtype) if (pos.is_floating_point() or T.is_floating_point()) \
+        else torch.float64
+    cdt = compute_dtype(cdt)
+    T = T.to(cdt)
     rT = T.rsqrt()
     longer = T > 1
-    den = torch.where(longer, 1.0 - rT, torch.ones_like(rT))
-    frac = torch.where(longer, (pos.rsqrt() - rT) / den, torch.ones_like(den))
-    return eps_min + (eps_max - eps_min) * frac
+    # (pos^-1/2 - T^-1/2) / (1 - T^-1/2) with the division done once per response, not per token;
+    # T = 1 gets 0 / 1 here and eps_max below.
+    inv_den = torch.where(longer, (1.0 - rT).reciprocal(), torch.zeros_like(rT))
+    frac = pos.to(cdt).rsqrt().sub_(rT).mul_(inv_den)
+    eps = frac.mul_(eps_max - eps_min).add_(eps_min)
+    return torch.where(longer, eps, torch.full_like(eps, eps_max)) if not bool(longer.all()) else eps
 
 
 def length_aware_clip(
@@ -222,9 +258,11 @@ def build_tapo_loss(
             raise ValueError("advantages hold NaN or inf at valid response positions")
         guard_fn(adv, m, group_size)
 
-        count = m.cumsum(dim=-1)
+        # Positions and lengths in the compute dtype: exact integers there (< 2^24), and the schedule
+        # then runs in float32 for float32 inputs instead of float64 (half the time at 16k tokens).
+        count = valid_count(m).clamp_min_(1).to(cdt)
         if horizon is None:
-            T = m.sum(dim=-1, keepdim=True)
+            T = count[:, -1:]
         else:
             if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
                 raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
@@ -232,7 +270,7 @@ def build_tapo_loss(
             if longest > horizon:
                 raise ValueError(f"a response has {longest} valid tokens, more than horizon={horizon}")
             T = torch.full_like(count[:, :1], horizon)
-        eps = schedule_fn(count.clamp_min(1), T.clamp_min(1), eps_min, eps_max).to(cdt)
+        eps = schedule_fn(count, T, eps_min, eps_max).to(cdt)
 
         ratio = ratio_fn(logp, old_logp, m)
         per_token = surrogate_fn(ratio, adv, eps)
@@ -240,18 +278,20 @@ def build_tapo_loss(
 
         with torch.no_grad():
             r = ratio.detach()
-            big = torch.tensor(float("inf"), dtype=cdt, device=logp.device)
-            outside = (r < 1.0 - eps) | (r > 1.0 + eps)
-            active = ((adv > 0) & (r > 1.0 + eps)) | ((adv < 0) & (r < 1.0 - eps))
+            below, above = r < 1.0 - eps, r > 1.0 + eps
+            active = ((adv > 0) & above) | ((adv < 0) & below)
+            # One masked select serves four extrema: +inf at masked positions hides them from a min,
+            # -inf from a max (adding 0 leaves a valid value, NaN included, as it is).
+            hide = torch.where(m, zero, torch.tensor(float("inf"), dtype=cdt, device=logp.device))
             stats = torch.stack(
                 [
-                    torch.where(m, r, big).min(),
-                    torch.where(m, r, -big).max(),
-                    (outside & m).sum().to(cdt) / n_valid,
+                    (r + hide).min(),
+                    (r - hide).max(),
+                    ((below | above) & m).sum().to(cdt) / n_valid,
                     (active & m).sum().to(cdt) / n_valid,
                     n_valid.to(cdt),
-                    torch.where(m, eps, big).min(),
-                    torch.where(m, eps, -big).max(),
+                    (eps + hide).min(),
+                    (eps - hide).max(),
                 ]
             ).tolist()
         names = ("ratio_min", "ratio_max", "clip_fraction", "clip_active_fraction", "tokens", "eps_lo", "eps_hi")

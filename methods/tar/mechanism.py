@@ -22,9 +22,9 @@ import torch
 
 from methods.common import (
     TargetTokenTask,
-    TinyGRUPolicy,
     group_advantages,
     grpo_token_loss,
+    make_policy,
     masked_mean,
     sample,
     sequence_logprobs,
@@ -157,7 +157,8 @@ def run(impl, ctx, **overrides) -> dict:
     cfg.update(overrides)
     device = ctx.device
     task = TargetTokenTask(vocab_size=cfg["vocab_size"])
-    policy = TinyGRUPolicy.seeded(ctx.seed, device=device, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"])
+    # the tiny GRU, or the run's --policy (e.g. a checkpoint)
+    policy = make_policy(ctx, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"])
     base = snapshot(policy)
     base_before, policy_before = state_copy(base), state_copy(policy)
     base_trainable = sum(int(p.requires_grad) for p in base.parameters())
@@ -179,7 +180,7 @@ def run(impl, ctx, **overrides) -> dict:
     bank_count_mismatch = int((per_prompt.cpu() != correct_per_prompt.cpu().clamp_max(cfg["bank_k"])).sum())
 
     opt = torch.optim.Adam(policy.parameters(), lr=cfg["lr"])
-    params = list(policy.parameters())
+    params = [p for p in policy.parameters() if p.requires_grad]  # a LoRA-wrapped checkpoint freezes its base weights
     gen = ctx.generator(3)
     inputs_invariant, shift_diff = True, 0.0
     active_steps = 0

@@ -1,0 +1,238 @@
+"""No leaks: receipts hold no absolute path, host name, user name or environment variable value.
+
+A canary environment variable is set for the whole session when this module is
+collected (before any test runs), so every receipt the suite writes was
+written with a secret in the environment. One test runs checks built to leak
+(exceptions quoting absolute paths, the home folder, `user@host` and the
+canary; notes and step records with paths) and finds each scrubbed. The last
+test of the session scans every receipt the suite wrote (the session's temp
+folders, the repository's receipts/) and finds none of those things.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib
+import json
+import os
+import re
+import secrets
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine import registry
+from engine.cli import app
+from engine.paths import project_root
+from engine.receipts import PREDICATE_TYPE, STATEMENT_TYPE
+
+ROOT = project_root()
+CANARY_NAME = "CONTRACTS_LEAK_CANARY"
+os.environ.setdefault(CANARY_NAME, "leak-canary-" + secrets.token_hex(12))  # for the whole session
+CANARY = os.environ[CANARY_NAME]
+USER = getpass.getuser()
+HOST = socket.gethostname()
+
+LEAKY_PACKAGE = '''\
+"""Test-only checks that try to leak where and by whom they ran into the receipt."""
+
+import getpass
+import os
+import socket
+from pathlib import Path
+
+from engine import registry
+
+IMPL = registry.implementation("reliab_leaky", identity=lambda x: x)
+WHO = f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+@registry.check("reliab_leaky.raises_with_paths")
+def raises_with_paths(impl, ctx):
+    raise FileNotFoundError(2, f"no model for {WHO} in {Path.home()}, cwd {os.getcwd()}, secret "
+                               f"{os.environ['CONTRACTS_LEAK_CANARY']}", str(Path(__file__).resolve()))
+
+
+@registry.check("reliab_leaky.records_paths")
+def records_paths(impl, ctx):
+    ctx.record_step(step=1, where=str(Path(__file__).resolve()), home=str(Path.home()), value=1.0)
+    ctx.record_comparison("acc", "leaky", "control", [0.5], [0.4], "accuracy",
+                          note=f"run by {WHO} at {os.getcwd()} with {os.environ['CONTRACTS_LEAK_CANARY']}")
+    return {"err": 0.0}
+
+
+@registry.mutant("reliab_leaky.none", base="reliab_leaky")
+def none():
+    return IMPL.replace("reliab_leaky.none", identity=lambda x: x + 1)
+'''
+
+LEAKY_SPEC = """\
+spec_version: 1
+method: reliab-leaky
+title: "Test-only: checks that try to leak paths, names and secrets"
+paper: {arxiv: "2601.00004", version: v1, title: T, institution: I, first_public: "2026-01-01",
+        code_released: false, license: null}
+level: L1
+implementation: reliab_leaky
+formulas:
+  - {id: f1, latex: "y = x", implements: identity}
+assumptions: []
+contracts:
+  - {id: raises, description: raises quoting paths, formulas: [f1], kind: value,
+     check: reliab_leaky.raises_with_paths, dtypes: [float64], cases: 1, expect: [{metric: err, le: 1.0}]}
+  - {id: records, description: records paths, formulas: [f1], kind: mechanism,
+     check: reliab_leaky.records_paths, dtypes: [float32], cases: 1, expect: [{metric: err, le: 1.0}]}
+mutants:
+  - {id: none, description: off by one, mutant: reliab_leaky.none, killed_by: [raises, records]}
+budget: {seeds: [1], max_seeds: 1, max_updates_per_seed: 0, max_tokens_per_seed: 0, max_wall_seconds: 60,
+         downloads: false}
+paper_results: {label: paper-reported, results: []}
+promotion:
+  review: TODO
+  state: not-promoted
+  reasons: []
+  requires: {review: DONE, devices: [cpu], all_budget_seeds: true, mutants_killed: true, formal_comparison: false}
+"""
+
+
+# --- the scan ---------------------------------------------------------------------------------
+
+# Written independently of engine/redact.py: an absolute path is a "/" at the start of a token followed
+# by a folder name and another "/".
+ABS_PATH = re.compile(r"(?:^|[\s'\"(=:,\[])(/[A-Za-z0-9._@+-]+/)")
+STRUCTURED = ("environment", "git")  # filled from torch/platform/git by code, never from the environment
+FREE_TEXT = ("message", "error", "errors", "note")  # where a user name can only have come from the machine
+
+
+def _strings(value, path=()):
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield path + (str(k),), k
+            yield from _strings(v, path + (str(k),))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, path + (i,))
+
+
+def _word(text: str) -> re.Pattern:
+    return re.compile(r"(?<![A-Za-z0-9_.-])" + re.escape(text) + r"(?![A-Za-z0-9_-])")
+
+
+def env_values() -> dict[str, str]:
+    """Environment values long enough to identify something (short ones like '1' or 'cpu' are everywhere)."""
+    return {v: k for k, v in os.environ.items() if len(v) >= 8 and not re.fullmatch(r"[0-9.]+", v)}
+
+
+def leaks(stmt: dict) -> list[str]:
+    """Every absolute path, host name, user name and environment value found in one receipt."""
+    found = []
+    sensitive = sorted({str(ROOT), str(Path.home()), str(Path.cwd()), tempfile.gettempdir(), sys.prefix,
+                        str(Path(sys.executable).parent)}, key=len, reverse=True)
+    host_re, user_re = _word(HOST), _word(USER)
+    envs = env_values()
+    for path, text in _strings(stmt):
+        where = "/".join(map(str, path))
+        m = ABS_PATH.search(text)
+        if m:
+            found.append(f"{where}: absolute path {m.group(1)!r} in {text[:120]!r}")
+        for s in sensitive:
+            if s in text and (text == s or f"{s}/" in text or text.endswith(s)):
+                found.append(f"{where}: {s!r} in {text[:120]!r}")
+        if host_re.search(text):
+            found.append(f"{where}: host name {HOST!r} in {text[:120]!r}")
+        free_text = any(str(p) in FREE_TEXT for p in path)
+        if f"/{USER}" in text or f"{USER}@" in text or f"~{USER}" in text or text == USER or (
+                free_text and user_re.search(text)):
+            found.append(f"{where}: user name {USER!r} in {text[:120]!r}")
+        if not (path[:1] == ("predicate",) and path[1:2] in [(s,) for s in STRUCTURED]):
+            for value, name in envs.items():
+                if value in text:
+                    found.append(f"{where}: value of ${name} in {text[:120]!r}")
+    return found
+
+
+def receipts_written(base: Path) -> list[Path]:
+    out = []
+    for folder in (base, ROOT / "receipts"):
+        if folder.is_dir():
+            for p in folder.rglob("*.json"):
+                try:
+                    data = json.loads(p.read_bytes())
+                except (OSError, ValueError):
+                    continue
+                if isinstance(data, dict) and data.get("_type") == STATEMENT_TYPE and \
+                        data.get("predicateType") == PREDICATE_TYPE:
+                    out.append(p)
+    return sorted(out)
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def leaky(tmp_path_factory):
+    base = tmp_path_factory.mktemp("leaky")
+    (base / "pkg").mkdir()
+    (base / "pkg" / "reliab_leaky_pkg.py").write_text(LEAKY_PACKAGE)
+    sys.path.insert(0, str(base / "pkg"))
+    reg = registry.load()
+    before = {t: set(getattr(reg, t)) for t in ("implementations", "checks", "mutants")}
+    importlib.import_module("reliab_leaky_pkg")
+    specs = base / "specs"
+    specs.mkdir()
+    (specs / "reliab-leaky.yaml").write_text(LEAKY_SPEC)
+    yield specs
+    for t, names in before.items():
+        table = getattr(reg, t)
+        for name in set(table) - names:
+            del table[name]
+    sys.modules.pop("reliab_leaky_pkg", None)
+    sys.path.remove(str(base / "pkg"))
+
+
+def test_checks_built_to_leak_leave_nothing_in_the_receipt(leaky, tmp_path):
+    res = CliRunner().invoke(app, ["check", "reliab-leaky", "--specs", str(leaky), "--receipts", str(tmp_path)])
+    assert res.exit_code == 3, res.output  # the raising check is an error; the run still writes its receipt
+    (path,) = (tmp_path / "reliab-leaky").glob("*.json")
+    text = path.read_text()
+    stmt = json.loads(text)
+    assert leaks(stmt) == []
+    for secret in (CANARY, str(Path.home()) + "/", str(ROOT), str(tmp_path), f"{USER}@{HOST}"):
+        assert secret not in text, secret
+    # what was there was scrubbed, not dropped: the message still says what happened
+    pred = stmt["predicate"]
+    raised = next(r for r in pred["results"] if r["contract"] == "raises")
+    assert raised["status"] == "error" and raised["message"].startswith("FileNotFoundError: [Errno 2] no model for")
+    assert f"<env:{CANARY_NAME}>" in raised["message"] and "<user>@<host>" in raised["message"]
+    assert "<abs>/reliab_leaky_pkg.py" in raised["message"]
+    step = pred["mechanism"][0]["steps"][0]
+    assert step["where"] == "<abs>/reliab_leaky_pkg.py" and step["value"] == 1.0
+    note = pred["mechanism"][0]["comparisons"][0]["note"]
+    assert f"<env:{CANARY_NAME}>" in note and "<user>@<host>" in note
+
+
+def test_the_scan_finds_what_it_looks_for():
+    """The scanner itself must not be blind: a receipt with each kind of leak is flagged for each."""
+    stmt = {"_type": STATEMENT_TYPE, "predicate": {
+        "results": [{"message": f"at {ROOT}/engine/x.py"}, {"message": f"by {USER}@{HOST}"},
+                    {"message": f"key {CANARY}"}], "mechanism": [{"steps": [{"p": "/opt/data/x.bin"}]}]}}
+    found = "\n".join(leaks(stmt))
+    assert "absolute path" in found and "host name" in found and "user name" in found
+    assert f"${CANARY_NAME}" in found
+
+
+@pytest.mark.last
+def test_no_receipt_the_suite_wrote_leaks_anything(tmp_path_factory, leaky, tmp_path):
+    """Runs after every other test: every receipt written this session, and the shipped ones."""
+    CliRunner().invoke(app, ["check", "reliab-leaky", "--specs", str(leaky), "--receipts", str(tmp_path)])
+    files = receipts_written(tmp_path_factory.getbasetemp())
+    assert files, "no receipt found to scan"
+    problems = {str(p): found for p in files if (found := leaks(json.loads(p.read_bytes())))}
+    assert problems == {}, json.dumps(problems, indent=1)[:5000]
+    print(f"scanned {len(files)} receipts")
