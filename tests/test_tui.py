@@ -479,7 +479,7 @@ def test_corrupt_and_tampered_receipts_open_without_crashing(store):
             head = app.screen.query_one("#receipt-header").render()
             assert "CORRUPT: not JSON" in str(head)
             assert app.screen.query_one("#receipt-tabs").active == "raw"
-            assert app.screen.query_one("#raw-text").text.startswith("{")
+            assert app.screen.query_one("#raw-text").lines[0].startswith("{")
             await pilot.press("escape")
             app.open_receipt(f"demo-method/{store['tampered'].name}")
             await settle(app, pilot)
@@ -519,14 +519,14 @@ def test_a_receipt_of_any_shape_opens_and_diffs_without_crashing(store):
     run(go())
 
 
-def test_closing_a_receipt_before_it_is_read_is_harmless(store, monkeypatch):
+def test_closing_a_receipt_before_it_is_read_then_opening_another(store, monkeypatch):
     import threading
 
     import tui.screens.receipt as receipt_mod
 
-    release = threading.Event()
+    gates = {store["passed"].name: threading.Event(), store["failed"].name: threading.Event()}
     real = receipt_mod.load_detail
-    monkeypatch.setattr(receipt_mod, "load_detail", lambda *a: release.wait(5) and real(*a))
+    monkeypatch.setattr(receipt_mod, "load_detail", lambda d, f: gates[f.split("/")[-1]].wait(5) and real(d, f))
 
     async def go():
         app = make_app(store)
@@ -536,9 +536,18 @@ def test_closing_a_receipt_before_it_is_read_is_harmless(store, monkeypatch):
             await pilot.pause()
             await pilot.press("escape")  # gone before its worker delivers
             await pilot.pause()
-            release.set()
+            app.open_receipt(f"demo-method/{store['failed'].name}")  # the same screen, refilled
+            await pilot.pause()
+            gates[store["failed"].name].set()
+            await pilot.pause(0.2)
+            gates[store["passed"].name].set()  # the first read reports last
             await settle(app, pilot)
-            assert isinstance(app.screen, MainScreen) and app.is_running
+            assert isinstance(app.screen, ReceiptScreen) and app.is_running
+            assert app.screen.detail.file.endswith(store["failed"].name)  # the late first read was dropped
+            assert "loss-gradient" in {r[0] for r in rows(table(app, "#results-table")) if r[4] == "✗ failed"}
+            await pilot.press("escape")
+            await settle(app, pilot)
+            assert isinstance(app.screen, MainScreen)
 
     run(go())
 

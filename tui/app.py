@@ -44,6 +44,7 @@ class ContractsApp(App):
         self._build_lock = threading.Lock()  # one index refresh at a time: `r` and the poll may overlap
         self._signature: tuple | None = None
         self.flags = gate_flags(self.receipts_dir, self.specs_dir, self.root)  # for commands we suggest or copy
+        self._receipt_screen = None  # the one ReceiptScreen, installed on first use
         if keymap:
             self.set_keymap(keymap)
 
@@ -75,7 +76,7 @@ class ContractsApp(App):
 
     # -- loading -----------------------------------------------------------------------
 
-    @work(thread=True, group="load")
+    @work(thread=True, group="load", description="load specs and receipt index")
     def load_model(self, announce: bool = False) -> None:
         """Validate specs and refresh the index off the UI thread, then redraw."""
         with self._build_lock:
@@ -125,7 +126,8 @@ class ContractsApp(App):
             self.notify(f"reloaded: {model.receipts_total} receipt(s)"
                         + (f", {added:+d} since last time" if before is not None and added else ""), timeout=3)
 
-    @work(thread=True, group="gate", exclusive=True)
+    # description: otherwise @work builds one from repr(model), 10,000 rows long (0.3 s on a big store)
+    @work(thread=True, group="gate", exclusive=True, description="gate verdicts")
     def refine_gates(self, model: Model) -> None:
         """engine.gate's verdict per method, after the first paint.
 
@@ -185,7 +187,7 @@ class ContractsApp(App):
                 sig.append((str(base), None))
         return tuple(sorted(sig, key=str))
 
-    @work(thread=True, group="poll", exclusive=True)
+    @work(thread=True, group="poll", exclusive=True, description="poll the store")
     def poll(self) -> None:
         """A new receipt or an edited spec shows up by itself within `poll_seconds`."""
         if self._build_lock.locked():
@@ -199,13 +201,24 @@ class ContractsApp(App):
         return display_path(self.receipts_dir / file, self.root)
 
     def open_receipt(self, file: str, contract: str | None = None) -> None:
+        """Show a receipt on the one receipt screen (installed once, refilled for each receipt)."""
         from tui.screens.receipt import ReceiptScreen
 
         row = self.model.receipt(file) if self.model else None
         if row is None:
             self.notify(f"no receipt {file} in the index (press r)", severity="warning")
             return
-        self.push_screen(ReceiptScreen(row, contract))
+        screen = self._receipt_screen
+        if screen is None:
+            screen = self._receipt_screen = ReceiptScreen(row, contract)
+            self.install_screen(screen, name="receipt")
+            self.push_screen("receipt")  # on_mount shows the row
+            return
+        while screen in self.screen_stack and self.screen is not screen:
+            self.pop_screen()  # e.g. a diff opened from it: go back to it
+        if self.screen is not screen:
+            self.push_screen("receipt")
+        screen.show(row, contract)
 
     def open_diff(self, file: str) -> None:
         from tui.screens.diff import DiffScreen

@@ -142,7 +142,7 @@ class GateView:
     warnings: list = field(default_factory=list)
 
 
-@dataclass
+@dataclass(repr=False)
 class MethodModel:
     key: str
     spec: dict | None
@@ -174,7 +174,7 @@ class MethodModel:
                 f"gate {verdict}")
 
 
-@dataclass
+@dataclass(repr=False)  # a repr would list every receipt
 class Model:
     methods: list
     problems: list  # store-wide problems and hints, one line each

@@ -15,7 +15,7 @@ from tui import fmt
 from tui.data import MethodModel, Model
 from tui.widgets import FilterBar, KeyBar, MethodTree, VimTable
 
-MAX_RECEIPT_ROWS = 500  # a DataTable measures every cell; the store can hold 10,000+ receipts
+MAX_RECEIPT_ROWS = 300  # a DataTable measures every cell; the store can hold 10,000+ receipts
 TABS = ("contracts", "receipts", "spec", "paper", "gate")
 
 
@@ -41,6 +41,7 @@ class MainScreen(Screen):
         self.contract: str | None = None  # a contract picked in the tree narrows the receipt list
         self._receipt_files: list[str] = []  # receipts-table row index -> file in the store
         self._ready = False  # a model can arrive from the worker before this screen is mounted
+        self._stale_tabs: set[str] = set()  # tabs whose content predates the current model or filter
         self.filter_text = ""
         self.failures_only = False
 
@@ -128,7 +129,8 @@ class MainScreen(Screen):
         if key == self.method:
             self.query_one("#right").border_title = m.summary()
             self._fill_status(m)
-            self._fill_gate(m)
+            self._stale_tabs.add("gate")
+            self._fill_tab(self.query_one(TabbedContent).active)
 
     def _select_tree_line(self) -> None:
         tree = self.query_one(MethodTree)
@@ -172,11 +174,17 @@ class MainScreen(Screen):
             [f"filter '{self.filter_text}'"] if self.filter_text else [])
         right.border_subtitle = ", ".join(shown)
         self._fill_status(m)
-        self._fill_contracts(m)
-        self._fill_receipts(m)
-        self._fill_spec(m)
-        self._fill_paper(m)
-        self._fill_gate(m)
+        # Only the visible tab is drawn now; the others when first shown (a 500-row
+        # receipt table or a long spec is work the first screen need not wait for).
+        self._stale_tabs = set(TABS)
+        self._fill_tab(self.query_one(TabbedContent).active or "contracts")
+
+    def _fill_tab(self, tab: str) -> None:
+        m = self.current
+        if m is None or tab not in self._stale_tabs:
+            return
+        self._stale_tabs.discard(tab)
+        getattr(self, f"_fill_{tab}")(m)
 
     def _fill_status(self, m: MethodModel) -> None:
         status = Text()
@@ -402,10 +410,8 @@ class MainScreen(Screen):
         self._focus_table()
 
     def refresh_tables(self) -> None:
-        m = self.current
-        if m is not None:
-            self._fill_contracts(m)
-            self._fill_receipts(m)
+        self._stale_tabs |= {"contracts", "receipts"}
+        self._fill_tab(self.query_one(TabbedContent).active)
 
     def _focus_table(self) -> None:
         tab = self.query_one(TabbedContent).active
@@ -472,6 +478,8 @@ class MainScreen(Screen):
         return True
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane is not None and event.pane.id:
+            self._fill_tab(event.pane.id)
         self.refresh_bindings()
 
 
