@@ -250,7 +250,8 @@ def predicate(spec: dict, created_at: str, device: str = "cpu", seeds=None, fail
     for m in spec["mutants"]:
         killed = m["id"] not in survivors
         mutants.append({"id": m["id"], "mutant": m["mutant"], "description": m["description"],
-                        "expected_killers": list(m["killed_by"]), "killed_by": list(m["killed_by"][:1]) if killed else [],
+                        "expected_killers": list(m["killed_by"]),
+                        "killed_by": list(m["killed_by"][:1]) if killed else [],
                         "killed": killed, "seed": seeds[0], "results": []})
     contracts = {c["id"]: {"passed": sum(r["status"] == "passed" for r in results if r["contract"] == c["id"]),
                            "failed": sum(r["status"] == "failed" for r in results if r["contract"] == c["id"]),

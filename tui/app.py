@@ -32,7 +32,8 @@ class ContractsApp(App):
         Binding("r", "reload", "Reload", id="reload"),
     ]
 
-    def __init__(self, specs_dir: Path, receipts_dir: Path, root: Path, poll_seconds: float | None = DEFAULT_POLL_SECONDS,
+    def __init__(self, specs_dir: Path, receipts_dir: Path, root: Path,
+                 poll_seconds: float | None = DEFAULT_POLL_SECONDS,
                  keymap: dict[str, str] | None = None, persist_index: bool = True) -> None:
         super().__init__()
         self.specs_dir, self.receipts_dir, self.root = Path(specs_dir), Path(receipts_dir), Path(root)

@@ -197,7 +197,8 @@ class Model:
 # --- building ---------------------------------------------------------------
 
 
-def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str], index: ReceiptIndex) -> list[ContractRow]:
+def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str],
+                   index: ReceiptIndex) -> list[ContractRow]:
     budget_seeds = list(spec["budget"]["seeds"])
     usable = [r for r in receipts if r.freshness in (FRESH, STALE)]  # tampered/corrupt say nothing
     rows = []
