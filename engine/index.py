@@ -172,8 +172,7 @@ def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, li
     The heavy part is [{"c": contract digest, "m": mutant verdicts}, gate slice or None].
     """
     if folder_method is None:
-        where = ("not inside a method folder" if "/" not in rel
-                 else f"in {rel.split('/')[0]}/, which is not a method key")
+        where = "not inside a method folder" if "/" not in rel else f"in {rel.split('/')[0]}/, which is not a method key"
         return _light(rel, INVALID, f"{where} (receipts live in <receipts>/<method>/)"), None, None, None
     if not rel.endswith(RECEIPT_SUFFIX):
         return _light(rel, INVALID, f"not a receipt file name (expected *{RECEIPT_SUFFIX})"), None, None, None
