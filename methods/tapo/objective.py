@@ -14,8 +14,9 @@ Choices this module makes (the page is silent on them; each is stated in the spe
 
 * Arithmetic is done in float32 or wider: float16/bfloat16 inputs are upcast to
   float32 (the compute dtype) and results come back in the compute dtype.
-* Masks are applied with ``torch.where``, never by multiplication, so NaN or
-  +/-1e4 junk in prompt/padding slots changes no value and no gradient.
+* Junk is removed with ``torch.where``, never by multiplying it by 0, so NaN or
+  +/-1e4 in prompt/padding slots changes no value and no gradient (the fused
+  loss multiplies by a 0/1 mask only values that are finite by then).
   Masked positions of ``trajectory_ratio`` hold exactly 1.0 with zero gradient.
 * A mask may have holes (e.g. tool output inside a response): t counts valid
   tokens only, so a hole neither advances t nor enters the prefix mean.
