@@ -14,8 +14,9 @@ Choices this module makes (the page is silent on them; each is stated in the spe
 
 * Arithmetic is done in float32 or wider: float16/bfloat16 inputs are upcast to
   float32 (the compute dtype) and results come back in the compute dtype.
-* Masks are applied with ``torch.where``, never by multiplication, so NaN or
-  +/-1e4 junk in prompt/padding slots changes no value and no gradient.
+* Junk is removed with ``torch.where``, never by multiplying it by 0, so NaN or
+  +/-1e4 in prompt/padding slots changes no value and no gradient (the fused
+  loss multiplies by a 0/1 mask only values that are finite by then).
   Masked positions of ``trajectory_ratio`` hold exactly 1.0 with zero gradient.
 * A mask may have holes (e.g. tool output inside a response): t counts valid
   tokens only, so a hole neither advances t nor enters the prefix mean.
@@ -37,6 +38,7 @@ Choices this module makes (the page is silent on them; each is stated in the spe
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -184,12 +186,21 @@ def reject_zero_advantage_groups(adv: torch.Tensor, mask: torch.Tensor, group_si
 
     `adv` is [B, T] with masked slots already replaced by 0; `mask` is bool [B, T].
     """
-    B = adv.shape[0]
+    reject_silent_rows(((adv != 0) & mask).any(dim=-1), group_size)
+
+
+def _check_groups(B: int, group_size: int | None) -> int:
     if group_size is None:
         group_size = B
     if group_size < 1 or B % group_size:
         raise ValueError(f"batch of {B} rows does not split into groups of {group_size}")
-    row_has_signal = ((adv != 0) & mask).any(dim=-1)
+    return group_size
+
+
+def reject_silent_rows(row_has_signal: torch.Tensor, group_size: int | None) -> None:
+    """The guard on per-row flags [B] (some valid token has a non-zero advantage): the fused loss
+    knows them from [B] advantages and row lengths without a pass over the tokens."""
+    group_size = _check_groups(row_has_signal.shape[0], group_size)
     group_has_signal = row_has_signal.reshape(-1, group_size).any(dim=-1)
     if not bool(group_has_signal.all()):
         bad = torch.nonzero(~group_has_signal).flatten().tolist()
@@ -205,14 +216,156 @@ def ppo_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps: torch.Tensor) -> 
     return -torch.minimum(ratio * adv, clipped * adv)
 
 
+class _FusedLoss(torch.autograd.Function):
+    """The whole clipped surrogate + token mean as one autograd node (see `_fused_tapo_loss`).
+
+    Backward is the analytic gradient (-g / n) * A_t * [the clip does not zero token t] * R~_t,
+    with `coef` = A_t * [...] (0 where masked) and R~ saved by the forward: two multiplies
+    instead of the where/mul/clamp/minimum/neg/sum nodes the composed loss records.
+    The products are taken in the order the composed graph takes them, so the gradient is
+    the same number. (One exception, a rounding tie: R outside its bound with R A and
+    clip(R) A rounding to the same float. torch.minimum's backward then sends half the
+    gradient through the unclipped branch; here the clip zeroes it, as without the tie.)
+    """
+
+    @staticmethod
+    def forward(ctx, logp: torch.Tensor, loss: torch.Tensor, coef: torch.Tensor, r_tilde: torch.Tensor,
+                n_valid: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(coef, r_tilde, n_valid)
+        ctx.logp_dtype = logp.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        coef, r_tilde, n_valid = ctx.saved_tensors
+        g = torch.mul(coef, -(grad / n_valid)).mul_(r_tilde)
+        return g.to(ctx.logp_dtype), None, None, None, None
+
+
+def _fused_tapo_loss(logp, old_logp, advantages, m, eps_min, eps_max, horizon, group_size):
+    """`tapo_loss` of the default parts in few passes over the tokens; None if a ratio overflowed.
+
+    The same numbers as the composed loss (the same float operations on the same values at
+    valid tokens), computed differently:
+
+    * junk is removed once: delta = where(m, logp - old, 0); everything after it is finite,
+      so masked slots are then zeroed by multiplying with a float 0/1 mask (bool-mask kernels
+      cost 4-6 float adds each on CPU). A ratio that overflows breaks that premise: the caller
+      sees None and runs the composed loss instead.
+    * one autograd node (`_FusedLoss`) instead of the surrogate's graph.
+    * -min(R A, clip(R) A) and the metrics from one clamp: sign(R - clip(R)) is +1 above the
+      bound, -1 below, 0 inside, exactly; the clip zeroes the gradient where it has A's sign.
+    * eps_lo / eps_hi from each row's first and last valid position: eps is non-increasing in
+      t, rounding included (every step is a monotone float operation).
+    * [B] advantages: the finiteness test and the zero-advantage guard read [B] values.
+    """
+    cdt = compute_dtype(logp.dtype)
+    dev = logp.device
+    zero = torch.zeros((), dtype=cdt, device=dev)
+    cnt = valid_count(m)
+    n_row = cnt[:, -1].clone()
+    n_valid = int(n_row.sum())
+    if n_valid == 0:
+        raise ValueError("the mask selects no response token: there is nothing to optimise")
+    mf = m.view(torch.uint8).to(cdt)
+    if advantages.dim() == 1:
+        has_tok = n_row > 0
+        a = torch.where(has_tok, advantages.detach().to(cdt), zero)  # rows without a token do not count
+        if not bool(torch.isfinite(a).all()):
+            raise ValueError("advantages hold NaN or inf at valid response positions")
+        reject_silent_rows(a != 0, group_size)
+        am = a[:, None] * mf
+        adv_sign = a.sign()[:, None]
+    else:
+        am = torch.where(m, advantages.detach().to(cdt), zero)
+        # A finite sum proves every term finite; only a non-finite one pays for the elementwise test.
+        if not bool(torch.isfinite(am.sum())) and not bool(torch.isfinite(am).all()):
+            raise ValueError("advantages hold NaN or inf at valid response positions")
+        reject_silent_rows(am.abs().amax(dim=-1) > 0, group_size)
+        adv_sign = am.sign()
+
+    # log R~_t = prefix sum / valid count, then R~_t, in place in one buffer.
+    r = torch.sub(logp.detach().to(cdt), old_logp.detach().to(cdt))
+    torch.where(m, r, zero, out=r)
+    r.cumsum_(dim=-1)
+    count = cnt.clamp_min_(1).to(cdt)
+    r.div_(count).exp_()
+
+    if horizon is None:
+        T = count[:, -1:]
+    else:
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+        longest = int(n_row.max())
+        if longest > horizon:
+            raise ValueError(f"a response has {longest} valid tokens, more than horizon={horizon}")
+        T = torch.full_like(count[:, :1], horizon)
+    # clip_schedule's operations in its order; a T = 1 row gets 0 * (eps_max - eps_min) + eps_max.
+    rT = T.rsqrt()
+    longer = T > 1
+    inv_den = torch.where(longer, (1.0 - rT).reciprocal(), torch.zeros_like(rT))
+    base = torch.full_like(rT, eps_min).masked_fill_(~longer, eps_max)
+
+    def schedule(pos):
+        return pos.rsqrt_().sub_(rT).mul_(inv_den).mul_(eps_max - eps_min).add_(base)
+
+    eps = schedule(count)
+    lo = torch.rsub(eps, 1.0)
+    hi = eps.add_(1.0)
+    c = torch.clamp(r, lo, hi)
+    rA = r * am
+    cA = c * am
+    n = torch.tensor(n_valid, dtype=cdt, device=dev)
+    loss = torch.minimum(rA, cA, out=rA).sum().neg_().div_(n)
+
+    side = torch.sub(r, c, out=c).sign_().mul_(mf)  # +1 above its bound, -1 below, 0 inside or masked
+    active = (side * adv_sign).relu_()  # 1 where the clip zeroes the gradient
+    coef = torch.addcmul(am, am, active, value=-1.0) if logp.requires_grad else None  # A, 0 where active
+    big = torch.finfo(cdt).max
+    hide = torch.mul(mf, -big, out=lo).add_(big)  # 0 at valid tokens, the largest float at masked ones
+    acc = torch.float64 if (cdt == torch.float32 and m.numel() >= 2**24) else cdt  # counts stay exact
+    ends = schedule(torch.stack([torch.ones_like(n_row), n_row], dim=1).clamp_min_(1).to(cdt))
+    inf = float("inf")
+    has_tok = (n_row > 0)[:, None]
+    stats = torch.stack([
+        loss,
+        torch.add(r, hide, out=rA).amin(),
+        torch.sub(r, hide, out=cA).amax(),
+        side.abs_().sum(dtype=acc).to(cdt) / n,
+        active.sum(dtype=acc).to(cdt) / n,
+        torch.where(has_tok, ends[:, 1:], inf).amin(),
+        torch.where(has_tok, ends[:, :1], -inf).amax(),
+    ]).tolist()
+    if not (math.isfinite(stats[0]) and math.isfinite(stats[2])):
+        return None
+    if logp.requires_grad:
+        loss = _FusedLoss.apply(logp, loss, coef, r, n)
+    names = ("ratio_min", "ratio_max", "clip_fraction", "clip_active_fraction", "eps_lo", "eps_hi")
+    metrics = dict(zip(names[:4], stats[1:5]))
+    metrics["tokens"] = n_valid
+    metrics.update(zip(names[4:], stats[5:]))
+    return loss, metrics
+
+
 def build_tapo_loss(
     ratio_fn: Callable[..., torch.Tensor] = trajectory_ratio,
     schedule_fn: Callable[..., torch.Tensor] = clip_schedule,
     guard_fn: Callable[..., None] = reject_zero_advantage_groups,
     surrogate_fn: Callable[..., torch.Tensor] = ppo_surrogate,
+    *,
+    fused: bool | None = None,
 ):
     """The TAPO loss assembled from its parts (ratio, clip schedule, zero-advantage guard,
-    surrogate). The method uses the defaults; a mutant swaps exactly one part."""
+    surrogate). The method uses the defaults; a mutant swaps exactly one part.
+
+    With every part the default (and `fused` not False) the loss runs `_fused_tapo_loss`, the
+    same numbers in fewer passes; a swapped part, or ``fused=False``, runs the parts as given.
+    """
+    defaults = (ratio_fn, schedule_fn, guard_fn, surrogate_fn) == (
+        trajectory_ratio, clip_schedule, reject_zero_advantage_groups, ppo_surrogate)
+    if fused and not defaults:
+        raise ValueError("the fused loss computes the default parts only")
+    use_fused = defaults if fused is None else fused
 
     def tapo_loss(
         logp: torch.Tensor,
@@ -249,6 +402,11 @@ def build_tapo_loss(
             raise ValueError(
                 f"advantages must be [B] or [B, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}"
             )
+        if use_fused and logp.shape[-1] > 0:
+            out = _fused_tapo_loss(logp, old_logp, advantages if advantages.dim() == 1 else adv, m,
+                                   eps_min, eps_max, horizon, group_size)
+            if out is not None:
+                return out
         adv = torch.where(m, adv.detach().to(cdt), zero)
 
         n_valid = m.sum()
