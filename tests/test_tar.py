@@ -392,7 +392,9 @@ def test_mechanism_records_steps_and_stays_in_budget(spec):
     bank, updates = ctx.steps[0], ctx.steps[1:]
     assert bank["phase"] == "bank" and bank["candidates"] == 48 and len(bank["verifier_correct"]) == 48
     assert all(bank["verifier_correct"][i] == 1 for i in bank["fps_indices"])
-    assert updates[0]["replay_active"] is False and updates[0]["replay_loss"] == 0.0
+    # policy = base at the first update, so no replay; within float32 noise, not exactly: the actor (train
+    # mode, with grad) and the frozen base (eval) can take CPU GRU kernels that differ in the last bit.
+    assert abs(updates[0]["replay_loss"]) <= 1e-5 and max(updates[0]["gates"], default=0.0) <= 1e-5
     for s in updates:
         for key in ("replay_active", "gates", "token_weight_mean", "replay_grad_norm", "grpo_loss", "kl_to_base"):
             assert key in s
