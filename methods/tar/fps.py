@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import torch
 
-# Bytes of one block of gathered pick rows. A second [candidates, dims] float64 tensor beside the
-# rows (4 MB at 512 x 32 x 64) lets glibc return the freed heap top to the OS after every call; the
-# next call then faults every page back in, which costs more than all the arithmetic here.
+# Float64 bytes of one block of rows. The float64 work is done a block at a time, so no
+# [candidates, dims] float64 tensor ever exists: with one (4 MB at 512 x 32 x 64) glibc handed
+# the freed heap top back to the OS after each call in about half of the benchmark processes,
+# and faulting those pages back in on the next call cost more than all the arithmetic here
+# (1.5 MB blocks already did the same).
 _BLOCK_BYTES = 1 << 20
 
 
@@ -126,36 +128,40 @@ def farthest_point_prototypes(
     G = counts.numel()
     steps = min(k, int(counts.max()))
 
-    # Only the correct rows, in float64.
-    X = embeddings.detach().index_select(0, cand).to(torch.float64)
-    norm = torch.linalg.vector_norm(X, dim=1)
+    # Only the correct rows, kept in the input dtype. Every product and sum below is float64:
+    # the blocks are cast as they are read (float32 and narrower values convert exactly).
+    rows = embeddings.detach().index_select(0, cand)
+    size = -(-Nc // -(-Nc * 8 * max(1, rows.shape[1]) // _BLOCK_BYTES))  # equal blocks, no sliver at the end
+    spans = [(lo, lo + size) for lo in range(0, Nc, size)]
+    norm = torch.empty(Nc, dtype=torch.float64, device=device)
+    for lo, hi in spans:
+        torch.linalg.vector_norm(rows[lo:hi], dim=1, dtype=torch.float64, out=norm[lo:hi])
     _reject_bad_rows(embeddings, cand, norm, group)
 
     # Segment form: per pick, the [G, D] picked unit rows are gathered to the candidates of their
     # prompt and dotted row by row: k-1 passes over [Nc, D] instead of a [G, M, M] Gram, and no
-    # padding. The gather goes block by block (_BLOCK_BYTES). Per-prompt argmax: segment max, then
-    # the lowest position that attains it (ties go to the lowest index, as in the loop reference).
+    # padding. Per-prompt argmax: segment max, then the lowest position that attains it (ties go
+    # to the lowest index, as in the loop reference).
     inf = float("inf")
     pos = torch.arange(Nc, device=device)
-    blocks = -(-Nc * 8 * max(1, X.shape[1]) // _BLOCK_BYTES)
-    block = -(-Nc // blocks)  # equal blocks, none of them a sliver
     pick = torch.empty(G, dtype=torch.long, device=device).scatter_reduce_(0, group, pos, "amin", include_self=False)
-    picks = torch.empty(G, steps, dtype=torch.long, device=device)
+    picks = []
     score = None  # smallest cosine distance to the chosen set; -inf once chosen
     for step in range(steps):
         if step:
             best = torch.empty(G, dtype=torch.float64, device=device).scatter_reduce_(0, group, score, "amax", include_self=False)
             at_best = torch.where(score == best.index_select(0, group), pos, Nc)
             pick = torch.empty(G, dtype=torch.long, device=device).scatter_reduce_(0, group, at_best, "amin", include_self=False)
-        picks[:, step] = pick
+        picks.append(pick)
         if step + 1 == steps:
             break
-        unit = X.index_select(0, pick).div_(norm.index_select(0, pick)[:, None])
-        cos = torch.empty(Nc, dtype=torch.float64, device=device)
-        for lo in range(0, Nc, block):
-            torch.sum(unit.index_select(0, group[lo:lo + block]).mul_(X[lo:lo + block]), 1, out=cos[lo:lo + block])
-        dist = cos.div_(norm).neg_().add_(1.0)  # 1 - cos, as the loop computes it
+        # minus the unit pick rows: the dots come out negated (exactly), so 1 - cos is one add
+        unit = rows.index_select(0, pick).to(torch.float64).div_(norm.index_select(0, pick).neg_()[:, None])
+        dist = torch.empty(Nc, dtype=torch.float64, device=device)
+        for lo, hi in spans:
+            torch.sum(unit.index_select(0, group[lo:hi]).mul_(rows[lo:hi]), 1, out=dist[lo:hi])
+        dist.div_(norm).add_(1.0)  # 1 - cos, rounded as the loop rounds it
         score = dist if score is None else torch.minimum(score, dist, out=score)
         score.index_fill_(0, pick, -inf)  # a prompt with every candidate chosen re-picks one: filtered below
     live = torch.arange(steps, device=device) < counts[:, None]
-    return cand.index_select(0, picks[live])
+    return cand.index_select(0, torch.stack(picks, 1)[live])
