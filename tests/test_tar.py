@@ -287,6 +287,25 @@ def test_fps_rejects_bad_correct_vectors(row, match):
     assert 2 not in out.tolist()
 
 
+def test_fps_names_the_first_bad_row_in_prompt_order():
+    # candidate 1 (prompt 5) has the lower index, candidate 4 (prompt 1) comes first in prompt order
+    emb = torch.randn(6, 3, dtype=F64)
+    emb[1] = 0.0
+    emb[4, 0] = math.nan
+    with pytest.raises(ValueError, match="candidate 4 is not finite"):
+        farthest_point_prototypes(emb, torch.ones(6, dtype=torch.bool), prompt_ids=torch.tensor([5, 5, 1, 2, 1, 2]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fps_prompt_ids_of_any_range_give_the_same_picks(seed):
+    # ids far apart (ranked without a bincount over their range) or narrow and signed
+    emb, correct, ids = tar_checks.fps_case(torch.Generator().manual_seed(seed))
+    base = farthest_point_prototypes(emb, correct, k=3, prompt_ids=ids)
+    for wide in (ids * 10**12 - 3, ids.to(torch.int32) * 50_000, (ids * 3 - 50).to(torch.int8)):
+        assert torch.equal(farthest_point_prototypes(emb, correct, k=3, prompt_ids=wide), base)
+    assert base.tolist() == ref.fps_bruteforce(emb.tolist(), correct.tolist(), 3, ids.tolist())
+
+
 def test_fps_rejects_bad_arguments():
     with pytest.raises(ValueError):
         farthest_point_prototypes(torch.randn(3, 2), torch.ones(4, dtype=torch.bool))

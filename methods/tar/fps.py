@@ -16,13 +16,22 @@ The embeddings of correct candidates are validated: a non-finite entry, a zero
 norm or a norm that overflows float64 is rejected with ValueError, never
 sorted. Incorrect candidates are never read (like padding: junk is allowed).
 
-Vectorised over prompts: one padded [prompts, slots, dims] tensor, one batched
-Gram matrix, and a Python loop over the k picks only (never over prompts).
+Vectorised over prompts without padding or sorting: the correct candidates
+stay in index order with their prompt's rank, each pick takes a segment max
+(scatter_reduce) and each new point costs one gathered row-wise dot product;
+a Python loop runs over the k picks only (never over prompts).
 """
 
 from __future__ import annotations
 
 import torch
+
+# Float64 bytes of one block of rows. The float64 work is done a block at a time, so no
+# [candidates, dims] float64 tensor ever exists: with one (4 MB at 512 x 32 x 64) glibc handed
+# the freed heap top back to the OS after each call in about half of the benchmark processes,
+# and faulting those pages back in on the next call cost more than all the arithmetic here
+# (1.5 MB blocks already did the same).
+_BLOCK_BYTES = 1 << 20
 
 
 def _as_bool_vector(correct: torch.Tensor, n: int, device) -> torch.Tensor:
@@ -38,12 +47,17 @@ def _as_bool_vector(correct: torch.Tensor, n: int, device) -> torch.Tensor:
     return correct
 
 
-def _reject_bad_rows(embeddings: torch.Tensor, candidates: torch.Tensor, norms: torch.Tensor) -> None:
-    """Raise ValueError naming a candidate (the first in prompt order) whose embedding cannot be placed."""
-    ok = torch.isfinite(norms) & (norms > 0)
-    if bool(ok.all()):
+def _reject_bad_rows(embeddings: torch.Tensor, candidates: torch.Tensor, norms: torch.Tensor, group: torch.Tensor) -> None:
+    """Raise ValueError naming a candidate (the first in prompt order) whose embedding cannot be placed.
+
+    candidates ascend; group holds their dense prompt ranks, so the first bad row in
+    prompt order is the lowest group rank among the bad ones, then the lowest index.
+    """
+    lo, hi = torch.aminmax(norms)  # one pass; a NaN norm makes both NaN and fails both tests
+    if float(lo) > 0 and float(hi) < float("inf"):
         return
-    i = int(candidates[(~ok).nonzero()[0, 0]])
+    bad = (~(torch.isfinite(norms) & (norms > 0))).nonzero().flatten()
+    i = int(candidates[bad[torch.argmin(group[bad])]])  # argmin keeps the first (lowest index) of equal ranks
     row = embeddings[i].detach()
     if not bool(torch.isfinite(row).all()):
         raise ValueError(f"embedding of candidate {i} is not finite; a NaN/inf vector cannot be placed by cosine distance")
@@ -53,6 +67,25 @@ def _reject_bad_rows(embeddings: torch.Tensor, candidates: torch.Tensor, norms: 
         f"embedding of candidate {i} has norm 0 in float64 (a zero vector, or one that underflows); "
         "its cosine distance is undefined"
     )
+
+
+def _dense_prompt_ranks(pid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rank of each id among the distinct ids in ascending order, count per rank), without sorting.
+
+    Ids within a small range are counted with bincount (a torch.sort of 8k ids costs
+    about as much as the whole FPS on a CPU); a wide range falls back to torch.unique.
+    """
+    pid = pid.long()  # narrow ids would overflow when shifted
+    lo, hi = (int(v) for v in torch.aminmax(pid))
+    span = hi - lo + 1
+    if span > 4 * pid.numel() + 4096:
+        _, rank, counts = torch.unique(pid, return_inverse=True, return_counts=True)
+        return rank, counts
+    shifted = pid - lo
+    per_id = torch.bincount(shifted, minlength=span)
+    present = per_id > 0
+    rank = torch.cumsum(present, 0).sub_(1).index_select(0, shifted)
+    return rank, per_id[present]
 
 
 @torch.no_grad()
@@ -86,49 +119,49 @@ def farthest_point_prototypes(
     if Nc == 0 or k == 0:
         return torch.empty(0, dtype=torch.long, device=device)
 
-    # Group the correct candidates by prompt; a stable sort keeps index order inside a prompt.
+    # group: each correct candidate's prompt rank (ascending id); candidates stay in index order.
     if prompt_ids is None:
         group = torch.zeros(Nc, dtype=torch.long, device=device)
+        counts = torch.full((1,), Nc, dtype=torch.long, device=device)
     else:
-        pid = prompt_ids[cand]
-        if Nc > 1 and not bool((pid[1:] >= pid[:-1]).all()):
-            pid, order = torch.sort(pid, stable=True)
-            cand = cand[order]
-        new = torch.ones(Nc, dtype=torch.bool, device=device)
-        new[1:] = pid[1:] != pid[:-1]
-        group = torch.cumsum(new, 0) - 1
-    G = int(group[-1]) + 1
-    counts = torch.bincount(group, minlength=G)
-    slot = torch.arange(Nc, device=device) - (torch.cumsum(counts, 0) - counts)[group]
-    M = int(counts.max())
+        group, counts = _dense_prompt_ranks(prompt_ids.index_select(0, cand))
+    G = counts.numel()
+    steps = min(k, int(counts.max()))
 
-    # Padded [prompts, slots, dims] in float64 (padding rows are zero and never choosable);
-    # one batched Gram matrix serves every pick, and its diagonal gives the squared norms.
-    D = embeddings.shape[1]
-    flat = group * M + slot
-    X = embeddings.new_zeros((G * M, D))
-    X.index_copy_(0, flat, embeddings.detach().index_select(0, cand))
-    X = X.view(G, M, D).to(torch.float64)
-    gram = torch.bmm(X, X.transpose(1, 2))
-    norm = torch.diagonal(gram, dim1=1, dim2=2).sqrt()
-    _reject_bad_rows(embeddings, cand, norm.reshape(-1)[flat])
-    norm = torch.where(norm == 0, torch.ones_like(norm), norm)  # padding only: real rows were checked above
-    position = torch.full((G, M), -1, dtype=torch.long, device=device)
-    position[group, slot] = cand
+    # Only the correct rows, kept in the input dtype. Every product and sum below is float64:
+    # the blocks are cast as they are read (float32 and narrower values convert exactly).
+    rows = embeddings.detach().index_select(0, cand)
+    size = -(-Nc // -(-Nc * 8 * max(1, rows.shape[1]) // _BLOCK_BYTES))  # equal blocks, no sliver at the end
+    spans = [(lo, lo + size) for lo in range(0, Nc, size)]
+    norm = torch.empty(Nc, dtype=torch.float64, device=device)
+    for lo, hi in spans:
+        torch.linalg.vector_norm(rows[lo:hi], dim=1, dtype=torch.float64, out=norm[lo:hi])
+    _reject_bad_rows(embeddings, cand, norm, group)
 
+    # Segment form: per pick, the [G, D] picked unit rows are gathered to the candidates of their
+    # prompt and dotted row by row: k-1 passes over [Nc, D] instead of a [G, M, M] Gram, and no
+    # padding. Per-prompt argmax: segment max, then the lowest position that attains it (ties go
+    # to the lowest index, as in the loop reference).
     inf = float("inf")
-    # score: smallest cosine distance to the chosen set (inf before the first pick); -inf: not choosable.
-    score = torch.full((G, M), -inf, dtype=torch.float64, device=device)
-    score[group, slot] = inf
-    g_rows = torch.arange(G, device=device)
+    pos = torch.arange(Nc, device=device)
+    pick = torch.empty(G, dtype=torch.long, device=device).scatter_reduce_(0, group, pos, "amin", include_self=False)
     picks = []
-    for step in range(min(k, M)):
-        # argmax returns the first maximum: the lowest slot, i.e. the lowest candidate index.
-        pick = torch.argmax(score, dim=1)
-        live = counts > step
-        picks.append(torch.where(live, position[g_rows, pick], torch.full_like(pick, -1)))
-        cos = gram[g_rows, :, pick] / (norm * norm[g_rows, pick][:, None])
-        score = torch.minimum(score, 1.0 - cos)
-        score[g_rows, pick] = -inf
-    out = torch.stack(picks, dim=1).reshape(-1)
-    return out[out >= 0]
+    score = None  # smallest cosine distance to the chosen set; -inf once chosen
+    for step in range(steps):
+        if step:
+            best = torch.empty(G, dtype=torch.float64, device=device).scatter_reduce_(0, group, score, "amax", include_self=False)
+            at_best = torch.where(score == best.index_select(0, group), pos, Nc)
+            pick = torch.empty(G, dtype=torch.long, device=device).scatter_reduce_(0, group, at_best, "amin", include_self=False)
+        picks.append(pick)
+        if step + 1 == steps:
+            break
+        # minus the unit pick rows: the dots come out negated (exactly), so 1 - cos is one add
+        unit = rows.index_select(0, pick).to(torch.float64).div_(norm.index_select(0, pick).neg_()[:, None])
+        dist = torch.empty(Nc, dtype=torch.float64, device=device)
+        for lo, hi in spans:
+            torch.sum(unit.index_select(0, group[lo:hi]).mul_(rows[lo:hi]), 1, out=dist[lo:hi])
+        dist.div_(norm).add_(1.0)  # 1 - cos, rounded as the loop rounds it
+        score = dist if score is None else torch.minimum(score, dist, out=score)
+        score.index_fill_(0, pick, -inf)  # a prompt with every candidate chosen re-picks one: filtered below
+    live = torch.arange(steps, device=device) < counts[:, None]
+    return cand.index_select(0, torch.stack(picks, 1)[live])
