@@ -34,6 +34,8 @@ from typing import Any, Callable
 CACHE_NAME = ".validation-cache.json"
 CACHE_VERSION = 1
 MAX_ENTRIES = 20_000  # per section; past it, only the entries this process used are kept
+# A spec's entries are large (its whole data): only the newest version of each file name is kept.
+_SLOT = {"specs": lambda key: key.partition(":")[2]}
 _ENGINE = Path(__file__).resolve().parent
 _MISSING = object()
 
@@ -155,6 +157,10 @@ class ValidationCache:
         for name, (fp, entries) in self._new.items():
             old = sections.get(name)
             merged = dict(old["entries"]) if old is not None and old["fp"] == fp else {}
+            slot = _SLOT.get(name)
+            if slot is not None:  # an edited spec's older versions go
+                mine = {slot(k) for k in entries} | {slot(k) for k in self._used.get(name, ())}
+                merged = {k: v for k, v in merged.items() if slot(k) not in mine or k in self._used.get(name, ())}
             if len(merged) + len(entries) > MAX_ENTRIES:
                 used = self._used.get(name, set())
                 merged = {k: v for k, v in merged.items() if k in used}
@@ -258,7 +264,10 @@ class ValidationCache:
             return validate_file(path, root)
         sha = _sha(raw)
         key = f"{sha}:{path.name}"  # the file name matters: the method key must match it
-        fp = self.spec_fingerprint()
+        try:
+            fp = self.spec_fingerprint()
+        except Exception:  # e.g. no methods package: nothing to key on, so no cache; validation says what is wrong
+            return validate_file(path, root, raw=raw)
         hit = self.get("specs", fp, key)
         display = display_path(path, root)
         if isinstance(hit, dict) and isinstance(hit.get("errors"), list):

@@ -271,6 +271,31 @@ def test_an_unwritable_store_still_answers_and_writes_nothing(tmp_path, monkeypa
     assert list(store.iterdir()) == []  # and no temporary file left behind
 
 
+def test_only_the_newest_version_of_a_spec_is_kept(tmp_path):
+    specs = _copy_specs(tmp_path)
+    path = specs / "mrtpo.yaml"
+    store = _store_with(tmp_path, specs / "tar-adaptive-replay.yaml")
+    for review in ("TODO", "IN-REVIEW", "DONE"):
+        path.write_text(path.read_text().replace("review: ", f"review: {review}  # ", 1))
+        cache = C.ValidationCache(store)
+        cache.validate_file(path, ROOT)
+        cache.flush()
+    keys = json.loads((store / C.CACHE_NAME).read_bytes())["sections"]["specs"]["entries"]
+    assert sorted(k.partition(":")[2] for k in keys) == ["mrtpo.yaml", "tar-adaptive-replay.yaml"]
+
+
+def test_without_a_registry_to_fingerprint_it_validates_afresh(tmp_path, monkeypatch):
+    def nowhere():
+        raise registry.LookupFailure("the 'methods' package is not importable")
+
+    monkeypatch.setattr(registry, "_STATIC", None)
+    monkeypatch.setattr(registry, "methods_root", nowhere)
+    bad = tmp_path / "mrtpo.yaml"
+    bad.write_text((ROOT / "specs" / "mrtpo.yaml").read_text().replace("level: L1", "level: L7"))
+    spec, errors = C.ValidationCache(tmp_path).validate_file(bad, tmp_path)
+    assert spec is None and [e.line() for e in errors] == [e.line() for e in validate_file(bad, tmp_path)[1]]
+
+
 def test_a_missing_store_is_not_created_for_the_cache(tmp_path):
     cache = C.ValidationCache(tmp_path / "no-store")
     assert cache.validate_file(ROOT / "specs" / "mrtpo.yaml", ROOT)[1] == []
