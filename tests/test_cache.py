@@ -167,7 +167,13 @@ def test_a_changed_engine_file_or_schema_is_a_miss(name, tmp_path, calls, monkey
     assert _revalidated(store, path, calls)
 
 
-def test_a_changed_registry_is_a_miss_and_the_fresh_answer_wins(tmp_path, calls, monkeypatch):
+@pytest.fixture
+def static_only(monkeypatch):
+    """No names registered at runtime (an earlier test may have imported methods/): the static scan decides."""
+    monkeypatch.setattr(registry, "_REGISTRY", registry.Registry())
+
+
+def test_a_changed_registry_is_a_miss_and_the_fresh_answer_wins(tmp_path, calls, monkeypatch, static_only):
     path = ROOT / "specs" / "tapo-trajectory.yaml"
     store = _store_with(tmp_path, path)
     assert not _revalidated(store, path, calls)
@@ -180,15 +186,14 @@ def test_a_changed_registry_is_a_miss_and_the_fresh_answer_wins(tmp_path, calls,
     assert spec is None and "no check named 'tapo.clip_schedule'" in errors[0].message
 
 
-def test_a_name_registered_at_runtime_is_a_miss(tmp_path, calls, monkeypatch):
+def test_a_name_registered_at_runtime_is_a_miss(tmp_path, calls, monkeypatch, static_only):
     path = ROOT / "specs" / "tapo-trajectory.yaml"
     store = _store_with(tmp_path, path)
-    monkeypatch.setattr(registry, "_REGISTRY", registry.Registry())
     registry.check("cache.test_only_check")(lambda impl, ctx: {})
     assert _revalidated(store, path, calls)
 
 
-def test_a_changed_methods_source_changes_the_static_names(tmp_path, calls, monkeypatch):
+def test_a_changed_methods_source_changes_the_static_names(tmp_path, calls, monkeypatch, static_only):
     """A new process (no static names in memory) scans methods/ again when a source file changed."""
     methods = tmp_path / "methods"
     shutil.copytree(registry.methods_root(), methods, ignore=shutil.ignore_patterns("__pycache__"))
