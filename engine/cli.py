@@ -49,6 +49,9 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from engine import cache
+
+        cache.reset()  # each command reads the cache afresh: in tests, many commands share one process
         try:
             return fn(*args, **kwargs)
         except typer.Exit:
@@ -69,6 +72,8 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
                 traceback.print_exc()
             raise typer.Exit(E.EXIT_INTERNAL) from None
+        finally:
+            cache.flush_all()  # whatever was validated afresh, for the next command; never fails
 
     return wrapper
 
@@ -91,11 +96,19 @@ def _console():
     return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 
 
-def _load_valid_specs(specs_dir: Path) -> tuple[list, list[SpecError]]:
+def _spec_cache(receipts_dir: Path):
+    """The validation cache kept in the receipts store (engine/cache.py)."""
+    from engine.cache import for_store
+
+    return for_store(receipts_dir)
+
+
+def _load_valid_specs(specs_dir: Path, receipts_dir: Path) -> tuple[list, list[SpecError]]:
     files = spec_files(specs_dir)
+    cache = _spec_cache(receipts_dir)
     good, bad = [], []
     for f in files:
-        spec, errs = validate_file(f, project_root())
+        spec, errs = cache.validate_file(f, project_root())
         if spec is not None:
             good.append(spec)
         bad.extend(errs)
@@ -143,7 +156,7 @@ def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path) -> dict:
     from engine.gate import evaluate
     from engine.verify import assess_receipts
 
-    assessed, _ = assess_receipts(receipts_dir, project_root(), specs_dir, spec.key)
+    assessed, _ = assess_receipts(receipts_dir, project_root(), specs_dir, spec.key, cache=_spec_cache(receipts_dir))
     dated = [a for a in assessed if a.created_at]
     last = max(dated, key=lambda a: a.created_at) if dated else (assessed[-1] if assessed else None)
     latest = None if last is None else {
@@ -159,7 +172,7 @@ def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path) -> dict:
 def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOpt = False) -> None:
     """Every method: level, review, promotion state, contracts, latest receipt and its freshness, gate verdict."""
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    good, bad = _load_valid_specs(specs_dir)
+    good, bad = _load_valid_specs(specs_dir, receipts_dir)
     rows = []
     for s in good:
         d = s.data
@@ -205,14 +218,14 @@ def show(
 ) -> None:
     """One method in full: formulas, assumptions, contracts, mutants, budget, paper results, receipts."""
     from engine.receipts import check_receipt, receipt_files
-    from engine.spec import load_spec
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    spec = load_spec(spec_path(specs_dir, method), project_root())
+    cache = _spec_cache(receipts_dir)
+    spec = cache.load_spec(spec_path(specs_dir, method), project_root())
     d = spec.data
     recent = []
     for f in receipt_files(receipts_dir, spec.key)[-5:]:
-        rc = check_receipt(f, project_root(), specs_dir)
+        rc = check_receipt(f, project_root(), specs_dir, cache=cache)
         recent.append({"file": f.name, "state": rc.state, "status": rc.status, "created_at": rc.created_at})
     if json_out:
         _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "receipts": recent})
@@ -622,7 +635,7 @@ def _flags(specs: Optional[Path], receipts: Optional[Path]) -> str:
     return out
 
 
-def _spec_states(specs_dir: Path, method: Optional[str]) -> tuple[dict[str, str], list[str]]:
+def _spec_states(specs_dir: Path, method: Optional[str], cache) -> tuple[dict[str, str], list[str]]:
     """promotion.state of each spec (one, or all), read without validating the rest; and why any could not be."""
     from engine.spec import read_document
 
@@ -630,6 +643,13 @@ def _spec_states(specs_dir: Path, method: Optional[str]) -> tuple[dict[str, str]
     states, problems = {}, []
     for p in paths:
         if not p.is_file():
+            continue
+        try:
+            spec, _ = cache.validate_file(p, project_root())
+        except Exception:  # e.g. no methods package to check names against: the state alone is still readable
+            spec = None
+        if spec is not None:  # valid: read_document gives this same data, and the schema requires the state
+            states[p.stem] = spec.data["promotion"]["state"]
             continue
         try:
             data, _, _ = read_document(p, display_path(p, project_root()))
@@ -661,8 +681,9 @@ def verify(
             known = sorted({p.stem for p in spec_files(specs_dir)} |
                            ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
             raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
-    states, state_problems = _spec_states(specs_dir, method)
-    report = assess_store(receipts_dir, project_root(), specs_dir, method, states)
+    cache = _spec_cache(receipts_dir)
+    states, state_problems = _spec_states(specs_dir, method, cache)
+    report = assess_store(receipts_dir, project_root(), specs_dir, method, states, cache=cache)
     report.ledger.problems.extend(state_problems)
     counts = report.counts()
     bad = counts["tampered"] + counts["invalid"] + (counts["stale"] if strict else 0)
@@ -708,11 +729,11 @@ def gate(
 ) -> None:
     """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not."""
     from engine.gate import evaluate
-    from engine.spec import load_spec
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    spec = load_spec(spec_path(specs_dir, method), project_root())
-    result = evaluate(spec, receipts_dir, project_root(), specs_dir, _flags(specs, receipts))
+    cache = _spec_cache(receipts_dir)
+    spec = cache.load_spec(spec_path(specs_dir, method), project_root())
+    result = evaluate(spec, receipts_dir, project_root(), specs_dir, _flags(specs, receipts), cache=cache)
     if json_out:
         _print_json(result)
     else:
@@ -887,9 +908,66 @@ def tui(
     create_app(specs_dir, receipts_dir, project_root(), poll_seconds=poll or None, keymap=keymap).run()
 
 
+# --- a direct way into the read-only verbs ---------------------------------------------------
+# Before running any command, typer builds a pydantic TypeAdapter per parameter: about 70 ms, pydantic's
+# import included, of a warm `contracts gate` that otherwise takes about 130 ms. When argv uses nothing but
+# the plain options of list/show/gate/verify, main() parses it here and calls the same function typer would;
+# anything else (--help, an unknown, repeated or valueless option, a wrong number of arguments) goes to
+# typer, which also says what is wrong. tests/test_cli.py keeps this table equal to the signatures.
+
+_DIRECT_OPTIONS = {"--specs": "specs", "--receipts": "receipts"}  # take a path
+_DIRECT_FLAGS = {"--json": "json_out", "--strict": "strict"}
+_DIRECT = {  # verb -> (function, fewest and most METHOD arguments, flags it takes)
+    "list": (list_, 0, 0, ("--json",)),
+    "show": (show, 1, 1, ("--json",)),
+    "gate": (gate, 1, 1, ("--json",)),
+    "verify": (verify, 0, 1, ("--json", "--strict")),
+}
+
+
+def _direct_call(argv: list[str]) -> Optional[tuple[Callable[..., Any], dict]]:
+    """(function, keyword arguments) for argv that typer would parse into exactly that; else None."""
+    if not argv or argv[0] not in _DIRECT:
+        return None
+    fn, fewest, most, flags = _DIRECT[argv[0]]
+    kwargs: dict[str, Any] = {}
+    methods: list[str] = []
+    rest = iter(argv[1:])
+    for tok in rest:
+        if not tok.startswith("-"):
+            if not tok:
+                return None
+            methods.append(tok)
+            continue
+        name, eq, value = tok.partition("=")
+        if tok in flags and _DIRECT_FLAGS[tok] not in kwargs:
+            kwargs[_DIRECT_FLAGS[tok]] = True
+        elif name in _DIRECT_OPTIONS and _DIRECT_OPTIONS[name] not in kwargs:
+            value = value if eq else next(rest, "")
+            if not value or value.startswith("-"):  # typer would take "--json" as the path; let it say so
+                return None
+            kwargs[_DIRECT_OPTIONS[name]] = Path(value)
+        else:
+            return None
+    if not fewest <= len(methods) <= most:
+        return None
+    if methods:
+        kwargs["method"] = methods[0]
+    return fn, kwargs
+
+
 def main() -> None:
     try:
-        app()
+        direct = _direct_call(sys.argv[1:])
+        if direct is None:
+            app()
+        else:
+            fn, kwargs = direct
+            try:
+                fn(**kwargs)
+            except typer.Exit as exc:  # what typer's standalone mode does with it
+                sys.exit(exc.exit_code)
+            sys.exit(E.EXIT_OK)
     except SystemExit as exc:
         if exc.code == E.EXIT_INTERRUPTED:
             _exit_interrupted()

@@ -260,17 +260,18 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) 
 
 
 def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
-             assessed: list[Assessed] | None = None) -> dict:
+             assessed: list[Assessed] | None = None, cache=None) -> dict:
     """The gate verdict for one valid spec (see GATE_SCHEMA); never imports torch.
 
     `flags` are appended to every suggested command (e.g. ' --receipts DIR')
-    so the fix works for the store that was evaluated.
+    so the fix works for the store that was evaluated. `cache` (engine.cache)
+    is passed on to `assess_receipts`.
     """
     key = spec.key
     promo = spec.data["promotion"]
     requires = promo["requires"]
     if assessed is None:
-        assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key)
+        assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key, cache=cache)
     spec_name = f"specs/{spec.path.name}"
     usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name]
     fresh = [a for a in usable if a.state == "fresh"]

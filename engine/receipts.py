@@ -241,15 +241,19 @@ def load_receipt(path: Path, with_bytes: bool = False):
     return (data, raw) if with_bytes else data
 
 
-def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display: str | None = None) -> ReceiptCheck:
+def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display: str | None = None,
+                  cache=None, loaded: tuple[dict, bytes] | None = None) -> ReceiptCheck:
     """Integrity (recomputed id, subject digest, exact bytes) and freshness (subject digests vs the tree).
 
     Subjects named `specs/...` resolve against `specs_dir` (default root/specs),
     so a receipt of a spec kept outside the checkout can still be checked.
+    Both are decided here every time; an `engine.cache.ValidationCache` only
+    spares re-deriving what a spec's bytes alone decide (`_same_but_state`).
+    `loaded` is (data, raw) when the caller has already read the file.
     """
     display = display or Path(path).name
     try:
-        data, raw = load_receipt(path, with_bytes=True)
+        data, raw = loaded if loaded is not None else load_receipt(path, with_bytes=True)
     except ValueError as err:
         return ReceiptCheck(file=display, state="invalid", message=str(err))
     pred = data["predicate"]
@@ -283,7 +287,8 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
             continue
         if not target.is_file():
             changed.append(f"{name} (missing)")
-        elif sha256_file(target) != s.get("digest", {}).get("sha256") and not _same_but_state(target, s, pred):
+        elif (cache.tree_sha256(target) if cache is not None else sha256_file(target)) != \
+                s.get("digest", {}).get("sha256") and not _same_but_state(target, s, pred, cache):
             changed.append(name)
     if changed:
         rc.state, rc.changed = "stale", tuple(changed)
@@ -294,7 +299,7 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
 # --- freshness across a promote/demote -----------------------------------------
 
 
-def _same_but_state(target: Path, subject: dict, pred: dict) -> bool:
+def _same_but_state(target: Path, subject: dict, pred: dict, cache=None) -> bool:
     """A spec that differs from the run's only in promotion.state (a promote or demote since) is the same spec.
 
     Promoting rewrites exactly the state token (engine/promote.py); setting it
@@ -304,6 +309,8 @@ def _same_but_state(target: Path, subject: dict, pred: dict) -> bool:
     state = spec.get("promotion_state") if isinstance(spec, dict) else None
     if not str(subject.get("name", "")).startswith("specs/") or not isinstance(state, str):
         return False
+    if cache is not None:
+        return cache.digest_with_state(target.read_bytes(), state) == (subject.get("digest") or {}).get("sha256")
     from engine.promote import digest_with_state
 
     return digest_with_state(target.read_bytes(), state) == (subject.get("digest") or {}).get("sha256")

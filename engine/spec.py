@@ -53,8 +53,9 @@ class Spec:
     path: Path
     display: str  # path as shown to users (relative where possible)
     data: dict
-    doc: Any = field(repr=False)
+    doc: Any = field(repr=False)  # None when the data came from engine.cache: parsed again on first `locate`
     sha256: str = ""
+    raw: bytes | None = field(default=None, repr=False, compare=False)  # the bytes `data` was read from
 
     @property
     def key(self) -> str:
@@ -68,6 +69,8 @@ class Spec:
         raise UsageError(f"{self.display}: no contract {cid!r}; valid contracts: {valid}")
 
     def locate(self, path: Iterable[Any]) -> tuple[int | None, int | None]:
+        if self.doc is None and self.raw is not None:
+            self.doc = read_document(self.path, self.display, raw=self.raw)[1]
         return locate(self.doc, list(path))
 
 
@@ -271,23 +274,27 @@ def _plain(node: Any, doc: Any, path: list, display: str) -> Any:
                     "use plain strings, numbers, booleans, lists and mappings")
 
 
-def read_document(path: Path, display: str | None = None) -> tuple[dict, Any, bytes]:
-    """Read and parse one YAML spec safely; returns (plain data, round-trip doc, raw bytes)."""
+def read_document(path: Path, display: str | None = None, raw: bytes | None = None) -> tuple[dict, Any, bytes]:
+    """Read and parse one YAML spec safely; returns (plain data, round-trip doc, raw bytes).
+
+    With `raw`, parse those bytes (already read from `path`) instead of reading the file.
+    """
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
     display = display or display_path(path)
     path = Path(path)
     # File-level problems point at 1:1: the one-line format always names a position.
-    try:
-        if not path.exists():
-            raise SpecError(display, 1, 1, "$", "file not found", "check the path")
-        if not path.is_file():  # a FIFO would block, /dev/zero would never end, a folder cannot be read
-            raise SpecError(display, 1, 1, "$", "not a regular file", "give the path of a .yaml file")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)  # never more than the limit, whatever the file claims
-    except OSError as err:
-        raise SpecError(display, 1, 1, "$", f"cannot read: {err.strerror or err}", "check permissions") from None
+    if raw is None:
+        try:
+            if not path.exists():
+                raise SpecError(display, 1, 1, "$", "file not found", "check the path")
+            if not path.is_file():  # a FIFO would block, /dev/zero would never end, a folder cannot be read
+                raise SpecError(display, 1, 1, "$", "not a regular file", "give the path of a .yaml file")
+            with open(path, "rb") as f:
+                raw = f.read(MAX_SPEC_BYTES + 1)  # never more than the limit, whatever the file claims
+        except OSError as err:
+            raise SpecError(display, 1, 1, "$", f"cannot read: {err.strerror or err}", "check permissions") from None
     if len(raw) > MAX_SPEC_BYTES:
         head = raw[:MAX_SPEC_BYTES]
         line = head.count(b"\n") + 1
@@ -524,12 +531,17 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
     return _sorted_unique(errors)
 
 
-def validate_file(path: Path, root: Path | None = None) -> tuple[Spec | None, list[SpecError]]:
-    """Every problem in one spec file, one SpecError each; the Spec when there are none."""
+def validate_file(path: Path, root: Path | None = None, raw: bytes | None = None
+                  ) -> tuple[Spec | None, list[SpecError]]:
+    """Every problem in one spec file, one SpecError each; the Spec when there are none.
+
+    Always validates afresh; `engine.cache.ValidationCache.validate_file` answers the same from its cache.
+    With `raw`, validate those bytes (already read from `path`).
+    """
     path = Path(path)
     display = display_path(path, root)
     try:
-        data, doc, raw = read_document(path, display)
+        data, doc, raw = read_document(path, display, raw=raw)
     except SpecError as e:
         return None, [e]
     errors = schema_errors(data, doc, display)
@@ -539,7 +551,7 @@ def validate_file(path: Path, root: Path | None = None) -> tuple[Spec | None, li
     errors = reference_errors(data, doc, display, stem)
     if errors:
         return None, errors
-    return Spec(path=path, display=display, data=data, doc=doc, sha256=hashlib.sha256(raw).hexdigest()), []
+    return Spec(path=path, display=display, data=data, doc=doc, sha256=hashlib.sha256(raw).hexdigest(), raw=raw), []
 
 
 def load_spec(path: Path, root: Path | None = None) -> Spec:

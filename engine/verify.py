@@ -45,17 +45,25 @@ class Assessed:
 
 
 def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
-           folder_method: str | None = None) -> Assessed:
-    """Everything verify knows about one receipt file."""
+           folder_method: str | None = None, cache=None) -> Assessed:
+    """Everything verify knows about one receipt file.
+
+    With an `engine.cache.ValidationCache`, the schema problems of these exact bytes may come from it;
+    integrity and freshness are decided afresh either way.
+    """
     display = display or Path(path).name
-    rc = check_receipt(path, root, specs_dir, display=display)
+    try:
+        loaded = load_receipt(path, with_bytes=True)
+    except ValueError:
+        loaded = None  # check_receipt reads it again and says why it cannot
+    rc = check_receipt(path, root, specs_dir, display=display, cache=cache, loaded=loaded)
     out = Assessed(file=display, state=rc.state, message=rc.message, method=rc.method, receipt_id=rc.receipt_id,
                    status=rc.status if isinstance(rc.status, str) else None, created_at=rc.created_at,
                    changed=list(rc.changed))
     if rc.state in ("invalid", "tampered"):
         return out
-    data = load_receipt(path)
-    problems = schema_problems(data)
+    data, raw = loaded
+    problems = cache.schema_problems(data, raw) if cache is not None else schema_problems(data)
     if problems:
         out.state, out.changed = "invalid", []
         out.message = "does not match the receipt schema: " + "; ".join(problems)
@@ -111,7 +119,7 @@ def store_files(receipts_dir: Path, method: str | None = None) -> tuple[list[tup
     return files, leftovers
 
 
-def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None
+def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None, cache=None
                     ) -> tuple[list[Assessed], list[str]]:
     """Every candidate receipt (of one method, or all), assessed; plus leftover temporary files."""
     files, leftovers = store_files(receipts_dir, method)
@@ -124,15 +132,15 @@ def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str
         elif path.suffix != RECEIPT_SUFFIX:
             a = Assessed(file=display, state="invalid", message=f"not a receipt file name (expected *{RECEIPT_SUFFIX})")
         else:
-            a = assess(path, root, specs_dir, display=display, folder_method=folder_method)
+            a = assess(path, root, specs_dir, display=display, folder_method=folder_method, cache=cache)
         out.append(a)
     return out, leftovers
 
 
 def assess_store(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None,
-                 spec_states: dict[str, str] | None = None) -> StoreReport:
+                 spec_states: dict[str, str] | None = None, cache=None) -> StoreReport:
     """Assess every receipt (of one method, or all) and the ledger against them and the specs' states."""
-    receipts, leftovers = assess_receipts(receipts_dir, root, specs_dir, method)
+    receipts, leftovers = assess_receipts(receipts_dir, root, specs_dir, method, cache=cache)
     report = StoreReport(receipts=receipts, leftovers=leftovers)
     led = ledger_mod.read(receipts_dir)
     if method is not None:

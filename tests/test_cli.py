@@ -141,3 +141,75 @@ def test_read_only_commands_do_not_import_torch(verb):
             f"r = CliRunner().invoke(app, {verb!r}); "
             f"assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "NO_COLOR": "1"})
+
+
+# --- main()'s direct way into list/show/gate/verify (no typer parsing) ---------------------------------
+
+
+def test_the_direct_table_matches_the_commands_signatures():
+    """Every parameter of a direct verb is a path option, a flag or METHOD, exactly as the table says, and
+    none has an envvar or callback the direct parse would skip."""
+    import inspect
+    import typing
+
+    import typer.models
+
+    import engine.cli as cli
+
+    for verb, (fn, fewest, most, flags) in cli._DIRECT.items():
+        seen_flags, seen_opts, method = set(), set(), None
+        for name, p in inspect.signature(fn).parameters.items():
+            annotation = typing.get_type_hints(fn, include_extras=True)[name]
+            base, info = typing.get_args(annotation)[0], typing.get_args(annotation)[1]
+            assert info.envvar is None and info.callback is None and not getattr(info, "is_eager", False), (verb, name)
+            if isinstance(info, typer.models.ArgumentInfo):
+                assert name == "method" and base in (str, typing.Optional[str]), (verb, name)
+                method = p
+                continue
+            (decl,) = info.param_decls or (info.default,)  # Annotated: typer reads a str default as the name
+            if base is bool:
+                assert cli._DIRECT_FLAGS[decl] == name and decl in flags and p.default is False, (verb, decl)
+                seen_flags.add(decl)
+            else:
+                assert base == typing.Optional[Path] and cli._DIRECT_OPTIONS[decl] == name and p.default is None
+                seen_opts.add(decl)
+        assert seen_flags == set(flags) and seen_opts == set(cli._DIRECT_OPTIONS), verb
+        required = method is not None and method.default is inspect.Parameter.empty
+        assert (fewest, most) == ((1, 1) if required else (0, 1) if method is not None else (0, 0)), verb
+
+
+@pytest.mark.parametrize("argv", [
+    ["show"], ["show", "a", "b"], ["list", "x"], ["list", "--json", "--json"], ["verify", "--help"],
+    ["list", "--receipts"], ["list", "--receipts", "--json"], ["list", "--receipts="], ["gate", "-h"],
+    ["gate", "m", "--strict"], ["check", "tapo-trajectory"], ["show", ""], ["list", "--"], ["list", "--jso"],
+    ["verify", "--specs", "a", "--specs", "b"], [], ["--json", "list"],
+])
+def test_anything_but_the_plain_forms_is_left_to_typer(argv):
+    import engine.cli as cli
+
+    assert cli._direct_call(argv) is None
+
+
+def test_the_direct_way_prints_what_typer_prints(tmp_path):
+    import shutil
+
+    import engine.cli as cli
+
+    store = tmp_path / "store"
+    shutil.copytree(ROOT / "receipts", store, ignore=shutil.ignore_patterns(".*"))
+    cases = [["list"], ["list", "--json", "--receipts", str(store)], ["show", "mrtpo", f"--receipts={store}"],
+             ["--", "gate", "tapo-trajectory", "--json"], ["gate", "--specs", str(ROOT / "specs"), "mrtpo"],
+             ["verify", "--strict"], ["verify", "tar-adaptive-replay", "--json"], ["show", "no-such-method"],
+             ["gate", "../x"]]
+    for argv in cases:
+        argv = [a for a in argv if a != "--"]
+        if "--receipts" not in " ".join(argv):
+            argv += ["--receipts", str(store)]
+        assert cli._direct_call(argv) is not None, argv
+        typer_run = invoke(*argv)
+        direct = subprocess.run([sys.executable, "-m", "engine.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+                                timeout=120, env={**os.environ, "NO_COLOR": "1"})
+        outs = [typer_run.stdout, direct.stdout]
+        if "gate" in argv and "--json" in argv:
+            outs = [json.dumps({**json.loads(o), "evaluated_at": None}) for o in outs]
+        assert (direct.returncode, outs[1], direct.stderr) == (typer_run.exit_code, outs[0], typer_run.stderr), argv

@@ -194,16 +194,14 @@ def test_no_torch_on_the_tui_import_path():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_spec_cache_revalidates_exactly_when_an_input_changes(store, monkeypatch, tmp_path):
+def test_spec_cache_revalidates_exactly_when_an_input_changes(store, monkeypatch):
+    import engine.spec
     import tui.specs as specs_mod
 
     calls = []
-    real = specs_mod.validate_file
-    monkeypatch.setattr(specs_mod, "validate_file", lambda f, root=None: calls.append(f.name) or real(f, root))
-    methods = tmp_path / "methods"
-    methods.mkdir()
-    (methods / "m.py").write_text("x = 1\n")
-    monkeypatch.setattr(registry, "methods_root", lambda: methods)
+    real = engine.spec.validate_file
+    monkeypatch.setattr(engine.spec, "validate_file",
+                        lambda f, root=None, **kw: calls.append(f.name) or real(f, root, **kw))
     (store["specs"] / "broken.yaml").write_text("spec_version: 1\ntitle: [unclosed\n")
 
     def load():
@@ -223,7 +221,11 @@ def test_spec_cache_revalidates_exactly_when_an_input_changes(store, monkeypatch
     path.write_text(path.read_text().replace("review: IN-REVIEW", "review: DONE"))
     assert load()["other-method"][0].data["promotion"]["review"] == "DONE" and calls == ["other-method.yaml"]
     calls.clear()
-    (methods / "m.py").write_text("x = 2\n")  # the registry the references are checked against changed
+    # the registry the references are checked against changed: one more check name registered
+    names = registry._STATIC
+    monkeypatch.setattr(registry, "_STATIC", registry.StaticNames(
+        implementations=names.implementations, checks=names.checks | {"demo.extra_check"}, mutants=names.mutants,
+        files=names.files))
     load()
     assert len(calls) == 3
 

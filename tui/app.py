@@ -159,8 +159,13 @@ class ContractsApp(App):
     def _gates_elsewhere(self) -> dict:
         from engine.index import spawn_pool
 
+        from engine.cache import names_doc
+        from engine.registry import known_names
+
+        # The other process checks specs against this process's registered names, so both agree on validity.
         with spawn_pool(1) as pool:
-            return pool.submit(gate_views, self.specs_dir, self.receipts_dir, self.root).result()
+            return pool.submit(gate_views, self.specs_dir, self.receipts_dir, self.root,
+                               names_doc(known_names())).result()
 
     def _apply_gate(self, model: Model, key: str, view) -> None:
         if model is not self.model:

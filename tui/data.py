@@ -355,8 +355,17 @@ def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
     return out
 
 
-def gate_views(specs_dir: Path, receipts_dir: Path, root: Path) -> dict[str, GateView]:
-    """Every method's verdict, computed from scratch (run in another process for big stores)."""
+def gate_views(specs_dir: Path, receipts_dir: Path, root: Path, names: dict | None = None) -> dict[str, GateView]:
+    """Every method's verdict, computed from scratch (run in another process for big stores).
+
+    `names` (engine.cache.names_doc) are the registered names to validate specs against: the calling
+    process's, so both processes agree on which specs are valid.
+    """
+    if names is not None:
+        from engine import registry
+        from engine.cache import names_from
+
+        registry._STATIC = names_from(names)
     model = build_model(specs_dir, receipts_dir, root, ReceiptIndex(receipts_dir, persist=False),
                         Freshness(root, specs_dir), gates=True)
     return {m.key: m.gate for m in model.methods if m.spec_obj is not None}

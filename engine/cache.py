@@ -1,0 +1,360 @@
+"""Content-keyed caches for the read-only commands: validated specs, receipt schema results.
+
+Validating a spec (ruamel round-trip parse, the event scan, JSON Schema, the
+static registry scan) costs 0.1-0.4 s; checking a receipt against the receipt
+schema about as much. Both results are pure functions of bytes: the file's,
+plus the code, schema and library that decide. So each is kept under exactly
+those: a spec under its sha256 and file name plus `spec_fingerprint()` (the
+modules that validate, the spec schema, the registered names, the versions of
+ruamel.yaml and jsonschema); a receipt's schema problems under its sha256 plus
+`receipt_fingerprint()`; the promote/demote splice that freshness uses under
+the spec's sha256 and the state. A changed byte anywhere is a different key:
+a miss, validated afresh.
+
+Nothing live is cached: receipt integrity and freshness (the bound files
+against the working tree) are computed on every call.
+
+The cache is one file, `<receipts>/.validation-cache.json`. It is never
+evidence: missing, corrupt, foreign or unreadable means empty; a store that
+cannot be written is simply not cached; writes go to a temporary name and are
+renamed into place, and two processes racing only lose each other's new
+entries (a miss next time). Deleting it is always safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+CACHE_NAME = ".validation-cache.json"
+CACHE_VERSION = 1
+MAX_ENTRIES = 20_000  # per section; past it, only the entries this process used are kept
+# A spec's entries are large (its whole data): only the newest version of each file name is kept.
+_SLOT = {"specs": lambda key: key.partition(":")[2]}
+_ENGINE = Path(__file__).resolve().parent
+_MISSING = object()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _files_digest(h, files: list[Path]) -> None:
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        try:
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+        except OSError:
+            h.update(b"-")
+
+
+def _library(name: str) -> str:
+    """Where a library lives and when its files last changed: a new version is a new stamp. Not imported."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        st = os.stat(origin) if origin else None
+    except (ImportError, ValueError, OSError):
+        return f"{name}:-"
+    return f"{name}:{origin}:{st.st_size}:{st.st_mtime_ns}" if st else f"{name}:-"
+
+
+def spec_code_files() -> list[Path]:
+    """The engine files whose content decides a spec's validation (besides the registered names)."""
+    return [_ENGINE / n for n in ("spec.py", "registry.py", "errors.py", "cache.py", "schemas/spec.schema.json")]
+
+
+def receipt_code_files() -> list[Path]:
+    """The engine files whose content decides a receipt's schema problems."""
+    return [_ENGINE / n for n in ("receipts.py", "cache.py", "schemas/receipt.schema.json")]
+
+
+def restate_code_files() -> list[Path]:
+    """The engine files whose content decides `digest_with_state`."""
+    return [_ENGINE / n for n in ("promote.py", "errors.py", "cache.py")]
+
+
+def names_doc(names) -> dict:
+    """Registered names (`engine.registry.StaticNames`) as plain JSON data; `names_from` reverses it."""
+    return {"implementations": {k: list(v) for k, v in sorted(names.implementations.items())},
+            "checks": sorted(names.checks),
+            "mutants": {k: v for k, v in sorted(names.mutants.items())},
+            "files": list(names.files)}
+
+
+def names_from(doc: dict):
+    from types import MappingProxyType
+
+    from engine.registry import StaticNames
+
+    return StaticNames(implementations=MappingProxyType({k: tuple(v) for k, v in doc["implementations"].items()}),
+                       checks=frozenset(doc["checks"]), mutants=MappingProxyType(dict(doc["mutants"])),
+                       files=tuple(doc["files"]))
+
+
+class ValidationCache:
+    """The cache file of one receipts store (or of none: `directory=None` caches in this process only)."""
+
+    def __init__(self, directory: Path | None):
+        self.path = Path(directory) / CACHE_NAME if directory is not None else None
+        self._read: dict | None = None  # section -> {"fp": str, "entries": {...}} as read from disk
+        self._new: dict[str, tuple[str, dict]] = {}  # section -> (fp, entries added in this process)
+        self._used: dict[str, set] = {}
+        self._fps: dict[str, str] = {}
+        self._tree: dict[tuple[str, int, int], str] = {}  # working-tree digests, this process only
+
+    # -- the file -----------------------------------------------------------------
+
+    def _load(self) -> dict:
+        if self._read is None:
+            self._read = self._read_file()
+        return self._read
+
+    def _read_file(self) -> dict:
+        if self.path is None:
+            return {}
+        try:
+            doc = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(doc, dict) or doc.get("v") != CACHE_VERSION or not isinstance(doc.get("sections"), dict):
+            return {}
+        return {k: s for k, s in doc["sections"].items()
+                if isinstance(s, dict) and isinstance(s.get("fp"), str) and isinstance(s.get("entries"), dict)}
+
+    def get(self, section: str, fp: str, key: str) -> Any:
+        """The cached value, or `_MISSING`."""
+        new = self._new.get(section)
+        if new is not None and new[0] == fp and key in new[1]:
+            return new[1][key]
+        sec = self._load().get(section)
+        if sec is None or sec["fp"] != fp or key not in sec["entries"]:
+            return _MISSING
+        self._used.setdefault(section, set()).add(key)
+        return sec["entries"][key]
+
+    def put(self, section: str, fp: str, key: str, value: Any) -> None:
+        fp_new, entries = self._new.get(section, (fp, {}))
+        if fp_new != fp:
+            entries = {}
+        entries[key] = value
+        self._new[section] = (fp, entries)
+
+    def flush(self) -> None:
+        """Write what this process added, merged into the file as it is now; silently nothing when it cannot."""
+        if self.path is None or not self._new:
+            return
+        if not self.path.parent.is_dir():  # never create a store just to cache into it
+            return
+        sections = self._read_file()  # what other processes wrote since we read
+        for name, (fp, entries) in self._new.items():
+            old = sections.get(name)
+            merged = dict(old["entries"]) if old is not None and old["fp"] == fp else {}
+            slot = _SLOT.get(name)
+            if slot is not None:  # an edited spec's older versions go
+                mine = {slot(k) for k in entries} | {slot(k) for k in self._used.get(name, ())}
+                merged = {k: v for k, v in merged.items() if slot(k) not in mine or k in self._used.get(name, ())}
+            if len(merged) + len(entries) > MAX_ENTRIES:
+                used = self._used.get(name, set())
+                merged = {k: v for k, v in merged.items() if k in used}
+            merged.update(entries)
+            sections[name] = {"fp": fp, "entries": merged}
+        doc = {"v": CACHE_VERSION, "about": "cache of validation results keyed by content; safe to delete",
+               "sections": sections}
+        tmp = self.path.parent / f".tmp-cache-{secrets.token_hex(6)}"
+        try:
+            # ensure_ascii: a spec string may hold a lone surrogate, which UTF-8 cannot encode
+            tmp.write_bytes(json.dumps(doc, separators=(",", ":")).encode("ascii"))
+            os.replace(tmp, self.path)
+        except (OSError, ValueError, TypeError):
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            return
+        self._read, self._new = sections, {}
+
+    # -- fingerprints -------------------------------------------------------------------
+
+    def _fingerprint(self, section: str, make: Callable[[], str]) -> str:
+        if section not in self._fps:
+            self._fps[section] = make()
+        return self._fps[section]
+
+    def registered_names(self):
+        """`engine.registry.known_names()`, with the static scan of methods/ cached under the sources' digest.
+
+        A process that already scanned (or set) the static names keeps its own.
+        """
+        from engine import registry
+
+        if registry._STATIC is None:
+            try:
+                root = registry.methods_root()
+                files = sorted(root.rglob("*.py"))
+            except Exception:  # no methods package: the scan itself says so
+                return registry.known_names()
+            h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}".encode())
+            _files_digest(h, [_ENGINE / "registry.py", _ENGINE / "cache.py"])
+            for f in files:  # by path relative to the package: the scan records those names
+                h.update(f.relative_to(root.parent).as_posix().encode() + b"\0")
+                try:
+                    h.update(hashlib.sha256(f.read_bytes()).digest())
+                except OSError:
+                    h.update(b"-")
+            fp = h.hexdigest()
+            hit = self.get("registry", fp, "static")
+            if hit is not _MISSING:
+                try:
+                    registry._STATIC = names_from(hit)
+                except (KeyError, TypeError, AttributeError):
+                    hit = _MISSING
+            if hit is _MISSING:
+                self.put("registry", fp, "static", names_doc(registry.static_names()))
+        return registry.known_names()
+
+    def spec_fingerprint(self) -> str:
+        """sha256 over everything a spec's validation depends on besides the spec file itself."""
+
+        def make() -> str:
+            h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}:{_library('ruamel.yaml')}:"
+                               f"{_library('jsonschema')}".encode())
+            _files_digest(h, spec_code_files())
+            h.update(json.dumps(names_doc(self.registered_names()), sort_keys=True).encode())
+            return h.hexdigest()
+
+        return self._fingerprint("specs", make)
+
+    def receipt_fingerprint(self) -> str:
+        def make() -> str:
+            h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}:{_library('jsonschema')}".encode())
+            _files_digest(h, receipt_code_files())
+            return h.hexdigest()
+
+        return self._fingerprint("receipts", make)
+
+    def restate_fingerprint(self) -> str:
+        def make() -> str:
+            h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}:{_library('ruamel.yaml')}".encode())
+            _files_digest(h, restate_code_files())
+            return h.hexdigest()
+
+        return self._fingerprint("restate", make)
+
+    # -- specs ------------------------------------------------------------------------------
+
+    def validate_file(self, path: Path, root: Path | None = None):
+        """`engine.spec.validate_file`, answered from the cache when the spec and everything it depends on match."""
+        from engine.spec import MAX_SPEC_BYTES, Spec, SpecError, display_path, validate_file
+
+        path = Path(path)
+        try:
+            # a regular file within the limit; anything else gets the full treatment, which says what is wrong
+            raw = path.read_bytes() if path.is_file() and path.stat().st_size <= MAX_SPEC_BYTES else None
+        except OSError:
+            raw = None
+        if raw is None or len(raw) > MAX_SPEC_BYTES:
+            return validate_file(path, root)
+        sha = _sha(raw)
+        key = f"{sha}:{path.name}"  # the file name matters: the method key must match it
+        try:
+            fp = self.spec_fingerprint()
+        except Exception:  # e.g. no methods package: nothing to key on, so no cache; validation says what is wrong
+            return validate_file(path, root, raw=raw)
+        hit = self.get("specs", fp, key)
+        display = display_path(path, root)
+        if isinstance(hit, dict) and isinstance(hit.get("errors"), list):
+            try:
+                if hit["errors"]:
+                    return None, [SpecError(display, e["line"], e["col"], e["path"], e["message"], e["fix"])
+                                  for e in hit["errors"]]
+                if isinstance(hit.get("data"), dict):
+                    return Spec(path=path, display=display, data=hit["data"], doc=None, sha256=sha, raw=raw), []
+            except (KeyError, TypeError):
+                pass  # an entry of some other shape: validate afresh
+        spec, errors = validate_file(path, root, raw=raw)
+        if spec is not None:
+            self.put("specs", fp, key, {"data": spec.data, "errors": []})
+        elif all(type(e) is SpecError for e in errors):
+            self.put("specs", fp, key, {"data": None, "errors": [
+                {k: v for k, v in e.as_dict().items() if k != "file"} for e in errors]})
+        return spec, errors
+
+    def load_spec(self, path: Path, root: Path | None = None):
+        """A valid spec, or the first SpecError raised (`engine.spec.load_spec`, cached)."""
+        spec, errors = self.validate_file(path, root)
+        if errors:
+            raise errors[0]
+        return spec
+
+    # -- receipts --------------------------------------------------------------------------
+
+    def schema_problems(self, data: Any, raw: bytes) -> list[str]:
+        """`engine.receipts.schema_problems(data)` for the receipt file whose bytes are `raw`."""
+        from engine.receipts import schema_problems
+
+        fp, key = self.receipt_fingerprint(), _sha(raw)
+        hit = self.get("receipts", fp, key)
+        if isinstance(hit, list) and all(isinstance(p, str) for p in hit):
+            return list(hit)
+        problems = schema_problems(data)
+        self.put("receipts", fp, key, problems)
+        return problems
+
+    def digest_with_state(self, raw: bytes, state: str) -> str | None:
+        """`engine.promote.digest_with_state`: a pure function of the spec bytes and the state."""
+        from engine.promote import digest_with_state
+
+        fp, key = self.restate_fingerprint(), f"{_sha(raw)}:{state}"
+        hit = self.get("restate", fp, key)
+        if hit is None or isinstance(hit, str):
+            return hit
+        out = digest_with_state(raw, state)
+        self.put("restate", fp, key, out)
+        return out
+
+
+    def tree_sha256(self, target: Path) -> str:
+        """sha256 of a working-tree file, remembered by (path, size, mtime_ns) for this cache's life (one
+        command) and never stored: freshness is decided live, but many receipts bind the same engine files."""
+        from engine.receipts import sha256_file
+
+        try:
+            st = os.stat(target)
+        except OSError:
+            return sha256_file(target)  # fails as the uncached call would
+        key = (os.fspath(target), st.st_size, st.st_mtime_ns)
+        hit = self._tree.get(key)
+        if hit is None:
+            hit = self._tree[key] = sha256_file(target)
+        return hit
+
+
+_STORES: dict[str, ValidationCache] = {}
+
+
+def for_store(receipts_dir: Path | None) -> ValidationCache:
+    """The process's cache for one receipts store (shared by every command step that reads it)."""
+    key = os.path.abspath(receipts_dir) if receipts_dir is not None else ""
+    if key not in _STORES:
+        _STORES[key] = ValidationCache(Path(receipts_dir) if receipts_dir is not None else None)
+    return _STORES[key]
+
+
+def flush_all() -> None:
+    """Write every store's new entries (each command does this as it ends) and forget them."""
+    for cache in list(_STORES.values()):
+        cache.flush()
+    _STORES.clear()
+
+
+def reset() -> None:
+    """Forget the caches of this process (without writing): the next command reads them afresh."""
+    _STORES.clear()
