@@ -22,10 +22,12 @@ Profiles: `fuzz-ci` (default; derandomized, well under a minute in all) and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -60,6 +62,25 @@ CONTRACTS = typer.main.get_command(app)
 
 # Per-example time bound: validate of a small spec takes ~20 ms; a hang or a blow-up shows as seconds.
 TIME_BOUND_S = 5.0
+
+
+class Hung(BaseException):
+    """validate ran past TIME_BOUND_S (a BaseException: the engine's own error handling must not absorb it)."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: float = TIME_BOUND_S):
+    """Stop the block with `Hung` after `seconds`: a hang fails the test instead of stalling the suite."""
+    def on_alarm(signum, frame):  # noqa: ARG001
+        raise Hung(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 CANARY = "reliab_canary_mod"
 
 
@@ -275,7 +296,8 @@ def run_validate(path: Path, raw: bytes, as_json: bool = False) -> Outcome:
     Watch.on = True
     t0 = time.perf_counter()
     try:
-        res = CliRunner().invoke(CONTRACTS, ["validate", str(path)] + (["--json"] if as_json else []))
+        with bounded():
+            res = CliRunner().invoke(CONTRACTS, ["validate", str(path)] + (["--json"] if as_json else []))
     finally:
         Watch.on = False
     elapsed = time.perf_counter() - t0
@@ -692,7 +714,8 @@ def test_what_is_not_a_regular_file_is_refused_without_reading_it(tmp_path, kind
     elif kind == "dev_zero":
         target = Path("/dev/zero")  # reading it would never end
     t0 = time.perf_counter()
-    res = CliRunner().invoke(CONTRACTS, ["validate", str(target)])
+    with bounded():
+        res = CliRunner().invoke(CONTRACTS, ["validate", str(target)])
     assert time.perf_counter() - t0 < TIME_BOUND_S
     assert res.exit_code == 2 and "Traceback" not in res.output
     first = res.stderr.splitlines()[0]
