@@ -722,6 +722,19 @@ def test_what_is_not_a_regular_file_is_refused_without_reading_it(tmp_path, kind
     assert re.match(r"^\S+:1:1 \$ ", first), first
 
 
+
+@pytest.mark.parametrize("name", ["two\nlines.yaml", "para\u2028sep.yaml", "next\x85line.yaml", "tab\there.yaml",
+                                  "carriage\rreturn.yaml"], ids=ascii)
+def test_an_error_stays_one_located_line_whatever_the_file_name_holds(tmp_path, name):
+    """The file name is the one text in an error line the spec cannot escape: line breaks in it are escaped."""
+    path = tmp_path / name
+    path.write_text(BASE_TEXT.replace('level: "L0"', "level: ["))
+    res = CliRunner().invoke(CONTRACTS, ["validate", str(path)])
+    assert res.exit_code == 2 and res.stdout == ""
+    lines = res.stderr.splitlines()  # \r, U+0085 and U+2028 end a line here too, as in many viewers
+    assert len(lines) == 2 and ERROR_LINE.match(lines[0]) and lines[1].startswith("0/1 spec(s) valid"), lines
+
+
 # --- path tricks in method keys and receipt paths -------------------------------------------------
 
 TRICK_KEYS = ["../tapo-trajectory", "..", ".", "/etc/passwd", "tapo-trajectory/../tapo-trajectory", "a/b",
