@@ -6,7 +6,8 @@ there must be exactly 40 receipts afterwards, each one the receipt its run
 reported, all verifying. Writers racing for the very same file name still
 each get their own file. Two processes promoting and demoting the same method
 at once leave a spec and a ledger that `contracts verify` accepts, with no
-lost update in the ledger's history.
+lost update in the ledger's history; three processes appending to the ledger
+directly (no promotion lock around them) still leave one unbroken chain.
 """
 
 from __future__ import annotations
@@ -201,3 +202,31 @@ def test_promote_and_demote_from_two_processes_leave_a_ledger_verify_accepts(tmp
          str(root), str(specs), str(receipts)],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+APPENDER = """\
+import sys, time
+from pathlib import Path
+from engine import ledger
+
+store, go, n, who = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+while not go.exists():
+    pass
+for i in range(n):
+    old, new = ("not-promoted", "promoted") if i % 2 == 0 else ("promoted", "not-promoted")
+    ledger.append(store, method=f"m-{who}", action="promote" if i % 2 == 0 else "demote", old_state=old,
+                  new_state=new, reason=f"{who} {i}", receipts=[])
+"""
+
+
+def test_ledger_appends_from_three_processes_keep_one_unbroken_chain(tmp_path):
+    """The ledger's own lock, without the promotion lock around it: seq and prev still see every earlier line."""
+    store = tmp_path / "receipts"
+    (tmp_path / "appender.py").write_text(APPENDER)
+    go = tmp_path / "go"
+    cmds = [[sys.executable, str(tmp_path / "appender.py"), str(store), str(go), "40", who] for who in "abc"]
+    _finish(_start_together(cmds, go))
+    report = ledger.read(store)
+    assert report.problems == [] and [e["seq"] for e in report.entries] == list(range(1, 121))
+    for who in "abc":  # each writer's own entries, in its order
+        assert [e["reason"] for e in report.entries if e["method"] == f"m-{who}"] == [f"{who} {i}" for i in range(40)]

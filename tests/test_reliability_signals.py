@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -251,7 +252,7 @@ def test_a_signal_while_the_receipt_is_written_still_leaves_it_whole(tmp_path, m
 # --- SIGKILL ----------------------------------------------------------------------------------------
 
 WRITER = """\
-import builtins, os, signal, sys
+import builtins, os, signal, sys, time
 from pathlib import Path
 from engine import receipts as R
 
@@ -265,21 +266,24 @@ def stmt(n):
                                  "created_at": R.utc_now(), "status": "passed", "n": n, "blob": blob})
 
 
-if mode == "loop":  # write until killed
-    n = 0
-    while True:
-        n += 1
-        R.write_receipt(store, stmt(n))
-
-# mode "half": the process dies (SIGKILL) with half of the receipt's bytes on disk, as in a crash
 real_open = builtins.open
 
 
+# mode "half": the process dies (SIGKILL) with half of the receipt's bytes on disk, as in a crash.
+# mode "loop": the bytes go out in fsynced chunks, so a write lasts long enough for a kill to land in it.
 class DiesHalfway:
+
     def __init__(self, f):
         self.f = f
 
     def write(self, data):
+        if sys.argv[3] == "loop":
+            for i in range(0, len(data), 1 << 18):
+                self.f.write(data[i:i + (1 << 18)])
+                self.f.flush()
+                os.fsync(self.f.fileno())
+                time.sleep(0.005)  # 16 chunks: a write lasts 80 ms or more
+            return len(data)
         self.f.write(data[: len(data) // 2])
         self.f.flush()
         os.fsync(self.f.fileno())
@@ -303,6 +307,11 @@ def dying_open(file, mode="r", *args, **kwargs):
 
 
 builtins.open = dying_open
+if mode == "loop":  # write until killed
+    n = 0
+    while True:
+        n += 1
+        R.write_receipt(store, stmt(n))
 R.write_receipt(store, stmt(1))
 """
 
@@ -331,10 +340,21 @@ def test_sigkill_halfway_through_a_receipt_leaves_no_receipt_and_the_others_inta
 
 
 def test_sigkill_at_random_moments_leaves_only_complete_receipts(tmp_path):
+    """Each writer finishes one receipt, then is killed at a seeded moment (7-65 ms) after its next write began:
+    inside that write, which lasts 80 ms or more."""
     cmd, root, store = _writer(tmp_path, "loop")
-    for delay in (0.2, 0.35, 0.5, 0.65):
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stderr=subprocess.PIPE)
-        time.sleep(delay)
+    folder, rng = store / "killed", random.Random(7)
+
+    def names() -> set[str]:
+        return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+
+    for _ in range(6):
+        start = names()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for(lambda: any(not n.startswith(".") for n in names() - start), 60, proc, poll=0.001)  # one done
+        done = names()
+        _wait_for(lambda: bool(names() - done), 60, proc, poll=0.001)  # the next write has begun
+        time.sleep(rng.uniform(0, 0.1))
         proc.kill()
         proc.wait()
     files, leftovers = store_files(store)
@@ -343,6 +363,7 @@ def test_sigkill_at_random_moments_leaves_only_complete_receipts(tmp_path):
         rc = R.check_receipt(path, root)
         assert rc.state == "fresh", (path.name, rc.state, rc.message)
     assert all(Path(f).name.startswith(R.TMP_PREFIX) for f in leftovers)
+    assert leftovers, "no kill landed inside a write: the test did not test anything"
 
 
 # --- receipts folder that cannot be written: exit 4, one line, before any check runs ---------------
