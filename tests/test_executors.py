@@ -160,6 +160,21 @@ def test_bad_executor_options_are_usage_errors(tmp_path, args, text):
     assert not receipt_files(tmp_path / "r", METHOD)
 
 
+def test_workers_start_with_what_a_cell_imports_already_imported():
+    """Every worker would pay a cell's first-use imports again (torch._dynamo, which an optimizer imports:
+    about 1 CPU-s): the worker server imports them once, before it forks."""
+    from engine.executors import run_local, split
+
+    _, cells = split(plans(only=("mechanism",)), "cpu")
+    outcomes = run_local(cells, {}, 2, cell_fn=faults.report_imports)
+    for o in outcomes.values():
+        assert o.failure is None, o.failure
+        assert "torch._dynamo" in o.data["before"]
+        # Before: 818 modules, torch._dynamo, torch.fx and sympy among them; now a few tiny ones at most.
+        assert not [m for m in o.data["imported"] if m.startswith(("torch._dynamo", "torch.fx", "sympy"))]
+        assert len(o.data["imported"]) < 20, o.data["imported"]
+
+
 def test_importing_the_executors_does_not_import_torch():
     code = "import sys, engine.cli, engine.executors; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
