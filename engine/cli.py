@@ -365,20 +365,21 @@ def check(
         raise E.UsageError("give a method or --all, not both")
     if not all_ and not method:
         raise E.UsageError("name a method (e.g. contracts check tapo-trajectory) or pass --all")
+    if only and all_:
+        raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
     if all_:
         paths = spec_files(specs_dir)
         if not paths:
             raise E.NothingSelected(f"no specs in {display_path(specs_dir)}/")
     else:
         paths = [spec_path(specs_dir, method)]
-    loaded = [load_spec(p, project_root()) for p in paths]
-    if only and all_:
-        raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
-
     if jobs > 1 and executor == "local" and not address and policy is None:
         from engine.executors import prestart_local_workers
 
-        prestart_local_workers()  # the workers' server imports torch while this process does
+        # First: the workers' server imports torch and the methods (about 2 s) while this process reads the
+        # specs and imports its own; the workers' imports are the --jobs run's serial part.
+        prestart_local_workers()
+    loaded = [load_spec(p, project_root()) for p in paths]
     from engine.runner import plan_run  # imports torch from here on
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
