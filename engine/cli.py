@@ -312,6 +312,7 @@ class _StopFlag:
 
 
 _STOP: Optional[_StopFlag] = None
+_CHECK_RAN = False  # main() may skip interpreter teardown after `check` (see main)
 
 
 def stops_on_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -353,6 +354,8 @@ def check(
                                                         "start a local Ray instance).")] = None,
 ) -> None:
     """Run a method's contracts and mutants on a device; write one receipt per method."""
+    global _CHECK_RAN
+    _CHECK_RAN = True
     from engine.devices import parse_device
     from engine.receipts import ensure_writable
     from engine.spec import load_spec
@@ -893,12 +896,17 @@ def main() -> None:
         app()
     except SystemExit as exc:
         if exc.code == E.EXIT_INTERRUPTED:
-            _exit_interrupted()
+            _exit_now(E.EXIT_INTERRUPTED)
+        if _CHECK_RAN and "ray" not in sys.modules and isinstance(exc.code, int):
+            # Tearing down torch (and torch._dynamo, which optimizers import) takes 0.3-2 s of interpreter
+            # finalisation that writes nothing: check's receipts are fsynced and closed by now and its local
+            # workers stopped. Ray's atexit shutdown must run, so not with Ray loaded.
+            _exit_now(exc.code)
         raise
 
 
-def _exit_interrupted() -> None:
-    """Leave with 130 now, whatever CPython remembers.
+def _exit_now(code: int) -> None:
+    """Leave with `code` now: flush, skip interpreter finalisation, whatever CPython remembers.
 
     A KeyboardInterrupt that crossed a C extension's PyRun_* call (torch's
     pybind11 code can be on the stack when the signal lands) sets CPython's
@@ -913,7 +921,7 @@ def _exit_interrupted() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(E.EXIT_INTERRUPTED)
+    os._exit(code)
 
 
 if __name__ == "__main__":

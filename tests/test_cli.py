@@ -113,6 +113,23 @@ def test_usage_errors_are_one_line_with_exit_2(args, code, words, tmp_path):
     assert "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("args, code", [
+    (("--seeds", "42", "--only", "clip_schedule", "--json"), 0),
+    (("--seeds", "4x", "--json"), 2),
+])
+def test_a_check_process_leaves_with_its_exit_code_and_all_its_output(args, code, tmp_path):
+    """`python -m engine.cli check` skips interpreter teardown at exit: nothing it printed may be lost."""
+    p = subprocess.run([sys.executable, "-m", "engine.cli", "check", "tapo-trajectory", "--receipts", str(tmp_path),
+                        *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == code, p.stderr[-2000:]
+    if code == 0:
+        (run,) = json.loads(p.stdout)["runs"]
+        assert run["status"] == "passed" and (tmp_path / "tapo-trajectory" / run["receipt"]).is_file()
+    else:
+        assert "comma-separated" in p.stderr and p.stdout == ""
+
+
 def test_validate_reports_a_broken_spec_with_exit_2(tmp_path):
     text = (ROOT / "specs" / "tapo-trajectory.yaml").read_text().replace("check: tapo.mechanism", "check: nope")
     (tmp_path / "tapo-trajectory.yaml").write_text(text)
