@@ -388,7 +388,10 @@ def check(
         # specs and imports its own; the workers' imports are the --jobs run's serial part.
         prestart_local_workers()
     loaded = [load_spec(p, project_root()) for p in paths]
-    from engine.runner import plan_run  # imports torch from here on
+    from engine.imports import gc_paused
+
+    with gc_paused():
+        from engine.runner import plan_run  # imports torch from here on
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
     threads = _default_threads(device, threads)

@@ -227,17 +227,8 @@ def _exit_reason(proc) -> str:
 
 
 def _preload_modules() -> list[str]:
-    """What every worker needs imported: torch, the runner, and each method package (found without importing).
-
-    torch._dynamo too: building a torch.optim optimizer imports it on first use (torch/_compile.py), about
-    1 CPU-s that each worker would otherwise pay in its first mechanism check. Importing it runs no op.
-    """
-    import pkgutil
-
-    import methods
-
-    return ["torch", "torch._dynamo", "engine.runner", "engine.executors"] + sorted(
-        f"methods.{m.name}" for m in pkgutil.iter_modules(methods.__path__) if m.ispkg)
+    """What the worker server imports before it forks: engine.worker_server, which imports the rest."""
+    return ["engine.worker_server"]
 
 
 def _worker_context():
