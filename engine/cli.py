@@ -394,7 +394,9 @@ def check(
         from engine.runner import plan_run  # imports torch from here on
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
-    threads = _default_threads(device, threads)
+    from engine.devices import default_threads
+
+    threads = default_threads(device, threads)
     if jobs != 1 or executor != "local" or address:
         _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads)  # exits
     import torch
@@ -422,20 +424,6 @@ def check(
     code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or stop.stopped else E.EXIT_INTERNAL if "error" in statuses
             else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
-
-
-def _default_threads(device: str, threads: Optional[int]) -> Optional[int]:
-    """torch threads for the check processes: what was asked, else 1 on the CPU, else torch's default (None).
-
-    The checks' tensors are small: on the CPU a second intra-op thread mostly spins waiting for work, and on a
-    busy machine for a core. The serial `check --all` on a 2-core machine: 9 CPU-s with 1 thread against
-    12.8 with 2 when idle, and 16-20 s against 145-170 s of wall time under a load of 6.
-    """
-    if threads is not None:
-        return threads
-    from engine.devices import parse_device
-
-    return 1 if parse_device(device)[0] == "cpu" else None
 
 
 def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None) -> dict:
