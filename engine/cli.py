@@ -359,7 +359,7 @@ def check(
     """Run a method's contracts and mutants on a device; write one receipt per method."""
     global _CHECK_RAN
     _CHECK_RAN = True
-    from engine.devices import parse_device
+    from engine.devices import default_threads, parse_device
     from engine.receipts import ensure_writable
     from engine.spec import load_spec
 
@@ -394,8 +394,6 @@ def check(
         from engine.runner import plan_run  # imports torch from here on
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
-    from engine.devices import default_threads
-
     threads = default_threads(device, threads)
     if jobs != 1 or executor != "local" or address:
         _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads)  # exits
