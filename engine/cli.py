@@ -325,6 +325,7 @@ class _StopFlag:
 
 
 _STOP: Optional[_StopFlag] = None
+_CHECK_RAN = False  # main() may skip interpreter teardown after `check` (see main)
 
 
 def stops_on_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -364,9 +365,14 @@ def check(
                                                 "cluster; needs the [ray] extra).")] = "local",
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address for --executor ray (default: "
                                                         "start a local Ray instance).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per process (default: 1 on "
+                                                                      "cpu, torch's own on cuda; with --jobs N at "
+                                                                      "most cores / N).")] = None,
 ) -> None:
     """Run a method's contracts and mutants on a device; write one receipt per method."""
-    from engine.devices import parse_device
+    global _CHECK_RAN
+    _CHECK_RAN = True
+    from engine.devices import default_threads, parse_device
     from engine.receipts import ensure_writable
     from engine.spec import load_spec
 
@@ -378,25 +384,34 @@ def check(
         raise E.UsageError("give a method or --all, not both")
     if not all_ and not method:
         raise E.UsageError("name a method (e.g. contracts check tapo-trajectory) or pass --all")
+    if only and all_:
+        raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
+    if threads is not None and threads < 1:
+        raise E.UsageError(f"--threads {threads}: give 1 or more")
     if all_:
         paths = spec_files(specs_dir)
         if not paths:
             raise E.NothingSelected(f"no specs in {display_path(specs_dir)}/")
     else:
         paths = [spec_path(specs_dir, method)]
-    loaded = [load_spec(p, project_root()) for p in paths]
-    if only and all_:
-        raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
-
     if jobs > 1 and executor == "local" and not address and policy is None:
         from engine.executors import prestart_local_workers
 
-        prestart_local_workers()  # the workers' server imports torch while this process does
-    from engine.runner import plan_run  # imports torch from here on
+        # First: the workers' server imports torch and the methods (about 2 s) while this process reads the
+        # specs and imports its own; the workers' imports are the --jobs run's serial part.
+        prestart_local_workers()
+    loaded = [load_spec(p, project_root()) for p in paths]
+    from engine.imports import gc_paused
+
+    with gc_paused():
+        from engine.runner import plan_run  # imports torch from here on
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
+    threads = default_threads(device, threads)
     if jobs != 1 or executor != "local" or address:
-        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy)  # exits
+        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads)  # exits
+    import torch
+
     from engine.devices import resolve_device
 
     dev = resolve_device(device)
@@ -404,10 +419,16 @@ def check(
     provider = _load_policy(policy, lora_rank)
     outcomes = []
     stop = _STOP
-    for plan in plans:
-        outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
-        if outcomes[-1]["status"] == "interrupted" or stop.stopped:
-            break
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        for plan in plans:
+            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
+            if outcomes[-1]["status"] == "interrupted" or stop.stopped:
+                break
+    finally:
+        torch.set_num_threads(before)  # `check` called in-process (tests, the pytest plugin) leaves torch as it was
     if json_out:
         _print_json({"runs": outcomes})
     statuses = {o["status"] for o in outcomes}
@@ -503,7 +524,7 @@ def _print_summary(pred: dict, receipt: str) -> None:
 
 
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
-                 json_out: bool, policy: Optional[str] = None) -> None:
+                 json_out: bool, policy: Optional[str] = None, threads: Optional[int] = None) -> None:
     """Run every (method, seed) cell on the executor, write one merged receipt per method, exit like check."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -542,7 +563,7 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
                                                          f"{'done' if o.data is not None else o.failure}")
 
         try:
-            statements = execute(plans, device, executor=executor, jobs=jobs, address=address,
+            statements = execute(plans, device, executor=executor, jobs=jobs, address=address, threads=threads,
                                  on_progress=on_progress, on_cell=on_cell, should_stop=lambda: stop.stopped)
         except KeyboardInterrupt as exc:
             statements = getattr(exc, "statements", [])
@@ -970,12 +991,17 @@ def main() -> None:
             sys.exit(E.EXIT_OK)
     except SystemExit as exc:
         if exc.code == E.EXIT_INTERRUPTED:
-            _exit_interrupted()
+            _exit_now(E.EXIT_INTERRUPTED)
+        if _CHECK_RAN and "ray" not in sys.modules and isinstance(exc.code, int):
+            # Tearing down torch (and torch._dynamo, which optimizers import) takes 0.3-2 s of interpreter
+            # finalisation that writes nothing: check's receipts are fsynced and closed by now and its local
+            # workers stopped. Ray's atexit shutdown must run, so not with Ray loaded.
+            _exit_now(exc.code)
         raise
 
 
-def _exit_interrupted() -> None:
-    """Leave with 130 now, whatever CPython remembers.
+def _exit_now(code: int) -> None:
+    """Leave with `code` now: flush, skip interpreter finalisation, whatever CPython remembers.
 
     A KeyboardInterrupt that crossed a C extension's PyRun_* call (torch's
     pybind11 code can be on the stack when the signal lands) sets CPython's
@@ -990,7 +1016,7 @@ def _exit_interrupted() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(E.EXIT_INTERRUPTED)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class Cell:
     device: str
     deadline_s: float
     sources: tuple[str, ...] = ()  # files the receipt binds: the worker hashes its own copies of these
+    threads: int | None = None  # torch threads for this cell (None: leave the worker's as they are)
 
 
 @dataclass
@@ -109,6 +110,10 @@ def run_cell(cell: Cell, on_result: Callable[[dict], None] | None = None) -> dic
     from engine.runner import Runner
 
     dev = resolve_device(cell.device)
+    if cell.threads is not None:
+        import torch
+
+        torch.set_num_threads(cell.threads)
     cpu0 = time.process_time()
     runner = Runner(cell.plan, dev, on_result=on_result)
     runner.run()
@@ -222,13 +227,8 @@ def _exit_reason(proc) -> str:
 
 
 def _preload_modules() -> list[str]:
-    """What every worker needs imported: torch, the runner, and each method package (found without importing)."""
-    import pkgutil
-
-    import methods
-
-    return ["torch", "engine.runner", "engine.executors"] + sorted(
-        f"methods.{m.name}" for m in pkgutil.iter_modules(methods.__path__) if m.ispkg)
+    """What the worker server imports before it forks: engine.worker_server, which imports the rest."""
+    return ["engine.worker_server"]
 
 
 def _worker_context():
@@ -249,15 +249,21 @@ def prestart_local_workers() -> None:
     forkserver.ensure_running()
 
 
+def worker_threads(jobs: int, threads: int | None = None) -> int:
+    """torch threads per local worker: `threads` (or cpu_count // jobs), never more than cpu_count // jobs,
+    so jobs x threads never oversubscribes the machine."""
+    cap = max(1, (os.cpu_count() or 1) // max(1, jobs))
+    return cap if threads is None else max(1, min(threads, cap))
+
+
 def run_local(cells: list[Cell], outcomes: dict[int, CellOutcome], jobs: int, cell_fn: Callable = run_cell,
               on_progress: Callable[[Cell, dict], None] | None = None,
               on_cell: Callable[[CellOutcome], None] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> dict[int, CellOutcome]:
+              should_stop: Callable[[], bool] | None = None, threads: int | None = None) -> dict[int, CellOutcome]:
     """Run cells in `jobs` spawned worker processes; every cell gets an outcome, whatever happens to its worker.
 
     `cell_fn` must be importable by name (it is sent to the workers by reference).
-    Each worker gets cpu_count // jobs torch threads, so jobs x threads never
-    oversubscribes the machine.
+    Each worker gets `worker_threads(jobs, threads)` torch threads.
     """
     import multiprocessing as mp
     from multiprocessing.connection import wait
@@ -265,7 +271,7 @@ def run_local(cells: list[Cell], outcomes: dict[int, CellOutcome], jobs: int, ce
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: give 1 or more")
     ctx = _worker_context()
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = worker_threads(jobs, threads)
     pending = deque(cells)
     workers: list[_Worker] = []
     serial = 0
@@ -472,7 +478,7 @@ def _first_line(exc: BaseException) -> str:
 # --- merging ----------------------------------------------------------------------------------
 
 
-def merge(mr: MethodRun, executor: str, jobs: int | None = None) -> dict:
+def merge(mr: MethodRun, executor: str, jobs: int | None = None, threads: int | None = None) -> dict:
     """The in-toto statement for one method, from its cells, ordered as a serial run orders it."""
     import torch
 
@@ -530,7 +536,7 @@ def merge(mr: MethodRun, executor: str, jobs: int | None = None) -> dict:
     runner.status = INTERRUPTED if INTERRUPTED in statuses else FAILED if FAILED in statuses else None
     envs = [i["environment"] for i in cells_info if "environment" in i]
     runner.cell_environment = envs[0] if envs else None
-    runner.execution = {"executor": executor, "jobs": jobs, "cells": cells_info}
+    runner.execution = {"executor": executor, "jobs": jobs, "threads": threads, "cells": cells_info}
     return build_statement(runner, mr.created_at)
 
 
@@ -593,8 +599,11 @@ def execute(plans: list[Any], device: str, executor: str = "local", jobs: int = 
             cell_fn: Callable | None = None, deadline_s: float | None = None,
             on_progress: Callable[[Cell, dict], None] | None = None,
             on_cell: Callable[[CellOutcome], None] | None = None,
-            should_stop: Callable[[], bool] | None = None) -> list[dict]:
+            should_stop: Callable[[], bool] | None = None, threads: int | None = None) -> list[dict]:
     """Run plans as cells on the chosen executor; one merged statement per plan, in plan order.
+
+    `threads`: torch threads per cell (local workers: at most cores / jobs; None: cores / jobs locally, the
+    Ray worker's own on Ray); the receipts' execution record says what was used.
 
     On an interrupt the statements are still built (status `interrupted`, with
     what finished) and handed back on the KeyboardInterrupt as `.statements`.
@@ -602,6 +611,9 @@ def execute(plans: list[Any], device: str, executor: str = "local", jobs: int = 
     if executor not in EXECUTORS:
         raise UsageError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")
     runs, cells = split(plans, device, deadline_s)
+    used = worker_threads(jobs, threads) if executor == "local" else threads
+    for c in cells:
+        c.threads = used
     outcomes: dict[int, CellOutcome] = {}
     extra = {"cell_fn": cell_fn} if cell_fn else {}
     interrupted = None
@@ -610,7 +622,7 @@ def execute(plans: list[Any], device: str, executor: str = "local", jobs: int = 
             run_ray(cells, outcomes, address, on_cell=on_cell, should_stop=should_stop, **extra)
         else:
             run_local(cells, outcomes, jobs, on_progress=on_progress, on_cell=on_cell, should_stop=should_stop,
-                      **extra)
+                      threads=threads, **extra)
     except KeyboardInterrupt as exc:
         interrupted = exc
         for c in cells:
@@ -619,7 +631,7 @@ def execute(plans: list[Any], device: str, executor: str = "local", jobs: int = 
         for c in mr.cells:
             if c.index in outcomes:
                 mr.outcomes[c.index] = outcomes[c.index]
-    statements = [merge(mr, executor, jobs if executor == "local" else None) for mr in runs]
+    statements = [merge(mr, executor, jobs if executor == "local" else None, used) for mr in runs]
     if interrupted is not None:
         interrupted.statements = statements  # type: ignore[attr-defined]
         raise interrupted

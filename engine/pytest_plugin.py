@@ -89,6 +89,7 @@ class _Options:
 
 _OPTIONS = pytest.StashKey[_Options]()
 _OLD_SIGTERM = pytest.StashKey[Any]()
+_OLD_THREADS = pytest.StashKey[int]()
 
 
 def _parse_seeds(text: str | None) -> list[int] | None:
@@ -109,6 +110,14 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         opts = _Options(config)
         opts.device()  # --contracts-device cuda on a machine without CUDA stops here, not mid-run
+        import torch
+
+        from engine.devices import default_threads
+
+        threads = default_threads(opts.device_text)  # the receipt `contracts check` writes records the same
+        if threads is not None:
+            config.stash[_OLD_THREADS] = torch.get_num_threads()
+            torch.set_num_threads(threads)
         from engine.receipts import ensure_writable
 
         ensure_writable(opts.receipts)
@@ -133,6 +142,10 @@ def _sigterm(signum, frame):  # noqa: ARG001
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _OLD_SIGTERM in config.stash:
         signal.signal(signal.SIGTERM, config.stash[_OLD_SIGTERM])
+    if _OLD_THREADS in config.stash:
+        import torch
+
+        torch.set_num_threads(config.stash[_OLD_THREADS])
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):

@@ -138,12 +138,15 @@ def mutant(name: str, base: str) -> Callable[[Callable[[], Implementation]], Cal
 
 def load() -> Registry:
     """Import every method package (this imports torch) and return the registry."""
+    from engine.imports import gc_paused
+
     global _LOADED
     if not _LOADED:
-        pkg = importlib.import_module(METHODS_PACKAGE)
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-            if info.ispkg:
-                importlib.import_module(f"{METHODS_PACKAGE}.{info.name}")
+        with gc_paused():
+            pkg = importlib.import_module(METHODS_PACKAGE)
+            for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+                if info.ispkg:
+                    importlib.import_module(f"{METHODS_PACKAGE}.{info.name}")
         _LOADED = True
     return _REGISTRY
 

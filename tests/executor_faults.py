@@ -36,3 +36,12 @@ def exit_on_bad_seed(cell, on_result=None):
     if cell.seed == BAD_SEED:
         os._exit(0)
     return run_cell(cell, on_result)
+
+
+def report_imports(cell, on_result=None):
+    """No measurement: which modules a worker had imported before its cell, and which the cell imported."""
+    import sys
+
+    before = set(sys.modules)
+    run_cell(cell, on_result)
+    return {"before": sorted(before), "imported": sorted(set(sys.modules) - before)}

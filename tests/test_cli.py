@@ -103,6 +103,7 @@ def test_cuda_without_cuda_exits_4_with_one_line_and_writes_nothing(tmp_path):
     (("check", "../etc/passwd"), 2, "not a method key"),
     (("check", "tapo-trajectory", "--only", "nope"), 2, "valid contracts"),
     (("check",), 2, "name a method"),
+    (("check", "tapo-trajectory", "--threads", "0"), 2, "--threads 0"),
     (("show", "no-such-method"), 2, "valid methods"),
 ])
 def test_usage_errors_are_one_line_with_exit_2(args, code, words, tmp_path):
@@ -111,6 +112,36 @@ def test_usage_errors_are_one_line_with_exit_2(args, code, words, tmp_path):
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and words in lines[0], r.stderr
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, code", [
+    (("--seeds", "42", "--only", "clip_schedule", "--json"), 0),
+    (("--seeds", "4x", "--json"), 2),
+])
+def test_a_check_process_leaves_with_its_exit_code_and_all_its_output(args, code, tmp_path):
+    """`python -m engine.cli check` skips interpreter teardown at exit: nothing it printed may be lost."""
+    p = subprocess.run([sys.executable, "-m", "engine.cli", "check", "tapo-trajectory", "--receipts", str(tmp_path),
+                        *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == code, p.stderr[-2000:]
+    if code == 0:
+        (run,) = json.loads(p.stdout)["runs"]
+        assert run["status"] == "passed" and (tmp_path / "tapo-trajectory" / run["receipt"]).is_file()
+    else:
+        assert "comma-separated" in p.stderr and p.stdout == ""
+
+
+@pytest.mark.parametrize("extra, threads", [((), 1), (("--threads", "2"), 2)])
+def test_checks_on_the_cpu_use_one_torch_thread_unless_told(extra, threads, tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    r = invoke("check", "tapo-trajectory", "--seeds", "42", "--only", "clip_schedule", "--receipts", str(tmp_path),
+               "--json", *extra)
+    assert r.exit_code == 0, r.output
+    (path,) = (tmp_path / "tapo-trajectory").glob("*.json")
+    assert json.loads(path.read_text())["predicate"]["environment"]["torch_threads"] == threads
+    assert torch.get_num_threads() == before  # an in-process check leaves torch as it found it
 
 
 def test_validate_reports_a_broken_spec_with_exit_2(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -77,6 +78,7 @@ def test_jobs_2_receipt_measures_what_the_serial_run_measures(serial, tmp_path):
     assert r.exit_code == 0, r.output
     par = receipt(tmp_path)["predicate"]
     assert par["execution"]["executor"] == "local" and par["execution"]["jobs"] == 2
+    assert par["execution"]["threads"] == 1 and par["environment"]["torch_threads"] == 1  # the CPU default
     assert [c["seed"] for c in par["execution"]["cells"]] == SEEDS
     assert par["results"] and par["mechanism"] and par["mutants"]
     assert measured(par) == measured(serial["predicate"])
@@ -158,6 +160,38 @@ def test_bad_executor_options_are_usage_errors(tmp_path, args, text):
     r = cli.invoke(app, ["check", METHOD, "--receipts", str(tmp_path / "r")] + args)
     assert r.exit_code == 2 and text in r.output, r.output
     assert not receipt_files(tmp_path / "r", METHOD)
+
+
+def test_workers_never_get_more_threads_than_their_share_of_the_cores(monkeypatch):
+    from engine.executors import worker_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert worker_threads(2) == 4 and worker_threads(2, 1) == 1 and worker_threads(2, 16) == 4
+    assert worker_threads(16) == 1 and worker_threads(3, 2) == 2
+
+
+def test_threads_reach_the_workers_and_the_receipt(tmp_path):
+    r = cli.invoke(app, ["check", METHOD, "--seeds", "42,43", "--only", "clip_schedule", "--receipts", str(tmp_path),
+                         "--jobs", "2", "--threads", "8"])
+    assert r.exit_code == 0, r.output
+    pred = receipt(tmp_path)["predicate"]
+    share = max(1, (os.cpu_count() or 1) // 2)
+    assert pred["execution"]["threads"] == share and pred["environment"]["torch_threads"] == share
+
+
+def test_workers_start_with_what_a_cell_imports_already_imported():
+    """Every worker would pay a cell's first-use imports again (torch._dynamo, which an optimizer imports:
+    about 1 CPU-s): the worker server imports them once, before it forks."""
+    from engine.executors import run_local, split
+
+    _, cells = split(plans(only=("mechanism",)), "cpu")
+    outcomes = run_local(cells, {}, 2, cell_fn=faults.report_imports)
+    for o in outcomes.values():
+        assert o.failure is None, o.failure
+        assert "torch._dynamo" in o.data["before"]
+        # Before: 818 modules, torch._dynamo, torch.fx and sympy among them; now a few tiny ones at most.
+        assert not [m for m in o.data["imported"] if m.startswith(("torch._dynamo", "torch.fx", "sympy"))]
+        assert len(o.data["imported"]) < 20, o.data["imported"]
 
 
 def test_importing_the_executors_does_not_import_torch():

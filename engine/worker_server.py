@@ -1,0 +1,36 @@
+"""Imported once, for its side effect, by the local workers' server (engine/executors.py) before it forks them.
+
+It imports what every cell needs, so that no worker imports it again: torch; torch._dynamo, which
+building a torch.optim optimizer imports on first use (about 1 CPU-s a worker would otherwise pay in its
+first mechanism check); the runner; each method package. The GC is paused meanwhile (engine/imports.py),
+and what was imported is then frozen: the workers' collections skip it and so do not copy its pages.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import pkgutil
+
+from engine.imports import gc_paused
+
+
+def modules() -> list[str]:
+    """torch, torch._dynamo, the runner and each method package (found without importing it)."""
+    import methods
+
+    return ["torch", "torch._dynamo", "engine.runner", "engine.executors"] + sorted(
+        f"methods.{m.name}" for m in pkgutil.iter_modules(methods.__path__) if m.ispkg)
+
+
+def preload() -> None:
+    with gc_paused():
+        for name in modules():
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # as multiprocessing's own preload: the cell that needs it reports the error
+        gc.freeze()
+
+
+preload()
