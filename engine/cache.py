@@ -23,6 +23,7 @@ entries (a miss next time). Deleting it is always safe.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -79,6 +80,21 @@ def receipt_code_files() -> list[Path]:
 def restate_code_files() -> list[Path]:
     """The engine files whose content decides `digest_with_state`."""
     return [_ENGINE / n for n in ("promote.py", "errors.py", "cache.py")]
+
+
+@functools.lru_cache(maxsize=None)
+def code_stamp(kind: str) -> str:
+    """sha256 of the engine code and libraries that decide `kind` ("specs", "receipts", "restate").
+
+    Taken once per process, when first asked: a process validates with the code it loaded, so a TUI left
+    running while someone edits the schema or spec.py must keep filing its verdicts under the old code's
+    key, never under the new one's (a later `contracts gate` would take them for fresh validations).
+    """
+    libs = {"specs": ("ruamel.yaml", "jsonschema"), "receipts": ("jsonschema",), "restate": ("ruamel.yaml",)}[kind]
+    files = {"specs": spec_code_files, "receipts": receipt_code_files, "restate": restate_code_files}[kind]()
+    h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}:{':'.join(_library(n) for n in libs)}".encode())
+    _files_digest(h, files)
+    return h.hexdigest()
 
 
 def names_doc(names) -> dict:
@@ -224,29 +240,17 @@ class ValidationCache:
         """sha256 over everything a spec's validation depends on besides the spec file itself."""
 
         def make() -> str:
-            h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}:{_library('ruamel.yaml')}:"
-                               f"{_library('jsonschema')}".encode())
-            _files_digest(h, spec_code_files())
+            h = hashlib.sha256(code_stamp("specs").encode())
             h.update(json.dumps(names_doc(self.registered_names()), sort_keys=True).encode())
             return h.hexdigest()
 
         return self._fingerprint("specs", make)
 
     def receipt_fingerprint(self) -> str:
-        def make() -> str:
-            h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}:{_library('jsonschema')}".encode())
-            _files_digest(h, receipt_code_files())
-            return h.hexdigest()
-
-        return self._fingerprint("receipts", make)
+        return self._fingerprint("receipts", lambda: code_stamp("receipts"))
 
     def restate_fingerprint(self) -> str:
-        def make() -> str:
-            h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}:{_library('ruamel.yaml')}".encode())
-            _files_digest(h, restate_code_files())
-            return h.hexdigest()
-
-        return self._fingerprint("restate", make)
+        return self._fingerprint("restate", lambda: code_stamp("restate"))
 
     # -- specs ------------------------------------------------------------------------------
 

@@ -62,6 +62,10 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
                    changed=list(rc.changed))
     if rc.state in ("invalid", "tampered"):
         return out
+    if loaded is None:  # unreadable at our read, readable at check_receipt's: replaced in between
+        out.state, out.changed = "invalid", []
+        out.message = "the file changed while it was being read; run verify again"
+        return out
     data, raw = loaded
     problems = cache.schema_problems(data, raw) if cache is not None else schema_problems(data)
     if problems:

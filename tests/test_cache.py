@@ -55,6 +55,14 @@ class Calls:
         monkeypatch.setattr(engine.verify, "schema_problems", schema)  # its own name for it
 
 
+@pytest.fixture(autouse=True)
+def new_process():
+    """Each test starts as a fresh process would: no code stamp taken yet (`C.code_stamp` is per process)."""
+    C.code_stamp.cache_clear()
+    yield
+    C.code_stamp.cache_clear()
+
+
 @pytest.fixture
 def calls(monkeypatch):
     return Calls(monkeypatch)
@@ -122,6 +130,8 @@ def test_a_broken_spec_gives_the_same_errors_from_the_cache(edit, where, tmp_pat
 
 
 def _revalidated(store: Path, path: Path, calls: Calls) -> bool:
+    """Validate as a new command would: a new process, so the code stamp is taken afresh."""
+    C.code_stamp.cache_clear()
     calls.specs.clear()
     C.ValidationCache(store).validate_file(path, ROOT)
     return calls.specs == [path.name]
@@ -165,6 +175,28 @@ def test_a_changed_engine_file_or_schema_is_a_miss(name, tmp_path, calls, monkey
     target = copies / name
     target.write_bytes(target.read_bytes() + b"\n")
     assert _revalidated(store, path, calls)
+
+
+def test_a_long_running_process_keeps_the_stamp_of_the_code_it_loaded(tmp_path, monkeypatch):
+    """A TUI left running while the schema is edited validates with the schema it loaded: its later verdicts
+    must go under that code's key, never the new one's, or a later `contracts gate` would take an old
+    verdict for a fresh one (a new process, with the new schema, must miss)."""
+    copies = tmp_path / "engine"
+    files = []
+    for f in C.spec_code_files():
+        dest = copies / f.relative_to(C._ENGINE)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dest)
+        files.append(dest)
+    monkeypatch.setattr(C, "spec_code_files", lambda: files)
+    store = tmp_path / "store"
+    store.mkdir()
+    before = C.ValidationCache(store).spec_fingerprint()
+    schema = copies / "schemas" / "spec.schema.json"
+    schema.write_text(schema.read_text() + "\n")
+    assert C.ValidationCache(store).spec_fingerprint() == before, "same process: the code it loaded"
+    C.code_stamp.cache_clear()  # a new process
+    assert C.ValidationCache(store).spec_fingerprint() != before
 
 
 @pytest.fixture
@@ -347,6 +379,7 @@ def toy(tmp_path, monkeypatch):
 
 
 def _assess(path, root, specs, store):
+    C.code_stamp.cache_clear()  # a new command: a new process
     cache = C.ValidationCache(store)
     a = assess(path, root, specs, display=path.name, folder_method="toy", cache=cache)
     cache.flush()
