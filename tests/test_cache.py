@@ -158,9 +158,8 @@ def test_the_same_bytes_under_another_file_name_are_a_miss(tmp_path, calls):
     assert spec is None and "differs from the file name" in errors[0].message
 
 
-@pytest.mark.parametrize("name", ["spec.py", "registry.py", "errors.py", "cache.py", "schemas/spec.schema.json"])
-def test_a_changed_engine_file_or_schema_is_a_miss(name, tmp_path, calls, monkeypatch):
-    assert C._ENGINE / name in C.spec_code_files()
+def _engine_copies(tmp_path: Path, monkeypatch) -> Path:
+    """Copies of the files a spec's validation depends on, which the cache then fingerprints instead."""
     copies = tmp_path / "engine"
     files = []
     for f in C.spec_code_files():
@@ -169,6 +168,13 @@ def test_a_changed_engine_file_or_schema_is_a_miss(name, tmp_path, calls, monkey
         shutil.copy(f, dest)
         files.append(dest)
     monkeypatch.setattr(C, "spec_code_files", lambda: files)
+    return copies
+
+
+@pytest.mark.parametrize("name", ["spec.py", "registry.py", "errors.py", "cache.py", "schemas/spec.schema.json"])
+def test_a_changed_engine_file_or_schema_is_a_miss(name, tmp_path, calls, monkeypatch):
+    assert C._ENGINE / name in C.spec_code_files()
+    copies = _engine_copies(tmp_path, monkeypatch)
     path = ROOT / "specs" / "tapo-trajectory.yaml"
     store = _store_with(tmp_path, path)
     assert not _revalidated(store, path, calls)
@@ -181,14 +187,7 @@ def test_a_long_running_process_keeps_the_stamp_of_the_code_it_loaded(tmp_path, 
     """A TUI left running while the schema is edited validates with the schema it loaded: its later verdicts
     must go under that code's key, never the new one's, or a later `contracts gate` would take an old
     verdict for a fresh one (a new process, with the new schema, must miss)."""
-    copies = tmp_path / "engine"
-    files = []
-    for f in C.spec_code_files():
-        dest = copies / f.relative_to(C._ENGINE)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(f, dest)
-        files.append(dest)
-    monkeypatch.setattr(C, "spec_code_files", lambda: files)
+    copies = _engine_copies(tmp_path, monkeypatch)
     store = tmp_path / "store"
     store.mkdir()
     before = C.ValidationCache(store).spec_fingerprint()
