@@ -262,6 +262,29 @@ def test_fps_equals_bruteforce_and_per_prompt_loop(seed, k, dtype):
     assert ref.fps_maxmin_gap(x.double().tolist(), correct.tolist(), out.tolist(), ids.tolist()) <= 1e-12
 
 
+@HYP
+@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.sampled_from(list(DTYPES)))
+def test_fps_scaled_copies_tie_to_the_lowest_index_not_to_rounding(seed, k, dtype):
+    # Scaled copies of earlier candidates: their 1 - cos differ by float64 rounding only.
+    # A few percent of such cases meet a rounding tie, so each example tries several.
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(8):
+        emb, correct, ids = tar_checks.fps_case(g, dup_p=0.4)
+        x = emb.to(DTYPES[dtype])
+        out = farthest_point_prototypes(x, correct, k=k, prompt_ids=ids).tolist()
+        assert out == ref.fps_bruteforce(x.double().tolist(), correct.tolist(), k, ids.tolist())
+        assert out == ref.fps_per_prompt_loop(x, correct, k, ids).tolist()
+
+
+def test_fps_copies_of_two_directions_pick_first_copies_first():
+    a = torch.tensor([0.3, -1.1, 0.7, 2.3, -0.4], dtype=torch.float64)
+    b = torch.tensor([-0.9, 0.2, 0.5, -1.7, 1.3], dtype=torch.float64)
+    copies = torch.stack([a * 0.3, a * 0.7, b * 1.7, b * 2.9, a * 5.3])
+    # exact-equality ties picked 3 here: its 1 - cos to copy 0 rounded larger than copy 2's
+    assert farthest_point_prototypes(copies, torch.ones(5, dtype=torch.bool), k=3).tolist() == [0, 2, 1]
+    assert ref.fps_bruteforce(copies.tolist(), [True] * 5, 3) == [0, 2, 1]
+
+
 def test_fps_scale_and_permutation_of_other_prompts_do_not_matter():
     g = torch.Generator().manual_seed(5)
     emb, correct, ids = tar_checks.fps_case(g)

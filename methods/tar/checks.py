@@ -571,11 +571,12 @@ def fps_excludes_incorrect(impl, ctx) -> dict:
 
 @registry.check("tar.fps_matches_reference")
 def fps_matches_reference(impl, ctx) -> dict:
-    """Picks equal the brute-force loop reference (same order), every pick is a greedy max-min
-    pick under float64 cosine distances, and the declared tie-break holds on exact ties."""
+    """Picks equal the brute-force loop reference (same order), with and without scaled copies;
+    every pick is a greedy max-min pick under float64 cosine distances; the declared tie-break
+    holds on exact ties and on copies whose distances differ by rounding only."""
     g = ctx.generator(120)
     k = int(ctx.params.get("k", 3))
-    exact = 0
+    exact = dup_exact = 0
     gap = 0.0
     for c in range(ctx.cases):
         emb, correct, ids = fps_case(g)
@@ -583,9 +584,12 @@ def fps_matches_reference(impl, ctx) -> dict:
         picks = _fps(impl, ctx, emb, correct, k, ids)
         want = ref.fps_bruteforce(e_r.tolist(), correct.tolist(), k, ids.tolist())
         exact += int(picks == want)
-        # with near-duplicates (ties up to rounding) only the max-min property is asked
+        # Scaled copies: ties up to float64 rounding, which the declared tolerance must settle the
+        # way the reference does (lowest index), and every pick stays a greedy max-min pick.
         emb2, correct2, ids2 = fps_case(g, dup_p=0.3)
         picks2 = _fps(impl, ctx, emb2, correct2, k, ids2)
+        e2_r = _rounded(emb2, ctx.dtype)
+        dup_exact += int(picks2 == ref.fps_bruteforce(e2_r.tolist(), correct2.tolist(), k, ids2.tolist()))
         gap = _worst(
             gap,
             ref.fps_maxmin_gap(e_r.tolist(), correct.tolist(), picks, ids.tolist()),
@@ -594,12 +598,21 @@ def fps_matches_reference(impl, ctx) -> dict:
     # Exact ties: +e1, -e1, +e2, -e2, +e3 (scaled); distances 0, 2, 1, 1, 1 from the first.
     axes = torch.tensor([[1, 0, 0], [-2, 0, 0], [0, 3, 0], [0, -1, 0], [0, 0, 5]], dtype=F64)
     tie = _fps(impl, ctx, axes, torch.ones(5, dtype=torch.bool), 3, torch.zeros(5, dtype=torch.long)) == [0, 1, 2]
+    # Scaled copies of two directions, A A B B A: 1 - cos differs between copies by float64
+    # rounding only, so B's first copy (2) and then A's second (1) must win. Built in float64
+    # whatever the dtype: a narrower dtype cannot hold a non-power-of-two copy exactly.
+    a = torch.tensor([0.3, -1.1, 0.7, 2.3, -0.4], dtype=F64)
+    b = torch.tensor([-0.9, 0.2, 0.5, -1.7, 1.3], dtype=F64)
+    copies = torch.stack([a * 0.3, a * 0.7, b * 1.7, b * 2.9, a * 5.3])
+    dup_tie = impl.farthest_point_prototypes(_on(ctx, copies), _on(ctx, torch.ones(5, dtype=torch.bool)), k=3).cpu().tolist() == [0, 2, 1]
     # First point: the lowest-index correct candidate, even when it is not "extreme".
     first = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=F64)
     first_ok = _fps(impl, ctx, first, torch.tensor([False, True, True]), 1, None) == [1]
     return {
         "cases": ctx.cases,
         "exact_match_fraction": exact / ctx.cases if ctx.cases else math.nan,
+        "duplicate_exact_match_fraction": dup_exact / ctx.cases if ctx.cases else math.nan,
+        "duplicate_tie_lowest_index": bool(dup_tie),
         "max_maxmin_gap": gap,
         "tie_break_lowest_index": bool(tie),
         "first_point_lowest_index": bool(first_ok),

@@ -6,7 +6,10 @@ d(i, j) = 1 - <e_i, e_j> / (|e_i| |e_j|):
 
 * first point: the correct candidate with the lowest index in the prompt;
 * next points: the correct, not yet chosen candidate whose smallest distance
-  to the chosen ones is largest; ties go to the lowest index;
+  to the chosen ones is largest; ties go to the lowest index, where a tie is a
+  distance within TIE_TOL (1e-12) of the largest: exact duplicates (scaled copies
+  included) then tie whatever the last bit of float64 rounding says, so the rule
+  picks, not the rounding of 1 - cos;
 * min(k, number of correct candidates) points per prompt, none for a prompt
   without a correct candidate. Exact duplicates are not merged.
 
@@ -32,6 +35,11 @@ import torch
 # and faulting those pages back in on the next call cost more than all the arithmetic here
 # (1.5 MB blocks already did the same).
 _BLOCK_BYTES = 1 << 20
+
+# Two max-min distances this close are a tie (lowest index wins). Cosine distances of exact
+# duplicates, or of scaled copies, differ by float64 rounding (about 1e-16), not by 0, and without
+# a tolerance that rounding, not the declared rule, chose between them.
+TIE_TOL = 1e-12
 
 
 def _as_bool_vector(correct: torch.Tensor, n: int, device) -> torch.Tensor:
@@ -140,7 +148,7 @@ def farthest_point_prototypes(
 
     # Segment form: per pick, the [G, D] picked unit rows are gathered to the candidates of their
     # prompt and dotted row by row: k-1 passes over [Nc, D] instead of a [G, M, M] Gram, and no
-    # padding. Per-prompt argmax: segment max, then the lowest position that attains it (ties go
+    # padding. Per-prompt argmax: segment max, then the lowest position within TIE_TOL of it (ties go
     # to the lowest index, as in the loop reference).
     inf = float("inf")
     pos = torch.arange(Nc, device=device)
@@ -150,7 +158,7 @@ def farthest_point_prototypes(
     for step in range(steps):
         if step:
             best = torch.empty(G, dtype=torch.float64, device=device).scatter_reduce_(0, group, score, "amax", include_self=False)
-            at_best = torch.where(score == best.index_select(0, group), pos, Nc)
+            at_best = torch.where(score >= best.sub_(TIE_TOL).index_select(0, group), pos, Nc)
             pick = torch.empty(G, dtype=torch.long, device=device).scatter_reduce_(0, group, at_best, "amin", include_self=False)
         picks.append(pick)
         if step + 1 == steps:

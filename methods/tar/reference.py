@@ -12,6 +12,10 @@ from typing import Sequence
 
 import torch
 
+# The spec's fps_ties assumption, restated here rather than imported from the method: max-min
+# distances within this of the largest are a tie, which the lowest index wins.
+TIE_TOL = 1e-12
+
 DENOM_EPS = 1e-8
 
 
@@ -79,7 +83,7 @@ def fps_bruteforce(embeddings, correct, k: int = 3, prompt_ids=None) -> list[int
 
     First point: the lowest-index correct candidate of each prompt. Then the
     correct, unchosen candidate with the largest min-distance to the chosen
-    set; a strictly larger distance is needed to beat a lower index.
+    set; the lowest index among those within TIE_TOL of the largest wins.
     """
     E = [[float(v) for v in row] for row in embeddings]
     C = [bool(c) for c in correct]
@@ -91,11 +95,9 @@ def fps_bruteforce(embeddings, correct, k: int = 3, prompt_ids=None) -> list[int
             if not chosen:
                 best = cand[0]
             else:
-                best, best_score = None, -math.inf
-                for i in cand:
-                    score = min(cosine_distance(E[i], E[j]) for j in chosen)
-                    if score > best_score:
-                        best, best_score = i, score
+                scores = [min(cosine_distance(E[i], E[j]) for j in chosen) for i in cand]
+                top = max(scores)
+                best = next(i for i, s in zip(cand, scores) if s >= top - TIE_TOL)
             chosen.append(best)
             cand.remove(best)
         out.extend(chosen)
@@ -154,7 +156,7 @@ def fps_per_prompt_loop(embeddings: torch.Tensor, correct: torch.Tensor, k: int 
         score = 1.0 - x @ x[0]
         score[0] = -math.inf
         for _ in range(1, min(k, members.numel())):
-            j = int(torch.argmax(score))
+            j = int(torch.nonzero(score >= score.max() - TIE_TOL)[0])
             chosen.append(j)
             score = torch.minimum(score, 1.0 - x @ x[j])
             score[chosen] = -math.inf
