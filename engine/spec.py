@@ -10,6 +10,7 @@ built, so `!!python/object` and alias bombs never get that far.
 from __future__ import annotations
 
 import hashlib
+import difflib
 import io
 import json
 import math
@@ -344,7 +345,9 @@ def _schema_error(err, doc: Any, display: str) -> SpecError:
             path = path + [extras[0]]
             key_of_last = True
             message = f"unknown key {extras[0]!r}"
-            fix = f"remove it or use one of: {', '.join(allowed)}"
+            near = difflib.get_close_matches(str(extras[0]), allowed, n=1, cutoff=0.75)
+            fix = (f"rename it to {near[0]!r} (the closest key), or remove it; valid: " if near
+                   else "remove it or use one of: ") + ", ".join(allowed)
     elif validator == "required":
         fix = "add the missing key"
     elif validator == "type":
@@ -356,7 +359,10 @@ def _schema_error(err, doc: Any, display: str) -> SpecError:
             fix = f"use a value of type {expected}"
     elif validator in ("enum", "const"):
         allowed = err.validator_value if validator == "enum" else [err.validator_value]
-        fix = "use one of: " + ", ".join(json.dumps(a) for a in allowed)
+        near = difflib.get_close_matches(err.instance, [a for a in allowed if isinstance(a, str)], n=1, cutoff=0.75) \
+            if isinstance(err.instance, str) else []
+        fix = (f"use {json.dumps(near[0])} (the closest value); valid: " if near else "use one of: ") \
+            + ", ".join(json.dumps(a) for a in allowed)
     elif validator == "pattern":
         fix = f"match the pattern {err.validator_value}"
     elif validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
@@ -451,6 +457,12 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
         items = sorted(items)
         return ", ".join(items) if items else "(none registered)"
 
+    def use_one_of(items: Iterable[str], given: object) -> str:
+        # A typo is the usual cause: name the nearest first, so the fix is not a hunt in a long list.
+        items = list(items)
+        near = difflib.get_close_matches(given, items, n=1, cutoff=0.75) if isinstance(given, str) else []
+        return (f"use {near[0]!r} (the closest name); valid: " if near else "use one of: ") + listing(items)
+
     if file_stem is not None and data["method"] != file_stem:
         err(["method"], f"method key {data['method']!r} differs from the file name {file_stem!r}",
             f"rename the file to {data['method']}.yaml or set method: {file_stem}")
@@ -459,7 +471,7 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
     functions = names.implementations.get(impl)
     if functions is None:
         err(["implementation"], f"no implementation named {impl!r} is registered",
-            f"use one of: {listing(names.implementations)}")
+            use_one_of(names.implementations, impl))
 
     def unique_ids(section: str) -> set[str]:
         seen: set[str] = set()
@@ -483,13 +495,13 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
         if functions is not None and f["implements"] not in functions:
             err(["formulas", i, "implements"],
                 f"implementation {impl!r} has no function {f['implements']!r}",
-                f"use one of: {listing(functions)}")
+                use_one_of(functions, f['implements']))
 
     killers: dict[str, list[str]] = {cid: [] for cid in contract_ids}
     for i, m in enumerate(data["mutants"]):
         if m["mutant"] not in names.mutants:
             err(["mutants", i, "mutant"], f"no mutant named {m['mutant']!r} is registered",
-                f"use one of: {listing(names.mutants)}")
+                use_one_of(names.mutants, m['mutant']))
         elif names.mutants[m["mutant"]] != impl:
             err(["mutants", i, "mutant"],
                 f"mutant {m['mutant']!r} mutates {names.mutants[m['mutant']]!r}, not this spec's implementation {impl!r}",
@@ -497,18 +509,18 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
         for j, cid in enumerate(m["killed_by"]):
             if cid not in contract_ids:
                 err(["mutants", i, "killed_by", j], f"killed_by names no contract of this spec: {cid!r}",
-                    f"use one of: {listing(contract_ids)}")
+                    use_one_of(contract_ids, cid))
             else:
                 killers[cid].append(m["id"])
 
     for i, c in enumerate(data["contracts"]):
         if c["check"] not in names.checks:
             err(["contracts", i, "check"], f"no check named {c['check']!r} is registered",
-                f"use one of: {listing(names.checks)}")
+                use_one_of(names.checks, c['check']))
         for j, fid in enumerate(c["formulas"]):
             if fid not in formula_ids:
                 err(["contracts", i, "formulas", j], f"no formula with id {fid!r}",
-                    f"use one of: {listing(formula_ids)}")
+                    use_one_of(formula_ids, fid))
         for j, e in enumerate(c["expect"]):
             given = [k for k in COMPARATORS if k in e]
             if len(given) != 1:

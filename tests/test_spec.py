@@ -48,6 +48,11 @@ def test_unknown_check_name_lists_valid_ones(tmp_path):
     assert (e.lineno, e.col) == _where(text, "tapo.clip_schedul\n")
     assert e.path == "$.contracts[3].check"
     assert "tapo.clip_schedule" in e.fix  # the valid names are listed
+    assert e.fix.startswith("use 'tapo.clip_schedule' (the closest name); valid: ")  # the typo's fix first
+    # a name like none of them gets the list alone, no guess
+    text = GOOD.replace("check: tapo.clip_schedule", "check: zzz", 1)
+    (e,) = _broken(tmp_path, text)
+    assert e.fix.startswith("use one of: ") and "closest" not in e.fix
 
 
 def test_killed_by_naming_no_contract(tmp_path):
@@ -55,7 +60,7 @@ def test_killed_by_naming_no_contract(tmp_path):
     errors = _broken(tmp_path, text)
     (e,) = [e for e in errors if "killed_by names no contract" in e.message]
     assert (e.lineno, e.col) == _where(text, "masked_junk_invariants]")
-    assert e.path == "$.mutants[3].killed_by[0]" and "masked_junk_invariance" in e.fix
+    assert e.path == "$.mutants[3].killed_by[0]" and e.fix.startswith("use 'masked_junk_invariance' (the closest name)")
     # And the contract it used to name is now killed by no mutant: also reported, at its id.
     assert any("nothing shows it can fail" in e.message and e.path == "$.contracts[2].id" for e in errors)
 
@@ -65,6 +70,10 @@ def test_unknown_top_level_key(tmp_path):
     (e,) = _broken(tmp_path, text)
     assert (e.lineno, e.col) == _where(text, "extra_field")
     assert e.path == "$.extra_field" and "unknown key" in e.message and "promotion" in e.fix
+    text = GOOD.replace("\nformulas:", "\nformulae:", 1)
+    errors = _broken(tmp_path, text)
+    (e,) = [e for e in errors if e.path == "$.formulae"]
+    assert e.fix.startswith("rename it to 'formulas' (the closest key), or remove it; valid: ")
 
 
 def test_duplicate_key(tmp_path):
@@ -111,6 +120,9 @@ def test_unknown_dtype_and_nan_tolerance(tmp_path):
     text = GOOD.replace("dtypes: [float64, float32]", "dtypes: [float64, float8]", 1)
     errors = _broken(tmp_path, text)
     assert any(e.path.endswith(".dtypes[1]") for e in errors)
+    text = GOOD.replace("dtypes: [float64, float32]", "dtypes: [float64, flaot32]", 1)
+    (e,) = [e for e in _broken(tmp_path, text) if e.path.endswith(".dtypes[1]")]
+    assert e.fix.startswith('use "float32" (the closest value); valid: ')
     text = GOOD.replace("{metric: max_rel_err, dtype: float64, le: 1.0e-12}",
                         "{metric: max_rel_err, dtype: float64, le: .nan}", 1)
     errors = _broken(tmp_path, text)
