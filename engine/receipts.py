@@ -235,7 +235,7 @@ def load_receipt(path: Path, with_bytes: bool = False):
     except UnicodeDecodeError:
         raise ValueError("not UTF-8") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+        raise ValueError(f"not JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
     if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE or not isinstance(data.get("predicate"), dict):
         raise ValueError("not a paper-contracts receipt (no in-toto Statement with a predicate)")
     return (data, raw) if with_bytes else data
