@@ -270,6 +270,9 @@ def _plain(node: Any, doc: Any, path: list, display: str) -> Any:
         return float(node)
     if isinstance(node, str):
         return str(node)
+    tag = getattr(getattr(node, "tag", None), "value", None)
+    if tag == "tag:yaml.org,2002:str" and isinstance(getattr(node, "value", None), str):
+        return str(node.value)  # `!!str 12`: ruamel's round-trip loader keeps the explicit tag as a TaggedScalar
     line, col = locate(doc, path)
     raise SpecError(display, line, col, json_path(path), f"unsupported value of type {type(node).__name__}",
                     "use plain strings, numbers, booleans, lists and mappings")

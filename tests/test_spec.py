@@ -89,6 +89,14 @@ def test_constructing_tags_are_refused(tmp_path, tag):
     assert (e.lineno, e.col) == _where(text, tag) and "not allowed" in e.message
 
 
+def test_an_explicit_str_tag_is_plain_data(tmp_path):
+    # `!!str` only says "this is a string": it builds nothing, so it reads as the string.
+    p = tmp_path / "tapo-trajectory.yaml"
+    p.write_text(GOOD.replace("level: L1\n", "level: !!str L1\n", 1), encoding="utf-8")
+    spec, errors = validate_file(p)
+    assert errors == [] and spec.data["level"] == "L1"
+
+
 def test_anchors_and_aliases_are_refused(tmp_path):
     text = GOOD.replace("level: L1\n", "level: &lvl L1\n", 1)
     (e,) = _broken(tmp_path, text)
