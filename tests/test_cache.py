@@ -485,6 +485,20 @@ def test_a_changed_receipt_schema_is_a_miss(toy, calls, monkeypatch):
     assert calls.schemas == 2
 
 
+@pytest.mark.parametrize("library", ["jsonschema", "fastjsonschema"])
+def test_another_receipt_validator_install_is_a_miss(library, toy, calls, monkeypatch):
+    """Either library decides a receipt's verdict (fastjsonschema says valid, jsonschema the rest)."""
+    root, specs, receipts = toy
+    path = G.write(root, receipts, specs / "toy.yaml")
+    _assess(path, root, specs, receipts)
+    _assess(path, root, specs, receipts)
+    assert calls.schemas == 1
+    real = C._library
+    monkeypatch.setattr(C, "_library", lambda name: real(name) + (":new" if name == library else ""))
+    _assess(path, root, specs, receipts)
+    assert calls.schemas == 2
+
+
 # --- the commands: the same bytes with and without a cache --------------------------------------------
 
 
@@ -520,7 +534,7 @@ def test_read_only_commands_print_the_same_bytes_with_and_without_a_cache(tmp_pa
     assert any(code == 0 for _, code, _, _ in without) and any("stale" in out for _, _, out, _ in without)
 
 
-def test_a_warm_cache_imports_neither_ruamel_nor_jsonschema(tmp_path):
+def test_a_warm_cache_imports_no_validator(tmp_path):
     store = tmp_path / "store"
     shutil.copytree(ROOT / "receipts", store, ignore=shutil.ignore_patterns(".*"))
     code = f"""
@@ -530,11 +544,12 @@ from engine.cli import app
 for argv in (["list"], ["list", "--json"], ["show", "mrtpo"], ["gate", "tapo-trajectory"], ["verify"]):
     res = CliRunner().invoke(app, [*argv, "--receipts", {str(store)!r}])
     assert res.exit_code in (0, 1), (argv, res.output)
-loaded = sorted(m for m in sys.modules if m.startswith(("ruamel.yaml", "jsonschema", "torch")))
+loaded = sorted(m for m in sys.modules if m.startswith(("ruamel.yaml", "jsonschema", "fastjsonschema", "torch")))
 print(",".join(loaded))
 """
     env = {**os.environ, "NO_COLOR": "1"}
     cold = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert cold.returncode == 0 and "ruamel.yaml" in cold.stdout, cold.stderr  # the first run validates
+    assert "fastjsonschema" in cold.stdout.split(",")  # receipts by the fast path
     warm = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert warm.returncode == 0 and warm.stdout.strip() == "", (warm.stdout, warm.stderr)
