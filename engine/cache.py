@@ -1,4 +1,4 @@
-"""Content-keyed caches for the read-only commands: validated specs, receipt schema results.
+"""Content-keyed caches for the read-only commands: validated specs, receipt integrity and schema results.
 
 Validating a spec (ruamel round-trip parse, the event scan, JSON Schema, the
 static registry scan) costs 0.1-0.4 s; checking a receipt against the receipt
@@ -12,8 +12,11 @@ fastjsonschema installs); the promote/demote splice that freshness uses under
 the spec's sha256 and the state. A changed byte anywhere is a different key:
 a miss, validated afresh.
 
-Nothing live is cached: receipt integrity and freshness (the bound files
-against the working tree) are computed on every call.
+A receipt's integrity (its id against its canonical predicate, its subject
+digest, its bytes against the form it was written in) is a pure function of
+its bytes too, kept under their sha256 plus `receipt_fingerprint()`: any
+edited byte is a miss, decided afresh. Nothing live is cached: freshness (the
+bound files against the working tree) is computed on every call.
 
 The cache is one file, `<receipts>/.validation-cache.json`. It is never
 evidence: missing, corrupt, foreign or unreadable means empty; a store that
@@ -313,6 +316,22 @@ class ValidationCache:
         problems = schema_problems(data)
         self.put("receipts", fp, key, problems)
         return problems
+
+    def integrity_problem(self, data: Any, raw: bytes) -> tuple[str, str] | None:
+        """`engine.receipts.integrity_problem(data, raw)`: re-serialising a receipt to compare its bytes and
+        hashing its canonical predicate cost about 40 ms a receipt, on every read-only command, for every
+        receipt in the store; the verdict is a pure function of the bytes."""
+        from engine.receipts import integrity_problem
+
+        fp, key = self.receipt_fingerprint(), _sha(raw)
+        hit = self.get("integrity", fp, key)
+        if hit is None:
+            return None
+        if isinstance(hit, list) and len(hit) == 2 and all(isinstance(p, str) for p in hit):
+            return hit[0], hit[1]
+        problem = integrity_problem(data, raw)
+        self.put("integrity", fp, key, None if problem is None else list(problem))
+        return problem
 
     def digest_with_state(self, raw: bytes, state: str) -> str | None:
         """`engine.promote.digest_with_state`: a pure function of the spec bytes and the state."""

@@ -242,14 +242,38 @@ def load_receipt(path: Path, with_bytes: bool = False):
     return (data, raw) if with_bytes else data
 
 
+def integrity_problem(data: dict, raw: bytes) -> tuple[str, str] | None:
+    """(state, message) when a parsed receipt is not intact, None when it is.
+
+    Intact: the id equals the sha256 of the canonical predicate, the subject list
+    matches its digest, and `raw` is exactly the form `serialize` writes (so an
+    edit that changes no value, e.g. whitespace, is caught too). A pure function
+    of the bytes, which is what lets a ValidationCache keep it under their sha256.
+    """
+    pred = data["predicate"]
+    try:
+        expected = receipt_id(pred)
+    except (TypeError, ValueError) as err:
+        return "invalid", f"predicate cannot be canonicalised: {err}"
+    if expected != pred.get("receipt_id"):
+        return "tampered", "receipt id does not match its predicate (edited after it was written)"
+    subject = data.get("subject")
+    if not isinstance(subject, list) or hashlib.sha256(canonical(subject)).hexdigest() != pred.get("subject_sha256"):
+        return "tampered", "subject list does not match the digest in the predicate"
+    if serialize(data) != raw:
+        return "tampered", "file bytes differ from the form it was written in"
+    return None
+
+
 def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display: str | None = None,
                   cache=None, loaded: tuple[dict, bytes] | None = None) -> ReceiptCheck:
     """Integrity (recomputed id, subject digest, exact bytes) and freshness (subject digests vs the tree).
 
     Subjects named `specs/...` resolve against `specs_dir` (default root/specs),
     so a receipt of a spec kept outside the checkout can still be checked.
-    Both are decided here every time; an `engine.cache.ValidationCache` only
-    spares re-deriving what a spec's bytes alone decide (`_same_but_state`).
+    Freshness is decided here every time; an `engine.cache.ValidationCache` only
+    spares re-deriving what bytes alone decide: integrity (`integrity_problem`,
+    under the receipt's sha256) and `_same_but_state` (under the spec's).
     `loaded` is (data, raw) when the caller has already read the file.
     """
     display = display or Path(path).name
@@ -260,20 +284,13 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
     pred = data["predicate"]
     rc = ReceiptCheck(file=display, state="fresh", method=pred.get("method"), receipt_id=pred.get("receipt_id"),
                       status=pred.get("status"), created_at=pred.get("created_at"))
-    try:
-        expected = receipt_id(pred)
-    except (TypeError, ValueError) as err:
-        rc.state, rc.message = "invalid", f"predicate cannot be canonicalised: {err}"
-        return rc
-    if expected != pred.get("receipt_id"):
-        rc.state, rc.message = "tampered", "receipt id does not match its predicate (edited after it was written)"
+    problem = cache.integrity_problem(data, raw) if cache is not None else integrity_problem(data, raw)
+    if problem is not None:
+        rc.state, rc.message = problem
         return rc
     subject = data.get("subject")
-    if not isinstance(subject, list) or hashlib.sha256(canonical(subject)).hexdigest() != pred.get("subject_sha256"):
-        rc.state, rc.message = "tampered", "subject list does not match the digest in the predicate"
-        return rc
-    if serialize(data) != raw:
-        rc.state, rc.message = "tampered", "file bytes differ from the form it was written in"
+    if not isinstance(subject, list) or not all(isinstance(x, dict) for x in subject):
+        rc.state, rc.message = "invalid", "subject is not a list of {name, digest} entries"
         return rc
     changed = []
     for s in subject:

@@ -411,6 +411,24 @@ def test_a_tampered_receipt_is_tampered_with_a_warm_cache(toy):
     assert res.exit_code == 1 and res.stdout.startswith(f"tampered toy/{path.name}")
 
 
+def test_integrity_comes_from_the_cache_only_for_the_same_bytes(toy, monkeypatch):
+    root, specs, receipts = toy
+    path = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
+    assert _assess(path, root, specs, receipts).state == "fresh"  # cold: decided, then cached
+    real, seen = engine.receipts.integrity_problem, []
+    monkeypatch.setattr(engine.receipts, "integrity_problem", lambda d, r: seen.append(r) or real(d, r))
+    assert _assess(path, root, specs, receipts).state == "fresh" and seen == []  # warm: from the cache
+    # An edit that changes no value (one more space) is other bytes: decided afresh, and caught.
+    raw = path.read_bytes()
+    path.chmod(0o644)
+    path.write_bytes(raw.replace(b'": ', b'":  ', 1))
+    a = _assess(path, root, specs, receipts)
+    assert a.state == "tampered" and "file bytes differ" in a.message and len(seen) == 1
+    # The tampered verdict is cached too, and reads the same.
+    b = _assess(path, root, specs, receipts)
+    assert b.as_dict() == a.as_dict() and len(seen) == 1
+
+
 def test_another_receipt_under_the_same_name_is_a_miss(toy):
     """The schema result is keyed by the file's content: an intact receipt that breaks the schema, written
     where a valid one was, is invalid however warm the cache."""
@@ -529,6 +547,7 @@ def test_read_only_commands_print_the_same_bytes_with_and_without_a_cache(tmp_pa
     for mod in (engine.receipts, engine.verify):
         monkeypatch.setattr(mod, "schema_problems", lambda *a, **k: pytest.fail("schema with a warm cache"))
     monkeypatch.setattr(engine.promote, "digest_with_state", lambda *a, **k: pytest.fail("splice with a warm cache"))
+    monkeypatch.setattr(engine.receipts, "integrity_problem", lambda *a, **k: pytest.fail("integrity with a warm cache"))
     with_cache = _outputs(store)
     assert with_cache == without
     assert any(code == 0 for _, code, _, _ in without) and any("stale" in out for _, _, out, _ in without)
