@@ -277,12 +277,13 @@ def test_fps_scaled_copies_tie_to_the_lowest_index_not_to_rounding(seed, k, dtyp
 
 
 def test_fps_copies_of_two_directions_pick_first_copies_first():
-    a = torch.tensor([0.3, -1.1, 0.7, 2.3, -0.4], dtype=torch.float64)
-    b = torch.tensor([-0.9, 0.2, 0.5, -1.7, 1.3], dtype=torch.float64)
-    copies = torch.stack([a * 0.3, a * 0.7, b * 1.7, b * 2.9, a * 5.3])
-    # exact-equality ties picked 3 here: its 1 - cos to copy 0 rounded larger than copy 2's
-    assert farthest_point_prototypes(copies, torch.ones(5, dtype=torch.bool), k=3).tolist() == [0, 2, 1]
-    assert ref.fps_bruteforce(copies.tolist(), [True] * 5, 3) == [0, 2, 1]
+    copies = tar_checks._two_direction_copies()
+    ones = torch.ones(16, dtype=torch.bool)
+    assert farthest_point_prototypes(copies, ones, k=3).tolist() == [0, 2, 1]
+    assert ref.fps_bruteforce(copies.tolist(), [True] * 16, 3) == [0, 2, 1]
+    # the mutant with exact-equality ties lets float64 rounding of 1 - cos choose, on every seed
+    mutant = registry.load().get_mutant("tar.fps_rounding_ties").factory()
+    assert mutant.farthest_point_prototypes(copies, ones, k=3).tolist() != [0, 2, 1]
 
 
 def test_fps_scale_and_permutation_of_other_prompts_do_not_matter():

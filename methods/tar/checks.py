@@ -524,6 +524,14 @@ def fps_case(g: torch.Generator, *, dup_p: float = 0.0):
     return emb[perm], torch.tensor(correct)[perm], ids_t[perm]
 
 
+def _two_direction_copies() -> torch.Tensor:
+    """[16, 5] float64: scaled copies of two fixed directions, first A, A, then B, B, ..."""
+    a = torch.tensor([0.3, -1.1, 0.7, 2.3, -0.4], dtype=F64)
+    b = torch.tensor([-0.9, 0.2, 0.5, -1.7, 1.3], dtype=F64)
+    scales = [0.3, 0.7, 1.7, 2.9, 5.3, 0.45, 1.3, 3.1, 0.9, 7.7, 0.35, 2.2, 4.4, 0.6, 1.1, 6.5]
+    return torch.stack([(a if d == "A" else b) * s for d, s in zip("AABBABABBABABABA", scales)])
+
+
 def _fps(impl, ctx, emb, correct, k, ids):
     out = impl.farthest_point_prototypes(_on(ctx, emb, ctx.dtype), _on(ctx, correct), k=k, prompt_ids=None if ids is None else _on(ctx, ids))
     return [int(i) for i in torch.as_tensor(out).cpu().tolist()]
@@ -598,13 +606,12 @@ def fps_matches_reference(impl, ctx) -> dict:
     # Exact ties: +e1, -e1, +e2, -e2, +e3 (scaled); distances 0, 2, 1, 1, 1 from the first.
     axes = torch.tensor([[1, 0, 0], [-2, 0, 0], [0, 3, 0], [0, -1, 0], [0, 0, 5]], dtype=F64)
     tie = _fps(impl, ctx, axes, torch.ones(5, dtype=torch.bool), 3, torch.zeros(5, dtype=torch.long)) == [0, 1, 2]
-    # Scaled copies of two directions, A A B B A: 1 - cos differs between copies by float64
-    # rounding only, so B's first copy (2) and then A's second (1) must win. Built in float64
-    # whatever the dtype: a narrower dtype cannot hold a non-power-of-two copy exactly.
-    a = torch.tensor([0.3, -1.1, 0.7, 2.3, -0.4], dtype=F64)
-    b = torch.tensor([-0.9, 0.2, 0.5, -1.7, 1.3], dtype=F64)
-    copies = torch.stack([a * 0.3, a * 0.7, b * 1.7, b * 2.9, a * 5.3])
-    dup_tie = impl.farthest_point_prototypes(_on(ctx, copies), _on(ctx, torch.ones(5, dtype=torch.bool)), k=3).cpu().tolist() == [0, 2, 1]
+    # 16 scaled copies of two directions (A A B B A B A B B A B A B A B A): 1 - cos differs between
+    # copies by float64 rounding only, so B's first copy (2) and then A's second (1) must win; with
+    # exact-equality ties rounding picks others. Built in float64 whatever the dtype: a narrower
+    # dtype cannot hold a non-power-of-two copy exactly.
+    copies = _two_direction_copies()
+    dup_tie = impl.farthest_point_prototypes(_on(ctx, copies), _on(ctx, torch.ones(16, dtype=torch.bool)), k=3).cpu().tolist() == [0, 2, 1]
     # First point: the lowest-index correct candidate, even when it is not "extreme".
     first = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=F64)
     first_ok = _fps(impl, ctx, first, torch.tensor([False, True, True]), 1, None) == [1]

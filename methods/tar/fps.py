@@ -96,7 +96,6 @@ def _dense_prompt_ranks(pid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rank, per_id[present]
 
 
-@torch.no_grad()
 def farthest_point_prototypes(
     embeddings: torch.Tensor,
     correct: torch.Tensor,
@@ -110,6 +109,12 @@ def farthest_point_prototypes(
     LongTensor on the embeddings' device, grouped by ascending prompt id and,
     within a prompt, in pick order.
     """
+    return _segment_fps(embeddings, correct, k, prompt_ids, TIE_TOL)
+
+
+@torch.no_grad()
+def _segment_fps(embeddings, correct, k, prompt_ids, tie_tol: float) -> torch.Tensor:
+    """farthest_point_prototypes with the tie tolerance as a parameter (a mutant sets it to 0)."""
     if embeddings.dim() != 2 or not torch.is_floating_point(embeddings):
         raise ValueError(f"embeddings must be a floating [candidates, dims] tensor, got {embeddings.dtype} {tuple(embeddings.shape)}")
     if isinstance(k, bool) or int(k) != k or k < 0:
@@ -158,7 +163,7 @@ def farthest_point_prototypes(
     for step in range(steps):
         if step:
             best = torch.empty(G, dtype=torch.float64, device=device).scatter_reduce_(0, group, score, "amax", include_self=False)
-            at_best = torch.where(score >= best.sub_(TIE_TOL).index_select(0, group), pos, Nc)
+            at_best = torch.where(score >= best.sub_(tie_tol).index_select(0, group), pos, Nc)
             pick = torch.empty(G, dtype=torch.long, device=device).scatter_reduce_(0, group, at_best, "amin", include_self=False)
         picks.append(pick)
         if step + 1 == steps:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import registry
-from methods.tar.fps import TIE_TOL, farthest_point_prototypes
+from methods.tar.fps import TIE_TOL, _segment_fps, farthest_point_prototypes
 from methods.tar.impl import IMPL
 from methods.tar.replay import DENOM_EPS, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss
 
@@ -145,7 +145,7 @@ def total_replay_detached():
 # --- FPS ----------------------------------------------------------------------------
 
 
-def _fps_loop(embeddings, correct, k=3, prompt_ids=None, *, normalise=True, tie_tol=TIE_TOL):
+def _fps_loop(embeddings, correct, k=3, prompt_ids=None, *, normalise=True):
     """Per-prompt FPS (same first point and tie-break) with F.normalize and no validation."""
     N = embeddings.shape[0]
     device = embeddings.device
@@ -163,7 +163,7 @@ def _fps_loop(embeddings, correct, k=3, prompt_ids=None, *, normalise=True, tie_
         score = 1.0 - x @ x[0]
         score[0] = -float("inf")
         for _ in range(1, min(int(k), members.numel())):
-            j = int(torch.nonzero(score >= score.max() - tie_tol)[0])
+            j = int(torch.nonzero(score >= score.max() - TIE_TOL)[0])
             chosen.append(j)
             score = torch.minimum(score, 1.0 - x @ x[j])
             score[chosen] = -float("inf")
@@ -196,7 +196,7 @@ def fps_rounding_ties():
     """Ties by exact equality: between scaled copies float64 rounding of 1 - cos picks, not the lowest index."""
 
     def fps(embeddings, correct, k=3, prompt_ids=None):
-        return _fps_loop(embeddings, correct, k, prompt_ids, tie_tol=0.0)
+        return _segment_fps(embeddings, correct, k, prompt_ids, 0.0)
 
     return IMPL.replace("tar.fps_rounding_ties", farthest_point_prototypes=fps)
 
