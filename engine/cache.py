@@ -18,8 +18,10 @@ its bytes too, kept under their sha256 plus `receipt_fingerprint()`: any
 edited byte is a miss, decided afresh. Nothing live is cached: freshness (the
 bound files against the working tree) is computed on every call.
 
-The cache is one file, `<receipts>/.validation-cache.json`. It is never
-evidence: missing, corrupt, foreign or unreadable means empty; a store that
+The cache is one file, `<receipts>/.validation-cache.json`, trusted as
+written, as the store is (receipt ids are unkeyed hashes: whoever can write
+the store can write a receipt that checks out); `verify --no-cache` and
+`gate --no-cache` use none. Missing, corrupt, foreign or unreadable means empty; a store that
 cannot be written is simply not cached; writes go to a temporary name and are
 renamed into place, and two processes racing only lose each other's new
 entries (a miss next time). Deleting it is always safe.

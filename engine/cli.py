@@ -33,6 +33,8 @@ app = typer.Typer(
 SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", help="Folder of spec YAML files (default: specs/).")]
 ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", help="Receipt store (default: receipts/).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
+NoCacheOpt = Annotated[bool, typer.Option(
+    "--no-cache", help="Decide everything from the files: read and write no <receipts>/.validation-cache.json.")]
 PolicyOpt = Annotated[Optional[str], typer.Option(
     "--policy", help="Train the mechanism runs on this instead of the tiny policies: hf:PATH, a local Hugging Face "
                      "causal-LM checkpoint folder (needs the 'hf' extra; never downloads).")]
@@ -96,11 +98,12 @@ def _console():
     return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 
 
-def _spec_cache(receipts_dir: Path):
-    """The validation cache kept in the receipts store (engine/cache.py)."""
-    from engine.cache import for_store
+def _spec_cache(receipts_dir: Path, use: bool = True):
+    """The validation cache kept in the receipts store (engine/cache.py); with use=False one that lives in
+    this process only, so every verdict is derived from the files."""
+    from engine.cache import ValidationCache, for_store
 
-    return for_store(receipts_dir)
+    return for_store(receipts_dir) if use else ValidationCache(None)
 
 
 def _load_valid_specs(specs_dir: Path, receipts_dir: Path) -> tuple[list, list[SpecError]]:
@@ -690,6 +693,7 @@ def verify(
     receipts: ReceiptsOpt = None,
     strict: Annotated[bool, typer.Option("--strict", help="Count stale receipts as a problem too.")] = False,
     json_out: JsonOpt = False,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Integrity, schema and freshness of every receipt, and the promotion ledger. Exit 1 on any problem."""
     from engine.spec import check_key
@@ -702,7 +706,7 @@ def verify(
             known = sorted({p.stem for p in spec_files(specs_dir)} |
                            ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
             raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
-    cache = _spec_cache(receipts_dir)
+    cache = _spec_cache(receipts_dir, use=not no_cache)
     states, state_problems = _spec_states(specs_dir, method, cache)
     report = assess_store(receipts_dir, project_root(), specs_dir, method, states, cache=cache)
     report.ledger.problems.extend(state_problems)
@@ -747,12 +751,13 @@ def gate(
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not."""
     from engine.gate import evaluate
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    cache = _spec_cache(receipts_dir)
+    cache = _spec_cache(receipts_dir, use=not no_cache)
     spec = cache.load_spec(spec_path(specs_dir, method), project_root())
     result = evaluate(spec, receipts_dir, project_root(), specs_dir, _flags(specs, receipts), cache=cache)
     if json_out:
@@ -937,12 +942,12 @@ def tui(
 # typer, which also says what is wrong. tests/test_cli.py keeps this table equal to the signatures.
 
 _DIRECT_OPTIONS = {"--specs": "specs", "--receipts": "receipts"}  # take a path
-_DIRECT_FLAGS = {"--json": "json_out", "--strict": "strict"}
+_DIRECT_FLAGS = {"--json": "json_out", "--strict": "strict", "--no-cache": "no_cache"}
 _DIRECT = {  # verb -> (function, fewest and most METHOD arguments, flags it takes)
     "list": (list_, 0, 0, ("--json",)),
     "show": (show, 1, 1, ("--json",)),
-    "gate": (gate, 1, 1, ("--json",)),
-    "verify": (verify, 0, 1, ("--json", "--strict")),
+    "gate": (gate, 1, 1, ("--json", "--no-cache")),
+    "verify": (verify, 0, 1, ("--json", "--strict", "--no-cache")),
 }
 
 

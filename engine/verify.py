@@ -48,8 +48,8 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
            folder_method: str | None = None, cache=None) -> Assessed:
     """Everything verify knows about one receipt file.
 
-    With an `engine.cache.ValidationCache`, the schema problems of these exact bytes may come from it;
-    integrity and freshness are decided afresh either way.
+    With an `engine.cache.ValidationCache`, the integrity and schema verdicts of these exact bytes may come
+    from it; freshness is decided afresh either way.
     """
     display = display or Path(path).name
     try:

@@ -429,6 +429,30 @@ def test_integrity_comes_from_the_cache_only_for_the_same_bytes(toy, monkeypatch
     assert b.as_dict() == a.as_dict() and len(seen) == 1
 
 
+def test_no_cache_decides_from_the_files_what_a_forged_cache_entry_hides(toy):
+    """The cache is trusted as written (as the store is: receipt ids are unkeyed hashes); `--no-cache`
+    is the verdict that trusts nothing but the files, and leaves no cache behind."""
+    root, specs, receipts = toy
+    path = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
+    raw = path.read_bytes()
+    path.chmod(0o644)
+    path.write_bytes(raw.replace(b'"wall_s": ', b'"wall_s":  ', 1))  # tampered: one more space
+    C.code_stamp.cache_clear()
+    forged = C.ValidationCache(receipts)
+    forged.put("integrity", forged.receipt_fingerprint(), C._sha(path.read_bytes()), None)
+    forged.flush()
+    args = ["--specs", str(specs), "--receipts", str(receipts)]
+    trusting = CliRunner().invoke(cli.app, ["verify", *args])
+    assert trusting.exit_code == 0 and trusting.stdout.startswith(f"fresh    toy/{path.name}")
+    (receipts / C.CACHE_NAME).unlink()
+    for argv in (["verify", "--no-cache", *args], ["verify", "--json", "--no-cache", *args]):
+        res = CliRunner().invoke(cli.app, argv)
+        assert res.exit_code == 1 and "file bytes differ from the form it was written in" in res.stdout
+    gate = CliRunner().invoke(cli.app, ["gate", "toy", "--no-cache", *args])
+    assert gate.exit_code == 1 and f"tampered receipt toy/{path.name}" in gate.stdout
+    assert not (receipts / C.CACHE_NAME).exists()
+
+
 def test_another_receipt_under_the_same_name_is_a_miss(toy):
     """The schema result is keyed by the file's content: an intact receipt that breaks the schema, written
     where a valid one was, is invalid however warm the cache."""
