@@ -258,7 +258,11 @@ def integrity_problem(data: dict, raw: bytes) -> tuple[str, str] | None:
     if expected != pred.get("receipt_id"):
         return "tampered", "receipt id does not match its predicate (edited after it was written)"
     subject = data.get("subject")
-    if not isinstance(subject, list) or hashlib.sha256(canonical(subject)).hexdigest() != pred.get("subject_sha256"):
+    try:
+        subject_digest = hashlib.sha256(canonical(subject)).hexdigest() if isinstance(subject, list) else None
+    except (TypeError, ValueError) as err:  # e.g. a lone surrogate in a name: no UTF-8 form to hash
+        return "invalid", f"subject list cannot be canonicalised: {err}"
+    if subject_digest is None or subject_digest != pred.get("subject_sha256"):
         return "tampered", "subject list does not match the digest in the predicate"
     if serialize(data) != raw:
         return "tampered", "file bytes differ from the form it was written in"
@@ -289,8 +293,10 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         rc.state, rc.message = problem
         return rc
     subject = data.get("subject")
-    if not isinstance(subject, list) or not all(isinstance(x, dict) for x in subject):
-        rc.state, rc.message = "invalid", "subject is not a list of {name, digest} entries"
+    if not isinstance(subject, list) or not all(
+            isinstance(x, dict) and isinstance(x.get("name"), str) and isinstance(x.get("digest"), dict)
+            and isinstance(x["digest"].get("sha256"), str) for x in subject):
+        rc.state, rc.message = "invalid", "subject is not a list of {name: string, digest: {sha256: string}} entries"
         return rc
     changed = []
     for s in subject:

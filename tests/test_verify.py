@@ -215,3 +215,33 @@ def test_a_promote_does_not_stale_the_receipt_but_any_other_spec_edit_does(layou
     spec.write_text(spec.read_text().replace("cases: 8", "cases: 9"))
     rc = R.check_receipt(path, root, specs)
     assert rc.state == "stale" and rc.changed == ("specs/toy.yaml",)
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"name": 5, "digest": {"sha256": "0" * 64}}, "subject is not a list of {name: string"),
+    ({"name": "src/x.py", "digest": "0" * 64}, "subject is not a list of {name: string"),
+    ({"name": "src/x.py", "digest": {"sha256": None}}, "subject is not a list of {name: string"),
+    ({"name": "\ud800", "digest": {"sha256": "0" * 64}}, "subject list cannot be canonicalised"),
+])
+def test_a_self_consistent_receipt_with_a_malformed_subject_is_invalid_not_a_crash(layout, entry, says):
+    """Ids and digests recomputed after the edit, so only the entry's shape is wrong."""
+    root, specs, receipts = layout
+    path = G.write(root, receipts, specs / "toy.yaml")
+    data = json.loads(path.read_bytes())
+    data["subject"].append(entry)
+    pred = data["predicate"]
+    try:
+        pred["subject_sha256"] = R.hashlib.sha256(R.canonical(data["subject"])).hexdigest()
+    except ValueError:
+        pass  # no UTF-8 form: the digest stays the old one
+    pred["receipt_id"] = R.receipt_id(pred)
+    path.chmod(0o644)
+    try:
+        raw = R.serialize(data)  # the writer's own form, so only the subject entry is wrong
+    except ValueError:
+        raw = json.dumps(data, indent=2).encode()  # a lone surrogate has no UTF-8 form: escaped
+    path.write_bytes(raw)
+    a = assess(path, root, specs, display=path.name, folder_method="toy")
+    assert a.state in ("invalid", "tampered") and says in a.message, a.message
+    res = _invoke("verify", "--specs", str(specs), "--receipts", str(receipts), "--no-cache")
+    assert res.exit_code == 1 and says in res.stdout and "Traceback" not in res.output
