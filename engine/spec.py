@@ -212,6 +212,14 @@ def _scan_events(text: str, display: str) -> dict[tuple[int, int], list]:
             tag = getattr(tag, "value", tag)
             if tag not in _PLAIN_TAGS:
                 refuse(here, path, f"YAML tag {tag} is not allowed (specs are plain data)", "remove the tag")
+            # A core tag must fit its node (`!!str [a]` is read as a list otherwise), and a key takes none.
+            fits = {None, "!"} | ({"tag:yaml.org,2002:map"} if isinstance(ev, MappingStartEvent) else
+                                  {"tag:yaml.org,2002:seq"} if isinstance(ev, CollectionStartEvent) else
+                                  set() if is_key else _PLAIN_TAGS - {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"})
+            if tag not in fits:
+                what = "a mapping key" if is_key else "a mapping" if isinstance(ev, MappingStartEvent) else \
+                    "a list" if isinstance(ev, CollectionStartEvent) else "a scalar"
+                refuse(here, path, f"YAML tag {tag} does not fit {what}", "remove the tag")
             if isinstance(ev, CollectionStartEvent):
                 if len(stack) + 1 > MAX_DEPTH:
                     refuse(here, path, f"nesting deeper than {MAX_DEPTH} levels", "flatten the structure")

@@ -97,6 +97,17 @@ def test_an_explicit_str_tag_is_plain_data(tmp_path):
     assert errors == [] and spec.data["level"] == "L1"
 
 
+@pytest.mark.parametrize("before, after, says", [
+    ("level: L1\n", "level: !!str [L1]\n", "does not fit a list"),
+    ("level: L1\n", "level: !!seq L1\n", "does not fit a scalar"),
+    ("level: L1\n", "!!str level: L1\n", "does not fit a mapping key"),
+])
+def test_a_core_tag_that_does_not_fit_its_node_is_refused(tmp_path, before, after, says):
+    text = GOOD.replace(before, after, 1)
+    (e,) = _broken(tmp_path, text)
+    assert e.lineno == _where(text, after)[0] and says in e.message and "Traceback" not in e.line()
+
+
 def test_anchors_and_aliases_are_refused(tmp_path):
     text = GOOD.replace("level: L1\n", "level: &lvl L1\n", 1)
     (e,) = _broken(tmp_path, text)
