@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, currently_in_test_context, given, note, settings
+from hypothesis import assume, currently_in_test_context, given, note
 from hypothesis import strategies as st
 import typer.main
 from click.testing import CliRunner
@@ -46,17 +46,8 @@ from click.testing import CliRunner
 from engine import registry
 from engine.cli import app
 from engine.spec import json_path, spec_schema
+from tests.fuzz_support import profile
 
-# `--hypothesis-profile=long` has loaded the profile by now; the environment variable works too.
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or settings.get_current_profile_name()
-if PROFILE not in ("fuzz-ci", "long"):
-    PROFILE = "fuzz-ci"
-SCALE = int(os.environ.get("FUZZ_SCALE", "20")) if PROFILE == "long" else 1
-
-
-def profile(ci_examples: int):
-    """This module's profile with `ci_examples` examples in CI (SCALE x that by hand)."""
-    return settings(settings.get_profile(PROFILE), max_examples=ci_examples * SCALE)
 
 
 # The `contracts` command built once: typer rebuilds it on every CliRunner call, which would double the cost.

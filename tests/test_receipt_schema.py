@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import subprocess
 import sys
@@ -25,24 +24,16 @@ from pathlib import Path
 
 import fastjsonschema
 import pytest
-from hypothesis import event, given, note, settings
+from hypothesis import event, given, note
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from engine import receipts as R
+from tests.fuzz_support import profile
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted((ROOT / "receipts").glob("*/*.json"))
 
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or settings.get_current_profile_name()
-if PROFILE not in ("fuzz-ci", "long"):
-    PROFILE = "fuzz-ci"
-SCALE = int(os.environ.get("FUZZ_SCALE", "20")) if PROFILE == "long" else 1
-
-
-def profile(ci_examples: int):
-    """The fuzz profile with `ci_examples` examples in CI (SCALE x that by hand, randomized)."""
-    return settings(settings.get_profile(PROFILE), max_examples=ci_examples * SCALE)
 
 
 def _as_before(node):
