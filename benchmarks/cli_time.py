@@ -6,7 +6,7 @@ fraction of what importing torch alone costs. Commands are run alternately
 with the torch import, so a neighbour's load hits both alike.
 
 Each command runs once untimed first, so the timed runs find the validation
-cache (`<receipts>/.validation-cache.json`, engine/cache.py) warm: that is what
+cache (`<receipts>/.validation-cache.json`, engine/store/cache.py) warm: that is what
 a user sees from the second command on. A cold run (no cache) re-validates
 every spec and receipt schema and costs several times more.
 """

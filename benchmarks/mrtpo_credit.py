@@ -46,7 +46,7 @@ def naive(contexts, mask):
     """All K + 1 log-softmaxes materialised, then the unchunked JS on whole tensors."""
     import torch
 
-    from engine import registry
+    from engine.spec import registry
 
     impl = registry.load().get_mutant("mrtpo.js_unchunked").factory()
     logps = [torch.log_softmax(c, dim=-1) for c in contexts]
@@ -69,7 +69,7 @@ def child(variant: str, rows: int, device: str) -> dict:
 
     import torch
 
-    from engine import registry
+    from engine.spec import registry
 
     registry.load()
     contexts, mask = make_inputs(rows, device)

@@ -1,8 +1,8 @@
 """Genuine, verifiable receipts without running torch: for the TUI tests and its benchmark.
 
-Every receipt is built with engine.receipts.statement(), so its id, subject
+Every receipt is built with engine.store.receipts.statement(), so its id, subject
 digest and bytes verify exactly like a real one; only the measurements are
-made up. The shape of the predicate follows engine/runner.py.
+made up. The shape of the predicate follows engine/run/runner.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import MappingProxyType
 
-from engine.expect import applies, evaluate
-from engine.receipts import receipt_filename, serialize, sha256_file, statement, write_receipt
+from engine.run.expect import applies, evaluate
+from engine.store.receipts import receipt_filename, serialize, sha256_file, statement, write_receipt
 
 DEMO_SOURCES = {
     "engine/demo_engine.py": "# stands in for the engine sources a receipt binds\n",
@@ -128,8 +128,8 @@ promotion:
 
 
 def demo_static_names():
-    """The registry names the demo spec uses (tests put this in engine.registry._STATIC)."""
-    from engine.registry import StaticNames
+    """The registry names the demo spec uses (tests put this in engine.spec.registry._STATIC)."""
+    from engine.spec.registry import StaticNames
 
     return StaticNames(
         implementations=MappingProxyType({"demo": ("loss", "ratio")}),
@@ -164,7 +164,7 @@ def subject_for(root: Path, key: str, files=None) -> list[dict]:
 
 def _measure(exps: list[dict], dtype: str, passing: bool, rng: random.Random) -> dict:
     """Measurements that meet every applicable expectation (or, failing, break the first one)."""
-    from engine.expect import DTYPE_DEFAULTS
+    from engine.run.expect import DTYPE_DEFAULTS
 
     bounds: dict[str, dict] = {}
     for e in exps:
@@ -293,7 +293,7 @@ def stamp(i: int, start: datetime | None = None) -> str:
 
 
 def add_receipt(receipts_dir: Path, root: Path, spec: dict, i: int, **kw) -> Path:
-    """Write one genuine receipt through engine.receipts.write_receipt."""
+    """Write one genuine receipt through engine.store.receipts.write_receipt."""
     subject = kw.pop("subject", None) or subject_for(root, spec["method"])
     return write_receipt(receipts_dir, statement(subject, predicate(spec, stamp(i), **kw)))
 
@@ -335,7 +335,7 @@ def build_fixture_store(root: Path) -> dict[str, Path]:
     """
     import json
 
-    from engine.spec import load_spec
+    from engine.spec.loader import load_spec
 
     root = Path(root)
     specs = write_demo_project(root, keys=("demo-method", "other-method"))

@@ -45,7 +45,7 @@ OPEN_LIMIT_S = 0.5
 def child(args) -> None:
     t0 = float(args.t0)
     if args.demo:
-        import engine.registry as registry
+        import engine.spec.registry as registry
         from benchmarks.synthetic_store import demo_static_names
 
         registry._STATIC = demo_static_names()
@@ -111,7 +111,7 @@ def run_child(store: dict, opens: int) -> dict:
 def real_specs() -> list[dict]:
     """The repository's specs that validate (empty if none yet)."""
     from engine.paths import default_specs_dir, project_root
-    from engine.spec import spec_files, validate_file
+    from engine.spec.loader import spec_files, validate_file
 
     out = []
     for f in spec_files(default_specs_dir()) if default_specs_dir().is_dir() else []:
@@ -131,7 +131,7 @@ def bound_files(root: Path) -> list[str]:
 
 def build_store(base: Path, n: int) -> dict:
     from benchmarks.synthetic_store import subject_for, write_demo_project, write_many
-    from engine.spec import load_spec
+    from engine.spec.loader import load_spec
 
     specs = real_specs()
     if specs:
@@ -139,7 +139,7 @@ def build_store(base: Path, n: int) -> dict:
 
         root, specs_dir, demo = project_root(), default_specs_dir(), False
     else:
-        import engine.registry as registry
+        import engine.spec.registry as registry
         from benchmarks.synthetic_store import demo_static_names
 
         registry._STATIC = demo_static_names()
@@ -164,11 +164,11 @@ def build_store(base: Path, n: int) -> dict:
 
 def in_process(store: dict) -> dict:
     """Index refresh and model build without the UI (what the load worker does), warm."""
-    from engine.index import Freshness, ReceiptIndex
+    from engine.store.index import Freshness, ReceiptIndex
     from tui.data import build_model
 
     if store["demo"]:
-        import engine.registry as registry
+        import engine.spec.registry as registry
         from benchmarks.synthetic_store import demo_static_names
 
         registry._STATIC = demo_static_names()
@@ -235,7 +235,7 @@ def main() -> None:
         if not store["reused"]:
             print(f"  written in {store['write_s']:.0f} s, {store['bytes_per_receipt'] / 1024:.0f} KiB per receipt",
                   file=sys.stderr)
-        from engine.index import INDEX_NAME, ReceiptIndex
+        from engine.store.index import INDEX_NAME, ReceiptIndex
 
         cold = None
         if not (store["receipts"] / INDEX_NAME).is_file():
@@ -262,7 +262,7 @@ def main() -> None:
              f"parsed {inproc['warm_parsed']} files"),
             ("build_model (in-process)", f"{inproc['build_model_s'] * 1000:.0f} ms",
              "specs + index + freshness + rows"),
-            ("engine.gate, all methods", f"{inproc['gates_s'] * 1000:.0f} ms",
+            ("engine.gate.verdict, all methods", f"{inproc['gates_s'] * 1000:.0f} ms",
              "after the first paint (another process above 1,000 receipts): "
              + ", ".join(f"{k} {v}" for k, v in inproc["verdicts"].items())),
             ("receipt rows in the table", f"{warm[0]['rows_shown']}", "newest first; / filters all of them"),

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from engine.errors import UsageError
-from engine.spec import check_key
+from engine.spec.loader import check_key
 
 
 def project_root() -> Path:

@@ -52,7 +52,7 @@ class _Options:
     """What --contracts-* asked for, checked once at configure time."""
 
     def __init__(self, config: pytest.Config):
-        from engine.devices import parse_device
+        from engine.run.devices import parse_device
         from engine.paths import default_receipts_dir
 
         opt = config.option
@@ -65,7 +65,7 @@ class _Options:
         if self.policy_text is None and self.lora_rank is not None:
             raise ContractsError("--contracts-lora-rank applies to --contracts-policy hf:PATH")
         if self.policy_text is not None:
-            from engine.policy import check_policy
+            from engine.run.policy import check_policy
 
             check_policy(self.policy_text)
         self._device = None
@@ -74,14 +74,14 @@ class _Options:
 
     def device(self):
         if self._device is None:
-            from engine.devices import resolve_device
+            from engine.run.devices import resolve_device
 
             self._device = resolve_device(self.device_text)
         return self._device
 
     def policy(self):
         if self.policy_text is not None and self._policy is None:
-            from engine.policy import load_policy
+            from engine.run.policy import load_policy
 
             self._policy = load_policy(self.policy_text, self.lora_rank)
         return self._policy
@@ -112,13 +112,13 @@ def pytest_configure(config: pytest.Config) -> None:
         opts.device()  # --contracts-device cuda on a machine without CUDA stops here, not mid-run
         import torch
 
-        from engine.devices import default_threads
+        from engine.run.devices import default_threads
 
         threads = default_threads(opts.device_text)  # the receipt `contracts check` writes records the same
         if threads is not None:
             config.stash[_OLD_THREADS] = torch.get_num_threads()
             torch.set_num_threads(threads)
-        from engine.receipts import ensure_writable
+        from engine.store.receipts import ensure_writable
 
         ensure_writable(opts.receipts)
     except ContractsError as exc:
@@ -178,7 +178,7 @@ class SpecFile(pytest.File):
     """One spec: an item per contract, then an item per mutant; the receipt is written at teardown."""
 
     def collect(self) -> Iterable[pytest.Item]:
-        from engine.spec import validate_file
+        from engine.spec.loader import validate_file
 
         spec, errors = validate_file(self.path, self.config.rootpath)
         if errors:  # a broken spec is an error, never skipped
@@ -276,8 +276,8 @@ class _SpecRun:
     """The Runner for one spec, fed item by item; `finish` writes the receipt."""
 
     def __init__(self, spec_file: SpecFile, opts: _Options, items: list):
-        from engine.receipts import utc_now
-        from engine.runner import Runner, plan_run
+        from engine.store.receipts import utc_now
+        from engine.run.runner import Runner, plan_run
 
         spec = spec_file.spec
         self.opts = opts
@@ -302,8 +302,8 @@ class _SpecRun:
 
     def _guard(self, fn):
         """Budget and interrupts end the run as `Runner.run` ends it."""
-        from engine.context import BudgetExceeded
-        from engine.runner import FAILED, INTERRUPTED
+        from engine.run.context import BudgetExceeded
+        from engine.run.runner import FAILED, INTERRUPTED
 
         if self.stopped:
             return None
@@ -358,9 +358,9 @@ class _SpecRun:
 
     def finish(self) -> None:
         """Write the receipt `contracts check` would write; an unfinished run is recorded as interrupted."""
-        from engine.receipts import write_receipt
-        from engine.runner import INTERRUPTED, build_statement
-        from engine.spec import display_path
+        from engine.store.receipts import write_receipt
+        from engine.run.runner import INTERRUPTED, build_statement
+        from engine.spec.loader import display_path
         from engine.paths import project_root
 
         missing = self.items - self.finished

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from engine.executors import run_cell
+from engine.run.executors import run_cell
 
 BAD_SEED = 43
 

@@ -1,6 +1,6 @@
 """Shared by test_gate.py and test_verify.py: a toy method, its spec, and genuine receipts for it.
 
-Receipts here are built with engine.receipts.statement()/write_receipt(), so
+Receipts here are built with engine.store.receipts.statement()/write_receipt(), so
 they carry real ids and real subject digests and verify exactly like a run's.
 """
 
@@ -10,8 +10,8 @@ import hashlib
 from pathlib import Path
 from types import MappingProxyType
 
-from engine import receipts as R
-from engine import registry
+from engine.store import receipts as R
+from engine.spec import registry
 
 SPEC_TEXT = """\
 # Toy spec for the gate tests: comments, key order and quoting must survive promote.
@@ -87,7 +87,7 @@ promotion:
 TOY_PACKAGE = '''\
 """A toy method for the gate tests: doubling, a check, a mechanism check with comparisons, one mutant."""
 
-from engine import registry
+from engine.spec import registry
 
 
 def double(x):
@@ -145,7 +145,7 @@ def make_layout(tmp: Path, spec_text: str = SPEC_TEXT) -> tuple[Path, Path, Path
 def predicate(spec_path: Path, *, device: str = "cpu", seeds=(1, 2, 3), fail=(), mutants=None,
               comparisons=None, errors=(), status: str | None = None, created_at: str | None = None,
               spec_state: str = "not-promoted") -> dict:
-    """A predicate shaped like engine.runner's. `fail` holds (contract, seed, dtype) cells that failed;
+    """A predicate shaped like engine.run.runner's. `fail` holds (contract, seed, dtype) cells that failed;
     `comparisons` maps seed -> list of comparison dicts for the mechanism contract."""
     results = []
     for cid, (_, dtypes) in CONTRACTS.items():

@@ -1,15 +1,15 @@
 """The TAPO contracts and mutants as the tests use them, read from the spec.
 
 specs/tapo-trajectory.yaml, loaded through the engine's own validator. Expectations are judged with the engine's own
-`engine.expect.evaluate`, so the tests and `contracts check` cannot disagree on a verdict.
+`engine.run.expect.evaluate`, so the tests and `contracts check` cannot disagree on a verdict.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from engine.expect import applies, evaluate
-from engine.spec import load_spec
+from engine.run.expect import applies, evaluate
+from engine.spec.loader import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "tapo-trajectory.yaml"

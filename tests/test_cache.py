@@ -1,4 +1,4 @@
-"""The validation cache (engine/cache.py): a hit gives exactly what a fresh validation gives, every input of
+"""The validation cache (engine/store/cache.py): a hit gives exactly what a fresh validation gives, every input of
 the key invalidates it, a broken or unwritable cache changes nothing, and the read-only commands print the
 same bytes with and without it."""
 
@@ -15,14 +15,14 @@ import pytest
 from typer.testing import CliRunner
 
 import engine.cli as cli
-import engine.promote
-import engine.receipts
-import engine.spec
-import engine.verify
-from engine import cache as C
-from engine import registry
-from engine.spec import spec_files, validate_file
-from engine.verify import assess
+import engine.gate.promote
+import engine.store.receipts
+import engine.spec.loader
+import engine.store.verify
+from engine.store import cache as C
+from engine.spec import registry
+from engine.spec.loader import spec_files, validate_file
+from engine.store.verify import assess
 from tests import gate_support as G
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,12 +35,12 @@ def _exact(value) -> str:
 
 
 class Calls:
-    """Counts fresh validations (engine.spec.validate_file) and receipt schema checks behind the cache."""
+    """Counts fresh validations (engine.spec.loader.validate_file) and receipt schema checks behind the cache."""
 
     def __init__(self, monkeypatch):
         self.specs: list[str] = []
         self.schemas = 0
-        real_validate, real_schema = engine.spec.validate_file, engine.receipts.schema_problems
+        real_validate, real_schema = engine.spec.loader.validate_file, engine.store.receipts.schema_problems
 
         def validate(path, root=None, **kw):
             self.specs.append(Path(path).name)
@@ -50,9 +50,9 @@ class Calls:
             self.schemas += 1
             return real_schema(data, *a, **kw)
 
-        monkeypatch.setattr(engine.spec, "validate_file", validate)
-        monkeypatch.setattr(engine.receipts, "schema_problems", schema)
-        monkeypatch.setattr(engine.verify, "schema_problems", schema)  # its own name for it
+        monkeypatch.setattr(engine.spec.loader, "validate_file", validate)
+        monkeypatch.setattr(engine.store.receipts, "schema_problems", schema)
+        monkeypatch.setattr(engine.store.verify, "schema_problems", schema)  # its own name for it
 
 
 @pytest.fixture(autouse=True)
@@ -121,7 +121,7 @@ def test_a_broken_spec_gives_the_same_errors_from_the_cache(edit, where, tmp_pat
     assert spec is None and calls.specs == []
     assert [e.as_dict() for e in cached] == [e.as_dict() for e in fresh] and fresh
     assert [e.line() for e in cached] == [e.line() for e in fresh] and where in fresh[0].line()
-    with pytest.raises(engine.spec.SpecError) as err:
+    with pytest.raises(engine.spec.loader.SpecError) as err:
         C.ValidationCache(store).load_spec(bad, tmp_path)
     assert err.value.line() == fresh[0].line()
 
@@ -171,7 +171,7 @@ def _engine_copies(tmp_path: Path, monkeypatch) -> Path:
     return copies
 
 
-@pytest.mark.parametrize("name", ["spec.py", "registry.py", "errors.py", "cache.py", "schemas/spec.schema.json"])
+@pytest.mark.parametrize("name", ["spec/loader.py", "spec/registry.py", "errors.py", "store/cache.py", "schemas/spec.schema.json"])
 def test_a_changed_engine_file_or_schema_is_a_miss(name, tmp_path, calls, monkeypatch):
     assert C._ENGINE / name in C.spec_code_files()
     copies = _engine_copies(tmp_path, monkeypatch)
@@ -373,7 +373,7 @@ def test_concurrent_commands_leave_a_readable_cache(tmp_path):
 def toy(tmp_path, monkeypatch):
     root, specs, receipts = G.make_layout(tmp_path)
     monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
-    monkeypatch.setattr(cli, "project_root", lambda: root)
+    monkeypatch.setattr("engine.paths.project_root", lambda: root)
     return root, specs, receipts
 
 
@@ -415,8 +415,8 @@ def test_integrity_comes_from_the_cache_only_for_the_same_bytes(toy, monkeypatch
     root, specs, receipts = toy
     path = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
     assert _assess(path, root, specs, receipts).state == "fresh"  # cold: decided, then cached
-    real, seen = engine.receipts.integrity_problem, []
-    monkeypatch.setattr(engine.receipts, "integrity_problem", lambda d, r: seen.append(r) or real(d, r))
+    real, seen = engine.store.receipts.integrity_problem, []
+    monkeypatch.setattr(engine.store.receipts, "integrity_problem", lambda d, r: seen.append(r) or real(d, r))
     assert _assess(path, root, specs, receipts).state == "fresh" and seen == []  # warm: from the cache
     # An edit that changes no value (one more space) is other bytes: decided afresh, and caught.
     raw = path.read_bytes()
@@ -461,9 +461,9 @@ def test_another_receipt_under_the_same_name_is_a_miss(toy):
     assert _assess(path, root, specs, receipts).state == "fresh"
     pred = G.predicate(specs / "toy.yaml")
     pred["environment"]["device"]["kind"] = "tpu"
-    subject = [{"name": "src/toy.py", "digest": {"sha256": engine.receipts.sha256_file(root / "src" / "toy.py")}}]
+    subject = [{"name": "src/toy.py", "digest": {"sha256": engine.store.receipts.sha256_file(root / "src" / "toy.py")}}]
     path.chmod(0o644)
-    path.write_bytes(engine.receipts.serialize(engine.receipts.statement(subject, pred)))
+    path.write_bytes(engine.store.receipts.serialize(engine.store.receipts.statement(subject, pred)))
     a = _assess(path, root, specs, receipts)
     assert a.state == "invalid" and "$.predicate.environment.device.kind" in a.message
 
@@ -484,7 +484,7 @@ def test_a_promote_since_the_run_is_still_fresh_from_the_cache(toy, monkeypatch)
     spec = specs / "toy.yaml"
     spec.write_text(spec.read_text().replace('state: "not-promoted"', 'state: "promoted"'))
     assert _assess(path, root, specs, receipts).state == "fresh"
-    monkeypatch.setattr(engine.promote, "digest_with_state", lambda *a: pytest.fail("not from the cache"))
+    monkeypatch.setattr(engine.gate.promote, "digest_with_state", lambda *a: pytest.fail("not from the cache"))
     assert _assess(path, root, specs, receipts).state == "fresh"
     spec.write_text(spec.read_text().replace("review: DONE", "review: TODO"))  # any other edit: stale
     monkeypatch.undo()
@@ -495,16 +495,16 @@ def test_a_promote_since_the_run_is_still_fresh_from_the_cache(toy, monkeypatch)
 def test_the_promotion_splice_is_cached_per_spec_content_and_state(tmp_path, monkeypatch):
     raws = [(ROOT / "specs" / "mrtpo.yaml").read_bytes(), (ROOT / "specs" / "tapo-trajectory.yaml").read_bytes()]
     cases = [(raw, state) for raw in raws for state in ("promoted", "not-promoted")]
-    expected = [engine.promote.digest_with_state(raw, state) for raw, state in cases]
+    expected = [engine.gate.promote.digest_with_state(raw, state) for raw, state in cases]
     assert len(set(expected)) == 4
     for raw, state in cases:  # filled one entry at a time, each by its own process
         cache = C.ValidationCache(tmp_path)
         cache.digest_with_state(raw, state)
         cache.flush()
-    monkeypatch.setattr(engine.promote, "digest_with_state", lambda *a: pytest.fail("not from the cache"))
+    monkeypatch.setattr(engine.gate.promote, "digest_with_state", lambda *a: pytest.fail("not from the cache"))
     cache = C.ValidationCache(tmp_path)
     assert [cache.digest_with_state(raw, state) for raw, state in cases] == expected
-    assert C._ENGINE / "promote.py" in C.restate_code_files()
+    assert C._ENGINE / "gate/promote.py" in C.restate_code_files()
 
 
 def test_a_changed_receipt_schema_is_a_miss(toy, calls, monkeypatch):
@@ -567,11 +567,11 @@ def test_read_only_commands_print_the_same_bytes_with_and_without_a_cache(tmp_pa
     without = _outputs(store)  # cold: validated afresh (and the cache written as each command ends)
     assert (store / C.CACHE_NAME).is_file()
     for name in ("validate_file", "read_document"):
-        monkeypatch.setattr(engine.spec, name, lambda *a, **k: pytest.fail("validated with a warm cache"))
-    for mod in (engine.receipts, engine.verify):
+        monkeypatch.setattr(engine.spec.loader, name, lambda *a, **k: pytest.fail("validated with a warm cache"))
+    for mod in (engine.store.receipts, engine.store.verify):
         monkeypatch.setattr(mod, "schema_problems", lambda *a, **k: pytest.fail("schema with a warm cache"))
-    monkeypatch.setattr(engine.promote, "digest_with_state", lambda *a, **k: pytest.fail("splice with a warm cache"))
-    monkeypatch.setattr(engine.receipts, "integrity_problem", lambda *a, **k: pytest.fail("integrity with a warm cache"))
+    monkeypatch.setattr(engine.gate.promote, "digest_with_state", lambda *a, **k: pytest.fail("splice with a warm cache"))
+    monkeypatch.setattr(engine.store.receipts, "integrity_problem", lambda *a, **k: pytest.fail("integrity with a warm cache"))
     with_cache = _outputs(store)
     assert with_cache == without
     assert any(code == 0 for _, code, _, _ in without) and any("stale" in out for _, _, out, _ in without)

@@ -44,7 +44,7 @@ def test_full_check_passes_and_writes_one_complete_receipt(full_run):
     assert stmt["_type"] == "https://in-toto.io/Statement/v1"
     names = {s["name"] for s in stmt["subject"]}
     assert "specs/tapo-trajectory.yaml" in names and "methods/tapo/objective.py" in names
-    assert "engine/runner.py" in names and "methods/common/rollout.py" in names
+    assert "engine/run/runner.py" in names and "methods/common/rollout.py" in names
     p = stmt["predicate"]
     for key in ("receipt_id", "method", "git", "environment", "request", "actual", "results", "mutants",
                 "mechanism", "budget", "cost", "status", "created_at"):

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.cli import app
-from engine.receipts import check_receipt, receipt_files, schema_problems
+from engine.store.receipts import check_receipt, receipt_files, schema_problems
 from tests import executor_faults as faults
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,8 +66,8 @@ def serial(tmp_path_factory):
 
 
 def plans(seeds=SEEDS, only=("clip_schedule",)):
-    from engine.runner import plan_run
-    from engine.spec import load_spec
+    from engine.run.runner import plan_run
+    from engine.spec.loader import load_spec
 
     spec = load_spec(ROOT / "specs" / f"{METHOD}.yaml", ROOT)
     return [plan_run(spec, list(seeds), list(only))]
@@ -99,7 +99,7 @@ def lost_cells(stmt: dict, seed: int) -> list[dict]:
 
 
 def test_a_raising_cell_is_an_error_for_that_cell_only():
-    from engine.executors import execute
+    from engine.run.executors import execute
 
     (stmt,) = execute(plans(), "cpu", jobs=2, cell_fn=faults.raise_on_bad_seed)
     pred = stmt["predicate"]
@@ -113,7 +113,7 @@ def test_a_raising_cell_is_an_error_for_that_cell_only():
 
 
 def test_a_dead_worker_is_recorded_and_replaced():
-    from engine.executors import execute
+    from engine.run.executors import execute
 
     # One worker: seed 44 can only run if the pool replaced the worker that died on seed 43.
     (stmt,) = execute(plans(), "cpu", jobs=1, cell_fn=faults.die_on_bad_seed)
@@ -124,7 +124,7 @@ def test_a_dead_worker_is_recorded_and_replaced():
 
 
 def test_a_dead_first_seed_cell_marks_its_mutants_not_run():
-    from engine.executors import execute
+    from engine.run.executors import execute
 
     (stmt,) = execute(plans(seeds=[43, 44]), "cpu", jobs=2, cell_fn=faults.exit_on_bad_seed)
     pred = stmt["predicate"]
@@ -134,7 +134,7 @@ def test_a_dead_first_seed_cell_marks_its_mutants_not_run():
 
 
 def test_a_hanging_cell_is_stopped_at_its_deadline():
-    from engine.executors import execute
+    from engine.run.executors import execute
 
     t0 = time.perf_counter()
     # 8 s: far beyond what a healthy cell here needs (well under a second), even on a loaded machine.
@@ -163,7 +163,7 @@ def test_bad_executor_options_are_usage_errors(tmp_path, args, text):
 
 
 def test_workers_never_get_more_threads_than_their_share_of_the_cores(monkeypatch):
-    from engine.executors import worker_threads
+    from engine.run.executors import worker_threads
 
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     assert worker_threads(2) == 4 and worker_threads(2, 1) == 1 and worker_threads(2, 16) == 4
@@ -182,7 +182,7 @@ def test_threads_reach_the_workers_and_the_receipt(tmp_path):
 def test_workers_start_with_what_a_cell_imports_already_imported():
     """Every worker would pay a cell's first-use imports again (torch._dynamo, which an optimizer imports:
     about 1 CPU-s): the worker server imports them once, before it forks."""
-    from engine.executors import run_local, split
+    from engine.run.executors import run_local, split
 
     _, cells = split(plans(only=("mechanism",)), "cpu")
     outcomes = run_local(cells, {}, 2, cell_fn=faults.report_imports)
@@ -195,7 +195,7 @@ def test_workers_start_with_what_a_cell_imports_already_imported():
 
 
 def test_importing_the_executors_does_not_import_torch():
-    code = "import sys, engine.cli, engine.executors; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, engine.cli, engine.run.executors; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
@@ -211,9 +211,9 @@ def ray_local():
 
 
 def test_ray_receipt_equals_the_local_executors(ray_local, serial, tmp_path):
-    from engine.executors import execute
-    from engine.runner import plan_run
-    from engine.spec import load_spec
+    from engine.run.executors import execute
+    from engine.run.runner import plan_run
+    from engine.spec.loader import load_spec
 
     spec = load_spec(ROOT / "specs" / f"{METHOD}.yaml", ROOT)
     (stmt,) = execute([plan_run(spec, SEEDS, ONLY)], "cpu", executor="ray")
@@ -224,7 +224,7 @@ def test_ray_receipt_equals_the_local_executors(ray_local, serial, tmp_path):
 
 
 def test_ray_lost_cells_are_errors_never_hangs(ray_local):
-    from engine.executors import execute
+    from engine.run.executors import execute
 
     (stmt,) = execute(plans(), "cpu", executor="ray", cell_fn=faults.raise_on_bad_seed)
     assert all("RuntimeError: injected failure" in r["message"] for r in lost_cells(stmt, 43))
@@ -247,7 +247,7 @@ def test_a_worker_running_other_code_is_refused():
     """The receipt binds the driver's files; a cell computed from different files becomes an error, not a result."""
     import dataclasses
 
-    from engine.executors import CellOutcome, merge, run_cell, split
+    from engine.run.executors import CellOutcome, merge, run_cell, split
 
     runs, cells = split(plans(seeds=[42]), "cpu")
     (mr,) = runs
@@ -265,7 +265,7 @@ def test_a_cuda_run_merges_on_a_driver_without_a_gpu():
     """Ray may run CUDA cells for a driver that has no GPU: merging must not touch a device."""
     import dataclasses
 
-    from engine.executors import CellOutcome, merge, run_cell, split
+    from engine.run.executors import CellOutcome, merge, run_cell, split
 
     (cpu_run,), cpu_cells = split(plans(seeds=[42]), "cpu")
     data = run_cell(cpu_cells[0])

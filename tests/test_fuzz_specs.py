@@ -43,9 +43,9 @@ from hypothesis import strategies as st
 import typer.main
 from click.testing import CliRunner
 
-from engine import registry
+from engine.spec import registry
 from engine.cli import app
-from engine.spec import json_path, spec_schema
+from engine.spec.loader import json_path, spec_schema
 from tests.fuzz_support import profile
 
 
@@ -681,7 +681,7 @@ def test_billion_laughs_is_refused_at_the_first_anchor_in_bounded_time(workdir):
 
 
 def test_a_spec_over_the_size_limit_is_refused_at_the_line_where_it_crosses(workdir):
-    from engine.spec import MAX_SPEC_BYTES
+    from engine.spec.loader import MAX_SPEC_BYTES
 
     line = "# " + "x" * 98 + "\n"
     raw = BASE_TEXT.encode() + (line * (MAX_SPEC_BYTES // len(line) + 2)).encode()
@@ -774,7 +774,7 @@ def test_the_schema_command_takes_only_a_listed_name():
 
 @pytest.mark.parametrize("method", ["../escape", "/abs", "a/b", "..", "ok\n"], ids=ascii)
 def test_a_receipt_never_names_a_folder_outside_its_store(method, tmp_path):
-    from engine import receipts as R
+    from engine.store import receipts as R
     from engine.errors import UsageError
 
     store = tmp_path / "store"
@@ -790,7 +790,7 @@ def test_a_receipt_never_names_a_folder_outside_its_store(method, tmp_path):
                                   "engine/../../outside.txt", "", "specs/", "x\x00y"], ids=ascii)
 def test_a_receipt_subject_outside_the_tree_is_never_read(name, tmp_path):
     """A receipt naming a path outside the checkout is reported, and that file is never opened."""
-    from engine import receipts as R
+    from engine.store import receipts as R
 
     import hashlib
 

@@ -14,12 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 import engine.cli as cli
-from engine import ledger, registry
-from engine.gate import evaluate
+from engine.store import ledger
+from engine.spec import registry
+from engine.gate.verdict import evaluate
 from engine.paths import default_specs_dir, project_root
-from engine.promote import StateNotFound, rewrite_state, with_state
-from engine.spec import load_spec, spec_files
-from engine.stats import paired_t_interval, t_quantile
+from engine.gate.promote import StateNotFound, rewrite_state, with_state
+from engine.spec.loader import load_spec, spec_files
+from engine.gate.stats import paired_t_interval, t_quantile
 from tests import gate_support as G
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,7 +31,7 @@ def layout(tmp_path, monkeypatch):
     """A checkout in tmp with the toy spec; the static registry knows the toy names."""
     monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
     root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr(cli, "project_root", lambda: root)
+    monkeypatch.setattr("engine.paths.project_root", lambda: root)
     return root, specs, receipts
 
 
@@ -468,12 +469,12 @@ def test_read_only_commands_never_import_torch(tmp_path):
     script = f"""
 import sys
 from typer.testing import CliRunner
-from engine import registry
+from engine.spec import registry
 from tests import gate_support as G
 import engine.cli as cli
 registry._STATIC = G.TOY_NAMES
 from pathlib import Path
-cli.project_root = lambda: Path({str(root)!r})
+import engine.paths; engine.paths.project_root = lambda: Path({str(root)!r})
 store = ["--specs", {str(specs)!r}, "--receipts", {str(receipts)!r}]
 for args in (["verify", *store], ["gate", "toy", *store], ["list", *store], ["schema", "receipt"],
              ["gate", "toy", *store, "--json"], ["list", *store, "--json"]):

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from engine.cli import app
 from engine.errors import UsageError
-from engine.receipts import check_receipt, receipt_files
-from engine.spec import load_spec
+from engine.store.receipts import check_receipt, receipt_files
+from engine.spec.loader import load_spec
 from methods.common.rollout import sample, sequence_logprobs
 from methods.common.tasks import EOS, PAD
 from methods.hfpolicy.checkpoint import find_checkpoint
@@ -46,7 +46,7 @@ def ckpt(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def provider(ckpt):
-    from engine.policy import load_policy
+    from engine.run.policy import load_policy
 
     return load_policy(f"hf:{ckpt}", lora_rank=4)
 
@@ -165,7 +165,7 @@ def test_lora_trains_only_adapters_seeded_from_the_run_seed(provider):
 
 
 def test_lora_rank_zero_trains_every_weight(ckpt):
-    from engine.policy import load_policy
+    from engine.run.policy import load_policy
 
     full = load_policy(f"hf:{ckpt}", lora_rank=0).build(seed=1, device=torch.device("cpu"), vocab_size=16)
     assert all(p.requires_grad for p in full.parameters())

@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import registry
-from engine.context import DTYPES, CheckContext, Meter
-from engine.expect import applies, evaluate
-from engine.spec import load_spec
+from engine.spec import registry
+from engine.run.context import DTYPES, CheckContext, Meter
+from engine.run.expect import applies, evaluate
+from engine.spec.loader import load_spec
 from methods.common.grpo import grpo_token_loss
 from methods.mrtpo import mutants as mrtpo_mutants
 from methods.mrtpo.credit import beta_schedule, credit_weights, js_distance, mrtpo_advantages

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.cli import app
-from engine.receipts import check_receipt, receipt_files
-from engine.spec import load_spec
+from engine.store.receipts import check_receipt, receipt_files
+from engine.spec.loader import load_spec
 
 pytest_plugins = ["pytester"]
 

@@ -1,6 +1,6 @@
 """The receipt schema check: the compiled fast path gives jsonschema's verdicts, and the same words.
 
-`engine.receipts.schema_problems` asks fastjsonschema (draft 7, compiled once)
+`engine.store.receipts.schema_problems` asks fastjsonschema (draft 7, compiled once)
 first and returns [] when it accepts; anything else goes to jsonschema (Draft
 2020-12), which decides and words the problems. So the fast path must never
 accept what jsonschema rejects. These tests hold it to exact agreement on every
@@ -28,7 +28,7 @@ from hypothesis import event, given, note
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from engine import receipts as R
+from engine.store import receipts as R
 from tests.fuzz_support import profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,8 +247,8 @@ def test_every_committed_receipt_gets_the_same_verdict():
 
 def test_synthetic_store_receipts_get_the_same_verdict(tmp_path, monkeypatch):
     from benchmarks.synthetic_store import build_fixture_store, demo_static_names, subject_for, write_many
-    from engine import registry
-    from engine.spec import load_spec
+    from engine.spec import registry
+    from engine.spec.loader import load_spec
 
     monkeypatch.setattr(registry, "_STATIC", demo_static_names())
     root = tmp_path / "proj"
@@ -486,9 +486,9 @@ def test_the_fast_path_leaves_the_data_alone():
 
 def test_importing_the_engine_does_not_import_fastjsonschema():
     """Read-only commands stay light: it is imported when a receipt is first schema-checked."""
-    code = ("import sys, engine.cli, engine.receipts, engine.verify, engine.index, engine.cache\n"
+    code = ("import sys, engine.cli, engine.store.receipts, engine.store.verify, engine.store.index, engine.store.cache\n"
             "assert 'fastjsonschema' not in sys.modules\n"
-            "from engine.receipts import schema_problems\n"
+            "from engine.store.receipts import schema_problems\n"
             "schema_problems({})\n"
             "assert 'fastjsonschema' in sys.modules\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -498,8 +498,8 @@ def test_importing_the_engine_does_not_import_fastjsonschema():
 def test_random_receipts_of_the_synthetic_generator_agree_across_seeds(tmp_path, monkeypatch):
     """Predicates straight from benchmarks.synthetic_store.predicate (cuda and cpu, failing and passing)."""
     from benchmarks.synthetic_store import demo_static_names, predicate, stamp, subject_for, write_demo_project
-    from engine import registry
-    from engine.spec import load_spec
+    from engine.spec import registry
+    from engine.spec.loader import load_spec
 
     monkeypatch.setattr(registry, "_STATIC", demo_static_names())
     specs = write_demo_project(tmp_path)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import receipts as R
+from engine.store import receipts as R
 
 
 def _stmt(method: str = "demo", created: str | None = None, value: float = 1.5) -> dict:
     pred = {"schema": "paper-contracts/receipt/v1", "method": method, "created_at": created or R.utc_now(),
             "results": [{"contract": "c", "measurements": {"err": value, "nan": float("nan")}}], "status": "passed"}
-    return R.statement([{"name": "engine/receipts.py", "digest": {"sha256": R.sha256_file(
+    return R.statement([{"name": "engine/store/receipts.py", "digest": {"sha256": R.sha256_file(
         Path(R.__file__))}}], pred)
 
 

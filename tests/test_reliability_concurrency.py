@@ -22,8 +22,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 import engine.cli as cli
-from engine import ledger
-from engine import receipts as R
+from engine.store import ledger
+from engine.store import receipts as R
 from engine.paths import project_root
 
 ROOT = project_root()
@@ -89,7 +89,7 @@ import json, sys, time
 from pathlib import Path
 from typer.testing import CliRunner
 from engine.cli import app
-import engine.runner  # noqa: F401  (torch imported before the start line)
+import engine.run.runner  # noqa: F401  (torch imported before the start line)
 
 specs, store, go, n = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
 while not go.exists():
@@ -126,7 +126,7 @@ def test_two_processes_twenty_checks_each_into_one_folder(tmp_path):
 SAME_NAME_WRITER = """\
 import sys, time
 from pathlib import Path
-from engine import receipts as R
+from engine.store import receipts as R
 
 store, go, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 stmt = R.statement([], {"method": "race", "created_at": "2026-01-01T00:00:00.000000Z", "status": "passed"})
@@ -156,12 +156,12 @@ import json, sys, time
 from pathlib import Path
 from typer.testing import CliRunner
 import engine.cli as cli
-from engine import registry
+from engine.spec import registry
 from tests import gate_support as G
 
 root, go, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 registry._STATIC = G.TOY_NAMES  # the toy method's names, as tests/test_gate.py does
-cli.project_root = lambda: root
+import engine.paths; engine.paths.project_root = lambda: root
 args = ["--specs", str(root / "specs"), "--receipts", str(root / "receipts")]
 while not go.exists():
     time.sleep(0.001)
@@ -196,8 +196,8 @@ def test_promote_and_demote_from_two_processes_leave_a_ledger_verify_accepts(tmp
     assert spec_state == state
     verify = subprocess.run(
         [sys.executable, "-c", "import sys; from pathlib import Path; import engine.cli as cli; "
-         "from engine import registry; from tests import gate_support as G; registry._STATIC = G.TOY_NAMES; "
-         "root = Path(sys.argv[1]); cli.project_root = lambda: root; sys.argv = ['contracts', 'verify', "
+         "from engine.spec import registry; from tests import gate_support as G; registry._STATIC = G.TOY_NAMES; "
+         "root = Path(sys.argv[1]); import engine.paths; engine.paths.project_root = lambda: root; sys.argv = ['contracts', 'verify', "
          "'--strict', '--specs', sys.argv[2], '--receipts', sys.argv[3]]; cli.main()",
          str(root), str(specs), str(receipts)],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
@@ -207,7 +207,7 @@ def test_promote_and_demote_from_two_processes_leave_a_ledger_verify_accepts(tmp
 APPENDER = """\
 import sys, time
 from pathlib import Path
-from engine import ledger
+from engine.store import ledger
 
 store, go, n, who = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 while not go.exists():

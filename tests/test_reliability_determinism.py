@@ -103,7 +103,7 @@ promotion:
 def test_a_check_using_the_global_generator_is_seeded_per_call(tmp_path):
     import torch
 
-    from engine import registry
+    from engine.spec import registry
 
     reg = registry.load()
     impl = registry.implementation("reliab_rng", draw=lambda: torch.rand((), dtype=torch.float64))

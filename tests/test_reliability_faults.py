@@ -2,7 +2,7 @@
 
 A test-only method (`reliab_faulty`) is written to a temporary package and
 registered at runtime; its spec is validated like any other (the validator
-accepts names registered in the current process, engine.registry.known_names).
+accepts names registered in the current process, engine.spec.registry.known_names).
 Each contract hands the check one misbehaving function: NaN, inf, a raise,
 the wrong shape, the wrong dtype, a sleep past the per-contract limit (also
 one that swallows the alarm), sys.exit(); further checks return broken
@@ -24,10 +24,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from engine import registry
+from engine.spec import registry
 from engine.cli import app
-from engine.expect import evaluate
-from engine.receipts import check_receipt
+from engine.run.expect import evaluate
+from engine.store.receipts import check_receipt
 from engine.paths import project_root
 
 TIMEOUT_S = 0.3  # budget.per_contract_timeout_seconds of the test specs
@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from engine import registry
+from engine.spec import registry
 
 
 def good(x):

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine import registry
+from engine.spec import registry
 from engine.cli import app
 from engine.paths import project_root
-from engine.receipts import PREDICATE_TYPE, STATEMENT_TYPE
+from engine.store.receipts import PREDICATE_TYPE, STATEMENT_TYPE
 
 ROOT = project_root()
 CANARY_NAME = "CONTRACTS_LEAK_CANARY"
@@ -45,7 +45,7 @@ import os
 import socket
 from pathlib import Path
 
-from engine import registry
+from engine.spec import registry
 
 IMPL = registry.implementation("reliab_leaky", identity=lambda x: x)
 WHO = f"{getpass.getuser()}@{socket.gethostname()}"
@@ -101,7 +101,7 @@ promotion:
 
 # --- the scan ---------------------------------------------------------------------------------
 
-# Written independently of engine/redact.py: an absolute path is a "/" at the start of a token followed
+# Written independently of engine/store/redact.py: an absolute path is a "/" at the start of a token followed
 # by a folder name and another "/".
 ABS_PATH = re.compile(r"(?:^|[\s'\"(=:,\[])(/[A-Za-z0-9._@+-]+/)")
 STRUCTURED = ("environment", "git")  # filled from torch/platform/git by code, never from the environment

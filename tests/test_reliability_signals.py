@@ -28,9 +28,9 @@ import pytest
 from typer.testing import CliRunner
 
 import engine.cli as cli
-from engine import receipts as R
+from engine.store import receipts as R
 from engine.paths import project_root
-from engine.verify import store_files
+from engine.store.verify import store_files
 
 ROOT = project_root()
 # Subprocesses import this checkout's engine, whatever `pip install -e` points at.
@@ -44,7 +44,7 @@ import os
 import time
 from pathlib import Path
 
-from engine import registry
+from engine.spec import registry
 
 MARKS = Path(os.environ["RELIAB_MARKS"])
 
@@ -190,7 +190,7 @@ def test_sigterm_during_the_shipped_mechanism_check(tmp_path):
     """
     store, marker = tmp_path / "receipts", tmp_path / "second-call"
     driver = (
-        "import sys, pathlib; import engine.runner as r; orig = r.Runner.call; calls = []; marker = sys.argv.pop(1)\n"
+        "import sys, pathlib; import engine.run.runner as r; orig = r.Runner.call; calls = []; marker = sys.argv.pop(1)\n"
         "def call(self, *a, **k):\n"
         "    calls.append(1)\n"
         "    if len(calls) == 2: pathlib.Path(marker).write_text('started')\n"
@@ -218,7 +218,7 @@ def test_a_signal_before_the_runner_starts_exits_130_and_writes_nothing(tmp_path
     """Interrupted before the runner starts (while planning, torch just imported): no receipt, exit 130."""
     store = tmp_path / "receipts"
     proc = subprocess.Popen([sys.executable, "-c",
-                             "import os, signal, sys; import engine.runner as r; orig = r.plan_run\n"
+                             "import os, signal, sys; import engine.run.runner as r; orig = r.plan_run\n"
                              "def plan(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return orig(*a, **k)\n"
                              "r.plan_run = plan\nsys.argv = ['contracts', *sys.argv[1:]]\n"
                              "from engine.cli import main; main()",
@@ -254,7 +254,7 @@ def test_a_signal_while_the_receipt_is_written_still_leaves_it_whole(tmp_path, m
 WRITER = """\
 import builtins, os, signal, sys, time
 from pathlib import Path
-from engine import receipts as R
+from engine.store import receipts as R
 
 root, store, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 subject = [{"name": "bound.txt", "digest": {"sha256": R.sha256_file(root / "bound.txt")}}]
@@ -392,7 +392,7 @@ def _unwritable(kind: str, tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize("kind", ["path_is_a_file", "inside_a_file", "disk_full", "read_only"])
 def test_an_unwritable_receipts_folder_is_one_line_and_exit_4_before_any_check(kind, tmp_path, monkeypatch):
-    import engine.runner as runner_mod
+    import engine.run.runner as runner_mod
 
     store = _unwritable(kind, tmp_path, monkeypatch)
     started = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.spec import validate_file
+from engine.spec.loader import validate_file
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = (ROOT / "specs" / "tapo-trajectory.yaml").read_text(encoding="utf-8")
@@ -164,7 +164,7 @@ def test_every_error_is_one_line(tmp_path):
 
 def test_static_and_runtime_registries_agree():
     """Read-only commands trust the ast scan; it must see exactly what the decorators register."""
-    from engine import registry
+    from engine.spec import registry
 
     static = registry.static_names()
     runtime = registry.load()
@@ -175,7 +175,7 @@ def test_static_and_runtime_registries_agree():
 
 
 def test_lookup_failures_list_the_valid_names():
-    from engine import registry
+    from engine.spec import registry
     from engine.errors import LookupFailure
 
     reg = registry.load()

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine import registry  # noqa: E402
-from engine.context import DTYPES, BudgetExceeded, CheckContext, Meter  # noqa: E402
+from engine.spec import registry  # noqa: E402
+from engine.run.context import DTYPES, BudgetExceeded, CheckContext, Meter  # noqa: E402
 from methods.tapo import reference as ref  # noqa: E402
 from methods.tapo.objective import (  # noqa: E402
     ZeroAdvantageError,

@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import registry
-from engine.context import DTYPES, CheckContext, Meter
-from engine.expect import applies, evaluate
-from engine.spec import load_spec
+from engine.spec import registry
+from engine.run.context import DTYPES, CheckContext, Meter
+from engine.run.expect import applies, evaluate
+from engine.spec.loader import load_spec
 from methods.tar import IMPL, adaptive_replay_loss, farthest_point_prototypes, soft_gate, tar_total_loss
 from methods.tar import checks as tar_checks
 from methods.tar import reference as ref

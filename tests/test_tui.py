@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import engine.registry as registry
+import engine.spec.registry as registry
 from benchmarks.synthetic_store import add_receipt, build_fixture_store, demo_static_names, write_demo_project
 from benchmarks.synthetic_store import predicate, stamp, subject_for
-from engine import gate as engine_gate
-from engine.index import INDEX_NAME, Freshness, ReceiptIndex, freshness_of
-from engine.receipts import statement, write_receipt
-from engine.spec import load_spec
-from engine.verify import assess_receipts
+from engine.gate import verdict as engine_gate
+from engine.store.index import INDEX_NAME, Freshness, ReceiptIndex, freshness_of
+from engine.store.receipts import statement, write_receipt
+from engine.spec.loader import load_spec
+from engine.store.verify import assess_receipts
 from tui.app import binding_ids, create_app, parse_keys
 from tui.data import assessed_from_index, build_model, gate_flags
 from tui.diff import diff_predicates
@@ -86,7 +86,7 @@ def test_index_parses_only_new_files_and_survives_a_restart(store):
 
 
 def test_index_states_agree_with_contracts_verify(store):
-    """Every state and message the index gives is the one engine.verify gives, odd files included."""
+    """Every state and message the index gives is the one engine.store.verify gives, odd files included."""
     rd = store["receipts"]
     spec = load_spec(store["specs"] / "demo-method.yaml", store["root"]).data
     (rd / "demo-method" / "notes.txt").write_text("not a receipt")
@@ -116,7 +116,7 @@ def test_index_states_agree_with_contracts_verify(store):
 
 def test_a_promote_does_not_make_receipts_stale(store):
     """As in check_receipt: a spec that differs only in promotion.state is the same spec."""
-    from engine.promote import with_state
+    from engine.gate.promote import with_state
 
     path = store["specs"] / "demo-method.yaml"
     path.write_text(with_state(path.read_text(), "promoted"))
@@ -163,7 +163,7 @@ def test_index_forgets_deleted_receipts(store):
 
 
 def test_heavy_parts_are_read_only_when_asked_and_rebuilt_when_lost(store):
-    from engine.index import DETAIL_NAME
+    from engine.store.index import DETAIL_NAME
 
     ReceiptIndex(store["receipts"]).refresh()
     idx = ReceiptIndex(store["receipts"])
@@ -187,7 +187,7 @@ def test_index_on_a_read_only_store_still_works(store):
 
 
 def test_no_torch_on_the_tui_import_path():
-    code = ("import sys, engine.cli, engine.index, tui.app, tui.data, tui.screens.main, tui.screens.receipt, "
+    code = ("import sys, engine.cli, engine.store.index, tui.app, tui.data, tui.screens.main, tui.screens.receipt, "
             "tui.screens.diff, tui.commands; assert 'torch' not in sys.modules, 'torch was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent)
@@ -195,12 +195,12 @@ def test_no_torch_on_the_tui_import_path():
 
 
 def test_spec_cache_revalidates_exactly_when_an_input_changes(store, monkeypatch):
-    import engine.spec
+    import engine.spec.loader
     import tui.specs as specs_mod
 
     calls = []
-    real = engine.spec.validate_file
-    monkeypatch.setattr(engine.spec, "validate_file",
+    real = engine.spec.loader.validate_file
+    monkeypatch.setattr(engine.spec.loader, "validate_file",
                         lambda f, root=None, **kw: calls.append(f.name) or real(f, root, **kw))
     (store["specs"] / "broken.yaml").write_text("spec_version: 1\ntitle: [unclosed\n")
 
@@ -252,7 +252,7 @@ def test_model_rows(store):
 
 
 def test_gate_from_the_index_is_contracts_gate(store):
-    """The index-fed evaluation gives exactly what engine.gate gives reading every receipt itself."""
+    """The index-fed evaluation gives exactly what engine.gate.verdict gives reading every receipt itself."""
     model = _model(store, gates=True)
     index = ReceiptIndex(store["receipts"])
     index.refresh()
@@ -710,7 +710,7 @@ def test_big_stores_evaluate_the_gate_in_another_process(store, monkeypatch):
 
 def test_a_first_start_indexes_in_worker_processes_from_inside_the_app(store, monkeypatch):
     """Textual replaces sys.stderr; the pool must still start (it once silently could not)."""
-    import engine.index as index_mod
+    import engine.store.index as index_mod
 
     monkeypatch.setattr(index_mod, "POOL_THRESHOLD", 1)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import engine.registry as registry
+import engine.spec.registry as registry
 from benchmarks.synthetic_store import build_fixture_store, demo_static_names
 from tui.app import create_app
 

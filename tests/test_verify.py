@@ -10,16 +10,16 @@ import pytest
 from typer.testing import CliRunner
 
 import engine.cli as cli
-from engine import ledger
-from engine import receipts as R
-from engine.verify import assess, assess_store
+from engine.store import ledger
+from engine.store import receipts as R
+from engine.store.verify import assess, assess_store
 from tests import gate_support as G
 
 
 @pytest.fixture
 def layout(tmp_path, monkeypatch):
     root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr(cli, "project_root", lambda: root)
+    monkeypatch.setattr("engine.paths.project_root", lambda: root)
     return root, specs, receipts
 
 
@@ -148,7 +148,7 @@ def test_ledger_entries_chain_and_validate_against_the_published_schema(layout):
     lpath, _ = _ledger_with_one_entry(root, specs, receipts)
     report = assess_store(receipts, root, specs, spec_states={"toy": "not-promoted"})
     assert report.ledger.problems == [] and len(report.ledger.entries) == 2
-    schema = json.loads((Path(cli.__file__).parent / "schemas" / "ledger.schema.json").read_text())
+    schema = json.loads((Path(cli.__file__).parents[1] / "schemas" / "ledger.schema.json").read_text())
     for line in lpath.read_text().splitlines():
         Draft202012Validator(schema).validate(json.loads(line))
     res = _invoke("verify", "--receipts", str(receipts), "--specs", str(specs), "--json")
@@ -195,7 +195,7 @@ def test_spec_state_the_ledger_does_not_explain_is_reported(layout):
 def test_schema_command_prints_the_published_schema(name):
     res = _invoke("schema", name)
     assert res.exit_code == 0
-    published = json.loads((Path(cli.__file__).parent / "schemas" / f"{name}.schema.json").read_text())
+    published = json.loads((Path(cli.__file__).parents[1] / "schemas" / f"{name}.schema.json").read_text())
     assert json.loads(res.stdout) == published
 
 
@@ -205,7 +205,7 @@ def test_schema_unknown_name_is_a_usage_error():
 
 
 def test_a_promote_does_not_stale_the_receipt_but_any_other_spec_edit_does(layout):
-    from engine.promote import rewrite_state
+    from engine.gate.promote import rewrite_state
 
     root, specs, receipts = layout
     spec = specs / "toy.yaml"

@@ -11,8 +11,8 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from engine.index import Freshness, ReceiptIndex
-from engine.spec import display_path
+from engine.store.index import Freshness, ReceiptIndex
+from engine.spec.loader import display_path
 from tui.commands import ContractsCommands
 from tui.data import GateView, Model, build_model, gate_flags, gate_for, gate_views, previous_receipt
 
@@ -130,7 +130,7 @@ class ContractsApp(App):
     # description: otherwise @work builds one from repr(model), 10,000 rows long (0.3 s on a big store)
     @work(thread=True, group="gate", exclusive=True, description="gate verdicts")
     def refine_gates(self, model: Model) -> None:
-        """engine.gate's verdict per method, after the first paint.
+        """engine.gate.verdict's verdict per method, after the first paint.
 
         The gate reads every receipt's slice (seconds for 10,000 receipts), so on a
         big store it runs in another process: this thread only waits, and the UI
@@ -157,10 +157,10 @@ class ContractsApp(App):
             self.ui(self._apply_gate, model, m.key, view)
 
     def _gates_elsewhere(self) -> dict:
-        from engine.index import spawn_pool
+        from engine.store.index import spawn_pool
 
-        from engine.cache import names_doc
-        from engine.registry import known_names
+        from engine.store.cache import names_doc
+        from engine.spec.registry import known_names
 
         # The other process checks specs against this process's registered names, so both agree on validity.
         with spawn_pool(1) as pool:

@@ -5,7 +5,7 @@ receipt index incrementally, works out freshness, and condenses everything
 into per-method rows the screens only have to draw.
 
 The gate verdict comes from `gate_for` below, the one place the TUI asks for
-it: engine.gate.evaluate, fed with the index's receipt states and predicate
+it: engine.gate.verdict.evaluate, fed with the index's receipt states and predicate
 slices instead of re-reading every receipt, so it gives `contracts gate`'s
 verdict at any store size (tests/test_tui.py checks the two agree).
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of, gate_predicate
-from engine.spec import display_path
+from engine.store.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of, gate_predicate
+from engine.spec.loader import display_path
 from tui import fmt
 from tui.specs import load_specs
 
@@ -153,7 +153,7 @@ class MethodModel:
     mutants: list
     gate: GateView
     devices: list
-    spec_obj: Any = field(default=None, repr=False)  # engine.spec.Spec, for engine.gate
+    spec_obj: Any = field(default=None, repr=False)  # engine.spec.loader.Spec, for engine.gate.verdict
 
     @property
     def review(self) -> str:
@@ -333,13 +333,13 @@ def gate_flags(receipts_dir: Path, specs_dir: Path, root: Path) -> str:
 
 
 def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
-    """engine.verify.Assessed records built from the index, as engine.gate.evaluate takes them.
+    """engine.store.verify.Assessed records built from the index, as engine.gate.verdict.evaluate takes them.
 
     The same states and messages `contracts verify` gives (the index applies its
     rules), and for fresh and stale receipts the slice of the predicate the gate
     reads: no receipt file is opened.
     """
-    from engine.verify import Assessed
+    from engine.store.verify import Assessed
 
     index.load_all()
     out = []
@@ -358,12 +358,12 @@ def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
 def gate_views(specs_dir: Path, receipts_dir: Path, root: Path, names: dict | None = None) -> dict[str, GateView]:
     """Every method's verdict, computed from scratch (run in another process for big stores).
 
-    `names` (engine.cache.names_doc) are the registered names to validate specs against: the calling
+    `names` (engine.store.cache.names_doc) are the registered names to validate specs against: the calling
     process's, so both processes agree on which specs are valid.
     """
     if names is not None:
-        from engine import registry
-        from engine.cache import names_from
+        from engine.spec import registry
+        from engine.store.cache import names_from
 
         registry._STATIC = names_from(names)
     model = build_model(specs_dir, receipts_dir, root, ReceiptIndex(receipts_dir, persist=False),
@@ -372,8 +372,8 @@ def gate_views(specs_dir: Path, receipts_dir: Path, root: Path, names: dict | No
 
 
 def gate_for(m: MethodModel, index: ReceiptIndex, receipts_dir: Path, root: Path, specs_dir: Path) -> GateView:
-    """engine.gate's verdict for one method, fed from the index (the same verdict `contracts gate` gives)."""
-    from engine import gate as engine_gate
+    """engine.gate.verdict's verdict for one method, fed from the index (the same verdict `contracts gate` gives)."""
+    from engine.gate import verdict as engine_gate
 
     result = engine_gate.evaluate(m.spec_obj, Path(receipts_dir), Path(root), Path(specs_dir),
                                   gate_flags(receipts_dir, specs_dir, root), assessed=assessed_from_index(m, index))
@@ -403,7 +403,7 @@ MAX_RAW_CHARS = 400_000
 
 def load_detail(receipts_dir: Path, file: str) -> Detail:
     """Read one receipt in full; never raises (a broken file comes back with `error`)."""
-    from engine.receipts import load_receipt
+    from engine.store.receipts import load_receipt
 
     path = Path(receipts_dir) / file
     try:

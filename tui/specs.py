@@ -3,7 +3,7 @@ unchanged YAML.
 
 Validating the three shipped specs costs about 0.6 s (ruamel round-trip
 parse, JSON Schema, the static registry scan): a third of the start-up budget.
-The cache (engine/cache.py, `<receipts>/.validation-cache.json`, shared with
+The cache (engine/store/cache.py, `<receipts>/.validation-cache.json`, shared with
 the read-only commands) keeps each result under the spec's sha256 and a
 fingerprint of everything validation depends on; any change re-validates.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.cache import ValidationCache
-from engine.spec import Spec, display_path, spec_files
+from engine.store.cache import ValidationCache
+from engine.spec.loader import Spec, display_path, spec_files
 
 
 def load_specs(specs_dir: Path, root: Path, cache_dir: Path | None) -> dict[str, tuple[Spec | None, str, list[str]]]:

@@ -1,6 +1,6 @@
 """Hugging Face causal-LM checkpoints as the mechanism runs' policy (`--policy hf:PATH`, the [hf] extra).
 
-Registers no check: it only supplies a policy provider (engine/policy.py). The
+Registers no check: it only supplies a policy provider (engine/run/policy.py). The
 engine imports every package under methods/, and the base install has no
 transformers, so nothing here imports transformers or peft until `load` runs.
 """

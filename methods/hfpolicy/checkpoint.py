@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import UsageError
-from engine.receipts import EXTERNAL_SUBJECT_PREFIX, sha256_file
+from engine.store.receipts import EXTERNAL_SUBJECT_PREFIX, sha256_file
 
 CONFIG = "config.json"
 WEIGHTS = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")

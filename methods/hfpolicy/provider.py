@@ -11,7 +11,7 @@ import torch
 
 from engine.errors import EnvironmentProblem, UsageError
 from engine.paths import project_root
-from engine.receipts import subjects as file_subjects
+from engine.store.receipts import subjects as file_subjects
 from methods.hfpolicy import task
 from methods.hfpolicy.checkpoint import CONFIG, Checkpoint
 from methods.hfpolicy.policy import HFPolicy

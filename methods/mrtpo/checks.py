@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from engine import registry
+from engine.spec import registry
 from methods.mrtpo import mechanism
 from methods.mrtpo.cases import PAIR_KINDS, credit_batch, logp_pair, response_mask, to_lists
 from methods.mrtpo.memory import AllocationMeter

@@ -1,6 +1,6 @@
 """The MRTPO implementation object the checks test (a mutant replaces one function)."""
 
-from engine import registry
+from engine.spec import registry
 from methods.mrtpo.credit import beta_schedule, credit_weights, js_distance, mrtpo_advantages
 from methods.mrtpo.mechanism import freeze, student_context
 

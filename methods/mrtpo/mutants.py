@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from engine import registry
+from engine.spec import registry
 from methods.mrtpo import credit
 from methods.mrtpo.credit import LN2, _compute_dtype, _empty_flags, _as_loo_list
 from methods.mrtpo.impl import IMPL

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from engine import registry
+from engine.spec import registry
 from methods.common.grpo import grpo_token_loss
 from methods.tapo import reference as ref
 from methods.tapo.objective import ZeroAdvantageError, compute_dtype

@@ -1,6 +1,6 @@
 """The TAPO implementation bundle that checks receive (or a mutant of it)."""
 
-from engine import registry
+from engine.spec import registry
 from methods.tapo.objective import length_aware_clip, tapo_loss, trajectory_ratio
 
 IMPL = registry.implementation(

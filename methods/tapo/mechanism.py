@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from engine import registry
+from engine.spec import registry
 from methods.common.grpo import group_advantages, grpo_token_loss
 from methods.common.policy import make_policy, param_l2_change, state_copy
 from methods.common.rollout import sample, sequence_logprobs

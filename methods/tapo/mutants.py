@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import registry
+from engine.spec import registry
 from methods.tapo.impl import IMPL
 from methods.tapo.objective import (
     as_bool_mask,

@@ -1,7 +1,7 @@
 """TAR (arXiv 2610.24236): verifier-filtered FPS bank and gated adaptive replay.
 
 Importing this package registers the implementation "tar", its checks and its
-mutants with `engine.registry`.
+mutants with `engine.spec.registry`.
 """
 
 from methods.tar.fps import farthest_point_prototypes

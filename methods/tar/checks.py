@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from engine import registry
+from engine.spec import registry
 from methods.tar import mechanism
 from methods.tar import reference as ref
 

@@ -1,6 +1,6 @@
 """The implementation object checks receive (a mutant replaces some of its functions)."""
 
-from engine import registry
+from engine.spec import registry
 from methods.tar.fps import farthest_point_prototypes
 from methods.tar.replay import adaptive_replay_loss, soft_gate, tar_total_loss
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine import registry
+from engine.spec import registry
 from methods.tar.fps import TIE_TOL, _segment_fps, farthest_point_prototypes
 from methods.tar.impl import IMPL
 from methods.tar.replay import DENOM_EPS, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss

@@ -54,7 +54,7 @@ class Spec:
     path: Path
     display: str  # path as shown to users (relative where possible)
     data: dict
-    doc: Any = field(repr=False)  # None when the data came from engine.cache: parsed again on first `locate`
+    doc: Any = field(repr=False)  # None when the data came from engine.store.cache: parsed again on first `locate`
     sha256: str = ""
     raw: bytes | None = field(default=None, repr=False, compare=False)  # the bytes `data` was read from
 
@@ -455,7 +455,7 @@ COMPARATORS = ("le", "lt", "ge", "gt", "eq", "default")
 
 def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) -> list[SpecError]:
     """Names and ids that must point at something: registry names, formula ids, contract ids."""
-    from engine.registry import known_names
+    from engine.spec.registry import known_names
 
     names = known_names()
     errors: list[SpecError] = []
@@ -558,7 +558,7 @@ def validate_file(path: Path, root: Path | None = None, raw: bytes | None = None
                   ) -> tuple[Spec | None, list[SpecError]]:
     """Every problem in one spec file, one SpecError each; the Spec when there are none.
 
-    Always validates afresh; `engine.cache.ValidationCache.validate_file` answers the same from its cache.
+    Always validates afresh; `engine.store.cache.ValidationCache.validate_file` answers the same from its cache.
     With `raw`, validate those bytes (already read from `path`).
     """
     path = Path(path)

@@ -9,16 +9,16 @@ States, in the order they are decided:
 Integrity comes before the schema, so an edited byte reads as tampered even when
 the edit also breaks the schema. A spec that differs from the run's only in
 `promotion.state` (a promote or demote since) still counts as the same spec
-(engine.receipts.check_receipt).
+(engine.store.receipts.check_receipt).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from engine import ledger as ledger_mod
-from engine.receipts import RECEIPT_SUFFIX, TMP_PREFIX, check_receipt, load_receipt, schema_problems
-from engine.spec import KEY_RE
+from engine.store import ledger as ledger_mod
+from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, check_receipt, load_receipt, schema_problems
+from engine.spec.loader import KEY_RE
 
 STATES = ("fresh", "stale", "tampered", "invalid")
 
@@ -48,7 +48,7 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
            folder_method: str | None = None, cache=None) -> Assessed:
     """Everything verify knows about one receipt file.
 
-    With an `engine.cache.ValidationCache`, the integrity and schema verdicts of these exact bytes may come
+    With an `engine.store.cache.ValidationCache`, the integrity and schema verdicts of these exact bytes may come
     from it; freshness is decided afresh either way.
     """
     display = display or Path(path).name

@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from engine.receipts import utc_now
-from engine.spec import Spec
-from engine.stats import paired_t_interval
-from engine.verify import Assessed, assess_receipts
+from engine.store.receipts import utc_now
+from engine.spec.loader import Spec
+from engine.gate.stats import paired_t_interval
+from engine.store.verify import Assessed, assess_receipts
 
 GATE_SCHEMA = "paper-contracts/gate/v1"
 CI_LEVEL = 0.95
@@ -264,7 +264,7 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     """The gate verdict for one valid spec (see GATE_SCHEMA); never imports torch.
 
     `flags` are appended to every suggested command (e.g. ' --receipts DIR')
-    so the fix works for the store that was evaluated. `cache` (engine.cache)
+    so the fix works for the store that was evaluated. `cache` (engine.store.cache)
     is passed on to `assess_receipts`.
     """
     key = spec.key

@@ -43,7 +43,7 @@ CACHE_VERSION = 1
 MAX_ENTRIES = 20_000  # per section; past it, only the entries this process used are kept
 # A spec's entries are large (its whole data): only the newest version of each file name is kept.
 _SLOT = {"specs": lambda key: key.partition(":")[2]}
-_ENGINE = Path(__file__).resolve().parent
+_ENGINE = Path(__file__).resolve().parent.parent
 _MISSING = object()
 
 
@@ -75,17 +75,17 @@ def _library(name: str) -> str:
 
 def spec_code_files() -> list[Path]:
     """The engine files whose content decides a spec's validation (besides the registered names)."""
-    return [_ENGINE / n for n in ("spec.py", "registry.py", "errors.py", "cache.py", "schemas/spec.schema.json")]
+    return [_ENGINE / n for n in ("spec/loader.py", "spec/registry.py", "errors.py", "store/cache.py", "schemas/spec.schema.json")]
 
 
 def receipt_code_files() -> list[Path]:
     """The engine files whose content decides a receipt's schema problems."""
-    return [_ENGINE / n for n in ("receipts.py", "cache.py", "schemas/receipt.schema.json")]
+    return [_ENGINE / n for n in ("store/receipts.py", "store/cache.py", "schemas/receipt.schema.json")]
 
 
 def restate_code_files() -> list[Path]:
     """The engine files whose content decides `digest_with_state`."""
-    return [_ENGINE / n for n in ("promote.py", "errors.py", "cache.py")]
+    return [_ENGINE / n for n in ("gate/promote.py", "errors.py", "store/cache.py")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,7 +105,7 @@ def code_stamp(kind: str) -> str:
 
 
 def names_doc(names) -> dict:
-    """Registered names (`engine.registry.StaticNames`) as plain JSON data; `names_from` reverses it."""
+    """Registered names (`engine.spec.registry.StaticNames`) as plain JSON data; `names_from` reverses it."""
     return {"implementations": {k: list(v) for k, v in sorted(names.implementations.items())},
             "checks": sorted(names.checks),
             "mutants": {k: v for k, v in sorted(names.mutants.items())},
@@ -115,7 +115,7 @@ def names_doc(names) -> dict:
 def names_from(doc: dict):
     from types import MappingProxyType
 
-    from engine.registry import StaticNames
+    from engine.spec.registry import StaticNames
 
     return StaticNames(implementations=MappingProxyType({k: tuple(v) for k, v in doc["implementations"].items()}),
                        checks=frozenset(doc["checks"]), mutants=MappingProxyType(dict(doc["mutants"])),
@@ -212,11 +212,11 @@ class ValidationCache:
         return self._fps[section]
 
     def registered_names(self):
-        """`engine.registry.known_names()`, with the static scan of methods/ cached under the sources' digest.
+        """`engine.spec.registry.known_names()`, with the static scan of methods/ cached under the sources' digest.
 
         A process that already scanned (or set) the static names keeps its own.
         """
-        from engine import registry
+        from engine.spec import registry
 
         if registry._STATIC is None:
             try:
@@ -225,7 +225,7 @@ class ValidationCache:
             except Exception:  # no methods package: the scan itself says so
                 return registry.known_names()
             h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}".encode())
-            _files_digest(h, [_ENGINE / "registry.py", _ENGINE / "cache.py"])
+            _files_digest(h, [_ENGINE / "spec/registry.py", _ENGINE / "store/cache.py"])
             for f in files:  # by path relative to the package: the scan records those names
                 h.update(f.relative_to(root.parent).as_posix().encode() + b"\0")
                 try:
@@ -262,8 +262,8 @@ class ValidationCache:
     # -- specs ------------------------------------------------------------------------------
 
     def validate_file(self, path: Path, root: Path | None = None):
-        """`engine.spec.validate_file`, answered from the cache when the spec and everything it depends on match."""
-        from engine.spec import MAX_SPEC_BYTES, Spec, SpecError, display_path, validate_file
+        """`engine.spec.loader.validate_file`, answered from the cache when the spec and everything it depends on match."""
+        from engine.spec.loader import MAX_SPEC_BYTES, Spec, SpecError, display_path, validate_file
 
         path = Path(path)
         try:
@@ -299,7 +299,7 @@ class ValidationCache:
         return spec, errors
 
     def load_spec(self, path: Path, root: Path | None = None):
-        """A valid spec, or the first SpecError raised (`engine.spec.load_spec`, cached)."""
+        """A valid spec, or the first SpecError raised (`engine.spec.loader.load_spec`, cached)."""
         spec, errors = self.validate_file(path, root)
         if errors:
             raise errors[0]
@@ -308,8 +308,8 @@ class ValidationCache:
     # -- receipts --------------------------------------------------------------------------
 
     def schema_problems(self, data: Any, raw: bytes) -> list[str]:
-        """`engine.receipts.schema_problems(data)` for the receipt file whose bytes are `raw`."""
-        from engine.receipts import schema_problems
+        """`engine.store.receipts.schema_problems(data)` for the receipt file whose bytes are `raw`."""
+        from engine.store.receipts import schema_problems
 
         fp, key = self.receipt_fingerprint(), _sha(raw)
         hit = self.get("receipts", fp, key)
@@ -320,10 +320,10 @@ class ValidationCache:
         return problems
 
     def integrity_problem(self, data: Any, raw: bytes) -> tuple[str, str] | None:
-        """`engine.receipts.integrity_problem(data, raw)`: re-serialising a receipt to compare its bytes and
+        """`engine.store.receipts.integrity_problem(data, raw)`: re-serialising a receipt to compare its bytes and
         hashing its canonical predicate cost about 40 ms a receipt, on every read-only command, for every
         receipt in the store; the verdict is a pure function of the bytes."""
-        from engine.receipts import integrity_problem
+        from engine.store.receipts import integrity_problem
 
         fp, key = self.receipt_fingerprint(), _sha(raw)
         hit = self.get("integrity", fp, key)
@@ -336,8 +336,8 @@ class ValidationCache:
         return problem
 
     def digest_with_state(self, raw: bytes, state: str) -> str | None:
-        """`engine.promote.digest_with_state`: a pure function of the spec bytes and the state."""
-        from engine.promote import digest_with_state
+        """`engine.gate.promote.digest_with_state`: a pure function of the spec bytes and the state."""
+        from engine.gate.promote import digest_with_state
 
         fp, key = self.restate_fingerprint(), f"{_sha(raw)}:{state}"
         hit = self.get("restate", fp, key)
@@ -351,7 +351,7 @@ class ValidationCache:
     def tree_sha256(self, target: Path) -> str:
         """sha256 of a working-tree file, remembered by (path, size, mtime_ns) for this cache's life (one
         command) and never stored: freshness is decided live, but many receipts bind the same engine files."""
-        from engine.receipts import sha256_file
+        from engine.store.receipts import sha256_file
 
         try:
             st = os.stat(target)

@@ -4,7 +4,7 @@ The engine writes no absolute path, host name, user name or environment
 variable into a receipt on purpose; text it does not control can still carry
 them: an exception's message (`FileNotFoundError: ... '/home/alice/x'`), a
 note a check recorded, a provider's description. `scrub_predicate` runs on
-every predicate before its id is computed (engine.receipts.statement):
+every predicate before its id is computed (engine.store.receipts.statement):
 
 * everywhere: an absolute path under the project becomes repository-relative;
   any other absolute path becomes `<abs>/<file name>` (ids and names cannot

@@ -10,10 +10,10 @@ changes nothing else.
 Each receipt has a light summary in `.index.jsonl` (state, time, device,
 status, ...), read on start, and a heavy part in `.index-detail.jsonl`
 (per-contract digest, mutant verdicts, and the slice of the predicate
-engine.gate reads), read when a view first needs one and decoded per receipt.
+engine.gate.verdict reads), read when a view first needs one and decoded per receipt.
 
 What is cached is what a file's bytes decide, with the same rules and order as
-`contracts verify` (engine/verify.py): unreadable or not a receipt -> invalid;
+`contracts verify` (engine/store/verify.py): unreadable or not a receipt -> invalid;
 id, subject digest or bytes do not match -> tampered; receipt schema broken or
 filed under another method -> invalid. Freshness depends on the working tree,
 so `Freshness` computes it when asked, once per distinct subject list, with
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from engine.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_receipt, receipt_id, serialize
-from engine.spec import KEY_RE
+from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_receipt, receipt_id, serialize
+from engine.spec.loader import KEY_RE
 
 INDEX_NAME = ".index.jsonl"
 DETAIL_NAME = ".index-detail.jsonl"
@@ -110,7 +110,7 @@ def contract_digest(results: list) -> dict[str, list]:
 
 
 def gate_slice(pred: dict) -> dict:
-    """The part of a predicate engine.gate reads: no measurements, no step records, passed cells grouped.
+    """The part of a predicate engine.gate.verdict reads: no measurements, no step records, passed cells grouped.
 
     Passed results become [contract, dtype, [seeds]] (most results pass; their
     order does not matter to the gate); others keep their order and message.
@@ -141,7 +141,7 @@ def gate_slice(pred: dict) -> dict:
 
 
 def gate_predicate(g: dict) -> dict:
-    """A `gate_slice` back in the predicate's own shape, for engine.gate.evaluate."""
+    """A `gate_slice` back in the predicate's own shape, for engine.gate.verdict.evaluate."""
     out = {k: v for k, v in g.items() if k not in ("passed", "other")}
     results = [{"contract": c, "seed": s, "dtype": d, "status": "passed", "message": None}
                for c, d, seeds in g["passed"] for s in seeds]
@@ -183,7 +183,7 @@ def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, li
     try:
         state, message = integrity(data, raw)
         if state == OK:
-            from engine.receipts import schema_problems
+            from engine.store.receipts import schema_problems
 
             problems = schema_problems(data)
             if problems:
@@ -588,7 +588,7 @@ class ReceiptIndex:
         return self._decoded(rel, 0)
 
     def gate_slice(self, rel: str) -> dict | None:
-        """The predicate slice engine.gate reads (see `gate_slice`), decoded on first use; None if broken."""
+        """The predicate slice engine.gate.verdict reads (see `gate_slice`), decoded on first use; None if broken."""
         return self._decoded(rel, 1)
 
     def contracts_of(self, entry: dict) -> list:
@@ -644,7 +644,7 @@ class Freshness:
     def _same_but_state(self, name: str, sha: str, state: str | None) -> bool:
         if not name.startswith("specs/") or not isinstance(state, str):
             return False
-        from engine.promote import digest_with_state
+        from engine.gate.promote import digest_with_state
 
         try:
             return digest_with_state(self._target(name).read_bytes(), state) == sha

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EnvironmentProblem
-from engine.receipts import canonical, utc_now
+from engine.store.receipts import canonical, utc_now
 
 LEDGER_NAME = "ledger.jsonl"
 ENTRY_SCHEMA = "paper-contracts/ledger/v1"

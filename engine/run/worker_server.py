@@ -1,8 +1,8 @@
-"""Imported once, for its side effect, by the local workers' server (engine/executors.py) before it forks them.
+"""Imported once, for its side effect, by the local workers' server (engine/run/executors.py) before it forks them.
 
 It imports what every cell needs, so that no worker imports it again: torch; torch._dynamo, which
 building a torch.optim optimizer imports on first use (about 1 CPU-s a worker would otherwise pay in its
-first mechanism check); the runner; each method package. The GC is paused meanwhile (engine/imports.py),
+first mechanism check); the runner; each method package. The GC is paused meanwhile (engine/run/imports.py),
 and what was imported is then frozen: the workers' collections skip it and so do not copy its pages.
 """
 
@@ -12,14 +12,14 @@ import gc
 import importlib
 import pkgutil
 
-from engine.imports import gc_paused
+from engine.run.imports import gc_paused
 
 
 def modules() -> list[str]:
     """torch, torch._dynamo, the runner and each method package (found without importing it)."""
     import methods
 
-    return ["torch", "torch._dynamo", "engine.runner", "engine.executors"] + sorted(
+    return ["torch", "torch._dynamo", "engine.run.runner", "engine.run.executors"] + sorted(
         f"methods.{m.name}" for m in pkgutil.iter_modules(methods.__path__) if m.ispkg)
 
 

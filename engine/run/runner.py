@@ -20,14 +20,14 @@ from typing import Any, Callable
 
 import torch
 
-from engine import registry as registry_mod
-from engine.context import DTYPES, BudgetExceeded, CheckContext, ContractViolation, Meter
-from engine.devices import describe
+from engine.spec import registry as registry_mod
+from engine.run.context import DTYPES, BudgetExceeded, CheckContext, ContractViolation, Meter
+from engine.run.devices import describe
 from engine.errors import BudgetError, UsageError
-from engine.expect import applies, evaluate
+from engine.run.expect import applies, evaluate
 from engine.paths import project_root
-from engine.receipts import git_revision, statement, subjects, utc_now
-from engine.spec import Spec
+from engine.store.receipts import git_revision, statement, subjects, utc_now
+from engine.spec.loader import Spec
 
 PASSED, FAILED, ERROR, INTERRUPTED = "passed", "failed", "error", "interrupted"
 
@@ -140,7 +140,7 @@ class Runner:
     def __init__(self, plan: Plan, device: torch.device, on_result: Callable[[dict], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, policy: Any = None):
         self.plan = plan
-        # Optional stand-in for the mechanism runs' tiny policies (`--policy`, engine/policy.py).
+        # Optional stand-in for the mechanism runs' tiny policies (`--policy`, engine/run/policy.py).
         self.policy = policy
         self.policy_used_by: set[str] = set()
         self.device = device

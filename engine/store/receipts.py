@@ -93,9 +93,9 @@ def statement(subject: list[dict], predicate: dict) -> dict:
     """Bind subject and predicate: the id covers the subject list through its digest.
 
     Free text in the predicate is scrubbed of absolute paths, user and host names and environment
-    values first (engine.redact), so what the id covers is what may be shared.
+    values first (engine.store.redact), so what the id covers is what may be shared.
     """
-    from engine.redact import scrub_predicate
+    from engine.store.redact import scrub_predicate
 
     for s in subject:  # repository-relative names only: a receipt holds no absolute path, never points outside
         name = s.get("name") if isinstance(s, dict) else None
@@ -137,7 +137,7 @@ def receipt_filename(method: str, created_at: str, rid: str) -> str:
 
 def write_receipt(receipts_dir: Path, stmt: dict) -> Path:
     """Write one receipt atomically under receipts_dir/<method>/; never overwrite."""
-    from engine.spec import check_key
+    from engine.spec.loader import check_key
 
     pred = stmt["predicate"]
     folder = Path(receipts_dir) / check_key(pred["method"])  # the method names a folder: no "..", no "/"
@@ -185,7 +185,7 @@ def _fsync_dir(folder: Path) -> None:
 
 def receipt_files(receipts_dir: Path, method: str | None = None) -> list[Path]:
     """Receipt files, oldest first (file names start with the UTC time)."""
-    from engine.spec import check_key
+    from engine.spec.loader import check_key
 
     base = Path(receipts_dir)
     folders = [base / check_key(method)] if method else sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
@@ -275,7 +275,7 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
 
     Subjects named `specs/...` resolve against `specs_dir` (default root/specs),
     so a receipt of a spec kept outside the checkout can still be checked.
-    Freshness is decided here every time; an `engine.cache.ValidationCache` only
+    Freshness is decided here every time; an `engine.store.cache.ValidationCache` only
     spares re-deriving what bytes alone decide: integrity (`integrity_problem`,
     under the receipt's sha256) and `_same_but_state` (under the spec's).
     `loaded` is (data, raw) when the caller has already read the file.
@@ -326,7 +326,7 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
 def _same_but_state(target: Path, subject: dict, pred: dict, cache=None) -> bool:
     """A spec that differs from the run's only in promotion.state (a promote or demote since) is the same spec.
 
-    Promoting rewrites exactly the state token (engine/promote.py); setting it
+    Promoting rewrites exactly the state token (engine/gate/promote.py); setting it
     back must reproduce the bound bytes, or the spec really changed.
     """
     spec = pred.get("spec")
@@ -335,7 +335,7 @@ def _same_but_state(target: Path, subject: dict, pred: dict, cache=None) -> bool
         return False
     if cache is not None:
         return cache.digest_with_state(target.read_bytes(), state) == (subject.get("digest") or {}).get("sha256")
-    from engine.promote import digest_with_state
+    from engine.gate.promote import digest_with_state
 
     return digest_with_state(target.read_bytes(), state) == (subject.get("digest") or {}).get("sha256")
 

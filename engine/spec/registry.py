@@ -138,7 +138,7 @@ def mutant(name: str, base: str) -> Callable[[Callable[[], Implementation]], Cal
 
 def load() -> Registry:
     """Import every method package (this imports torch) and return the registry."""
-    from engine.imports import gc_paused
+    from engine.run.imports import gc_paused
 
     global _LOADED
     if not _LOADED:

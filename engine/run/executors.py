@@ -43,7 +43,7 @@ class Cell:
     index: int
     method: str
     seed: int
-    plan: Any  # engine.runner.Plan with seeds=[seed]; mutants only on the first seed
+    plan: Any  # engine.run.runner.Plan with seeds=[seed]; mutants only on the first seed
     device: str
     deadline_s: float
     sources: tuple[str, ...] = ()  # files the receipt binds: the worker hashes its own copies of these
@@ -75,8 +75,8 @@ class MethodRun:
 
 def split(plans: Iterable[Any], device: str, deadline_s: float | None = None) -> tuple[list[MethodRun], list[Cell]]:
     """Cut each plan into one cell per seed; the first seed keeps the mutant phase, as in a serial run."""
-    from engine.receipts import utc_now
-    from engine.runner import source_files
+    from engine.store.receipts import utc_now
+    from engine.run.runner import source_files
 
     runs, cells = [], []
     for plan in plans:
@@ -105,9 +105,9 @@ def split(plans: Iterable[Any], device: str, deadline_s: float | None = None) ->
 
 def run_cell(cell: Cell, on_result: Callable[[dict], None] | None = None) -> dict:
     """Run one cell with the real runner; return its record (plain data, picklable)."""
-    from engine.devices import resolve_device
+    from engine.run.devices import resolve_device
     from engine.paths import project_root
-    from engine.runner import Runner
+    from engine.run.runner import Runner
 
     dev = resolve_device(cell.device)
     if cell.threads is not None:
@@ -133,7 +133,7 @@ def run_cell(cell: Cell, on_result: Callable[[dict], None] | None = None) -> dic
 
 
 def _digests(root, names: Iterable[str]) -> dict[str, str | None]:
-    from engine.receipts import sha256_file
+    from engine.store.receipts import sha256_file
 
     return {n: (sha256_file(root / n) if (root / n).is_file() else None) for n in names}
 
@@ -227,8 +227,8 @@ def _exit_reason(proc) -> str:
 
 
 def _preload_modules() -> list[str]:
-    """What the worker server imports before it forks: engine.worker_server, which imports the rest."""
-    return ["engine.worker_server"]
+    """What the worker server imports before it forks: engine.run.worker_server, which imports the rest."""
+    return ["engine.run.worker_server"]
 
 
 def _worker_context():
@@ -483,7 +483,7 @@ def merge(mr: MethodRun, executor: str, jobs: int | None = None, threads: int | 
     import torch
 
     from engine.paths import project_root
-    from engine.runner import ERROR, FAILED, INTERRUPTED, build_statement
+    from engine.run.runner import ERROR, FAILED, INTERRUPTED, build_statement
 
     plan = mr.plan
     runner = _merged_runner_class()(plan, torch.device(mr.cells[0].device if mr.cells else "cpu"))
@@ -544,10 +544,10 @@ _MERGED = None
 
 
 def _merged_runner_class():
-    """engine.runner.Runner with its predicate filled from cells (defined lazily: Runner imports torch)."""
+    """engine.run.runner.Runner with its predicate filled from cells (defined lazily: Runner imports torch)."""
     global _MERGED
     if _MERGED is None:
-        from engine.runner import Runner
+        from engine.run.runner import Runner
 
         class MergedRunner(Runner):
             cell_environment: dict | None = None

@@ -5,7 +5,7 @@ the ledger. Two of them interleaved could each read the old state, and the
 ledger would then record a change from a state the spec no longer had. Holding
 an exclusive lock across the whole sequence makes them take turns. Receipts
 need no lock: each is created under a name that no other write can take
-(engine.receipts.write_receipt).
+(engine.store.receipts.write_receipt).
 """
 
 from __future__ import annotations

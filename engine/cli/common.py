@@ -1,0 +1,149 @@
+"""What every verb shares: the Typer app, the common options, one-line errors, folders, output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from engine import errors as E
+from engine import paths as _paths
+from engine.paths import default_receipts_dir, default_specs_dir
+from engine.spec.loader import SpecError, display_path, spec_files
+
+app = typer.Typer(
+    name="contracts",
+    help="Check RL post-training implementations against their paper's math; gate their promotion.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", help="Folder of spec YAML files (default: specs/).")]
+ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", help="Receipt store (default: receipts/).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
+NoCacheOpt = Annotated[bool, typer.Option(
+    "--no-cache", help="Decide everything from the files: read and write no <receipts>/.validation-cache.json.")]
+PolicyOpt = Annotated[Optional[str], typer.Option(
+    "--policy", help="Train the mechanism runs on this instead of the tiny policies: hf:PATH, a local Hugging Face "
+                     "causal-LM checkpoint folder (needs the 'hf' extra; never downloads).")]
+LoraRankOpt = Annotated[Optional[int], typer.Option(
+    "--lora-rank", help="LoRA rank for --policy hf:PATH (default 8; 0 trains every weight).")]
+
+
+def _err(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """User errors become one line and their exit code; nothing reaches the user as a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from engine.store import cache
+
+        cache.reset()  # each command reads the cache afresh: in tests, many commands share one process
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except E.ContractsError as exc:
+            _err(f"error: {exc.line()}")
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            _err("interrupted")
+            raise typer.Exit(E.EXIT_INTERRUPTED) from None
+        except Exception as exc:  # a bug of ours: still one line, with where to look
+            _err(f"internal error: {type(exc).__name__}: {exc} (please report this; rerun with "
+                 "CONTRACTS_DEBUG=1 for the traceback)")
+            import os
+
+            if os.environ.get("CONTRACTS_DEBUG"):
+                import traceback
+
+                traceback.print_exc()
+            raise typer.Exit(E.EXIT_INTERNAL) from None
+        finally:
+            cache.flush_all()  # whatever was validated afresh, for the next command; never fails
+
+    return wrapper
+
+
+def _dirs(specs: Optional[Path], receipts: Optional[Path]) -> tuple[Path, Path]:
+    return (specs or default_specs_dir()), (receipts or default_receipts_dir())
+
+
+def _print_json(data: Any) -> None:
+    from engine.store.receipts import _json_safe
+
+    typer.echo(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
+
+
+def _console():
+    from rich.console import Console
+
+    # Piped output is read whole (logs, CI), so do not squeeze tables into 80 columns there.
+    # markup=False: spec text such as "logp_loo[k]" must print as written, not as Rich markup.
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _spec_cache(receipts_dir: Path, use: bool = True):
+    """The validation cache kept in the receipts store (engine/store/cache.py); with use=False one that lives in
+    this process only, so every verdict is derived from the files."""
+    from engine.store.cache import ValidationCache, for_store
+
+    return for_store(receipts_dir) if use else ValidationCache(None)
+
+
+def _load_valid_specs(specs_dir: Path, receipts_dir: Path) -> tuple[list, list[SpecError]]:
+    files = spec_files(specs_dir)
+    cache = _spec_cache(receipts_dir)
+    good, bad = [], []
+    for f in files:
+        spec, errs = cache.validate_file(f, _paths.project_root())
+        if spec is not None:
+            good.append(spec)
+        bad.extend(errs)
+    return good, bad
+
+
+def _flags(specs: Optional[Path], receipts: Optional[Path]) -> str:
+    """The folder options exactly as given, so a suggested command works on the same store."""
+    import shlex
+
+    out = ""
+    if specs is not None:
+        out += f" --specs {shlex.quote(str(specs))}"
+    if receipts is not None:
+        out += f" --receipts {shlex.quote(str(receipts))}"
+    return out
+
+
+def _spec_states(specs_dir: Path, method: Optional[str], cache) -> tuple[dict[str, str], list[str]]:
+    """promotion.state of each spec (one, or all), read without validating the rest; and why any could not be."""
+    from engine.spec.loader import read_document
+
+    paths = [specs_dir / f"{method}.yaml"] if method else spec_files(specs_dir)
+    states, problems = {}, []
+    for p in paths:
+        if not p.is_file():
+            continue
+        try:
+            spec, _ = cache.validate_file(p, _paths.project_root())
+        except Exception:  # e.g. no methods package to check names against: the state alone is still readable
+            spec = None
+        if spec is not None:  # valid: read_document gives this same data, and the schema requires the state
+            states[p.stem] = spec.data["promotion"]["state"]
+            continue
+        try:
+            data, _, _ = read_document(p, display_path(p, _paths.project_root()))
+            states[p.stem] = data["promotion"]["state"]
+        except SpecError as e:
+            problems.append(f"cannot read promotion.state to check the ledger: {e.line()}")
+        except (KeyError, TypeError):
+            problems.append(f"{display_path(p, _paths.project_root())}: no promotion.state to check the ledger against")
+    return states, problems

@@ -1,0 +1,98 @@
+"""`contracts show`: one method in full."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from engine import paths as _paths
+from engine.cli.common import (
+    JsonOpt,
+    ReceiptsOpt,
+    SpecsOpt,
+    _console,
+    _dirs,
+    _print_json,
+    _spec_cache,
+    app,
+    handles_errors,
+)
+from engine.paths import spec_path
+
+
+def _fmt_expect(e: dict) -> str:
+    op = next((k for k in ("le", "lt", "ge", "gt", "eq") if k in e), None)
+    text = f"{e['metric']} {op} {e[op]}" if op else f"{e['metric']} le dtype-default {e['default']}"
+    return text + (f" [{e['dtype']}]" if "dtype" in e else "")
+
+
+@app.command()
+@handles_errors
+def show(
+    method: Annotated[str, typer.Argument(help="Method key, e.g. tapo-trajectory.")],
+    specs: SpecsOpt = None,
+    receipts: ReceiptsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One method in full: formulas, assumptions, contracts, mutants, budget, paper results, receipts."""
+    from engine.store.receipts import check_receipt, receipt_files
+
+    specs_dir, receipts_dir = _dirs(specs, receipts)
+    cache = _spec_cache(receipts_dir)
+    spec = cache.load_spec(spec_path(specs_dir, method), _paths.project_root())
+    d = spec.data
+    recent = []
+    for f in receipt_files(receipts_dir, spec.key)[-5:]:
+        rc = check_receipt(f, _paths.project_root(), specs_dir, cache=cache)
+        recent.append({"file": f.name, "state": rc.state, "status": rc.status, "created_at": rc.created_at})
+    if json_out:
+        _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "receipts": recent})
+        return
+    from rich.table import Table
+
+    con = _console()
+    p = d["paper"]
+    con.print(f"{spec.key}: {d['title']}", style="bold")
+    con.print(f"arXiv {p['arxiv']} {p['version']} | {p['institution']} | first public {p['first_public']} | "
+              f"code released: {'yes' if p['code_released'] else 'no'} | licence: {p['license'] or 'unknown'}")
+    con.print(f"level {d['level']} | implementation {d['implementation']} | review {d['promotion']['review']} | "
+              f"promotion {d['promotion']['state']}")
+    t = Table(title="formulas", title_justify="left")
+    t.add_column("id"), t.add_column("implements"), t.add_column("LaTeX")
+    for f in d["formulas"]:
+        t.add_row(f["id"], f["implements"], f["latex"])
+    con.print(t)
+    con.print("assumptions", style="bold")
+    for a in d["assumptions"]:
+        con.print(f"- {a['id']}: {a['text']}")
+    t = Table(title="contracts", title_justify="left")
+    for col in ("id", "kind", "check", "dtypes", "cases", "expect"):
+        t.add_column(col)
+    for c in d["contracts"]:
+        t.add_row(c["id"], c["kind"], c["check"], ",".join(c["dtypes"]), str(c["cases"]),
+                  "; ".join(_fmt_expect(e) for e in c["expect"]))
+    con.print(t)
+    t = Table(title="mutants (known-bad variants each contract set must kill)", title_justify="left")
+    t.add_column("id"), t.add_column("breaks"), t.add_column("killed by")
+    for m in d["mutants"]:
+        t.add_row(m["id"], m["description"], ", ".join(m["killed_by"]))
+    con.print(t)
+    b = d["budget"]
+    con.print(f"budget: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} "
+              f"updates and {b['max_tokens_per_seed']} sampled tokens per seed, <= {b['max_wall_seconds']} s, "
+              f"downloads: {b['downloads']}")
+    t = Table(title="paper-reported results (NOT measured here)", title_justify="left")
+    for col in ("id", "source", "model", "benchmark", "metric", "baseline", "method"):
+        t.add_column(col)
+    for r in d["paper_results"]["results"]:
+        t.add_row(r["id"], r["source"], r["model"], r["benchmark"], r["metric"],
+                  f"{r.get('baseline', '')} {r.get('baseline_value', '')}".strip(), str(r["value"]))
+    con.print(t)
+    con.print("promotion: " + d["promotion"]["state"], style="bold")
+    for reason in d["promotion"]["reasons"]:
+        con.print(f"- {reason}")
+    con.print("latest receipts" + ("" if recent else ": none yet (run contracts check "
+                                                                  f"{spec.key} --device cpu)"))
+    for r in recent:
+        con.print(f"- {r['file']}  {r['status']}  {r['state']}")

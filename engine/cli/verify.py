@@ -1,0 +1,71 @@
+"""`contracts verify`: integrity, schema and freshness of every receipt, and the ledger."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from engine import errors as E
+from engine import paths as _paths
+from engine.cli.common import (
+    JsonOpt,
+    NoCacheOpt,
+    ReceiptsOpt,
+    SpecsOpt,
+    _dirs,
+    _err,
+    _print_json,
+    _spec_cache,
+    _spec_states,
+    app,
+    handles_errors,
+)
+from engine.spec.loader import spec_files
+
+
+@app.command()
+@handles_errors
+def verify(
+    method: Annotated[Optional[str], typer.Argument(help="Only this method's receipts (default: all).")] = None,
+    specs: SpecsOpt = None,
+    receipts: ReceiptsOpt = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Count stale receipts as a problem too.")] = False,
+    json_out: JsonOpt = False,
+    no_cache: NoCacheOpt = False,
+) -> None:
+    """Integrity, schema and freshness of every receipt, and the promotion ledger. Exit 1 on any problem."""
+    from engine.spec.loader import check_key
+    from engine.store.verify import assess_store
+
+    specs_dir, receipts_dir = _dirs(specs, receipts)
+    if method is not None:
+        check_key(method)
+        if not (receipts_dir / method).is_dir() and not (specs_dir / f"{method}.yaml").is_file():
+            known = sorted({p.stem for p in spec_files(specs_dir)} |
+                           ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
+            raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
+    cache = _spec_cache(receipts_dir, use=not no_cache)
+    states, state_problems = _spec_states(specs_dir, method, cache)
+    report = assess_store(receipts_dir, _paths.project_root(), specs_dir, method, states, cache=cache)
+    report.ledger.problems.extend(state_problems)
+    counts = report.counts()
+    bad = counts["tampered"] + counts["invalid"] + (counts["stale"] if strict else 0)
+    ok = not bad and not report.ledger.problems
+    if json_out:
+        _print_json({"receipts": [r.as_dict() for r in report.receipts], "counts": counts,
+                     "leftovers": report.leftovers, "ledger": report.ledger.as_dict(), "strict": strict, "ok": ok})
+    else:
+        for r in report.receipts:
+            tail = f"  {r.message}" if r.message else ""
+            typer.echo(f"{r.state:<8} {r.file}  {r.status or '-'}{tail}")
+        for f in report.leftovers:
+            typer.echo(f"leftover {f}  temporary file of an interrupted write; never a receipt, safe to delete")
+        led = report.ledger
+        typer.echo(f"ledger   {led.file}  {len(led.entries)} entr{'y' if len(led.entries) == 1 else 'ies'}, "
+                   + ("ok" if not led.problems else f"{len(led.problems)} problem(s)"))
+        for p in led.problems:
+            typer.echo(f"  {p}")
+        _err(f"{len(report.receipts)} receipt(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
+             + ("; OK" if ok else "; PROBLEMS FOUND"))
+    raise typer.Exit(E.EXIT_OK if ok else E.EXIT_FAILED)
