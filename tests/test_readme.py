@@ -43,3 +43,23 @@ def test_every_test_the_guarantees_page_names_exists():
         assert name.startswith("test_") and name in defined[file], f"docs/guarantees.md names {file}::{name}: no such test"
     bullets = [b for b in re.split(r"\n- ", body)[1:]]
     assert bullets and all("`tests/" in b for b in bullets), "a promise without a named test"
+
+
+def test_the_verbs_table_names_every_verb_and_no_other():
+    from engine.cli import app
+
+    body = _section((ROOT / "README.md").read_text(encoding="utf-8"), "Verbs", 2)
+    rows = [line.split("|")[1] for line in body.splitlines() if line.startswith("| `")]
+    in_readme = {word for cell in rows for word in re.findall(r"`([a-z]+)[ `]", cell)}
+    registered = {c.name or c.callback.__name__ for c in app.registered_commands}
+    assert in_readme == registered
+
+
+def test_the_tours_failing_check_tightens_exactly_one_spec_line():
+    """The tour's sed must still find its tolerance: if the spec's line changes, the tour would 'fail' for nothing."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    old, new = re.search(r"^\$ mkdir -p \S+ && sed 's/([^/]+)/([^/]+)/' specs/tapo-trajectory\.yaml", readme, re.M).groups()
+    spec = (ROOT / "specs" / "tapo-trajectory.yaml").read_text(encoding="utf-8")
+    assert spec.count(old) == 1, f"the tour's sed pattern {old!r} matches {spec.count(old)} spec lines"
+    limit = lambda text: float(re.search(r"le: (\S+)$", text).group(1))  # noqa: E731
+    assert limit(new) < limit(old) / 100, "the tour's tightened limit is not tight enough to fail"
