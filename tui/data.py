@@ -270,7 +270,7 @@ def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptI
         specs = load_specs(specs_dir, root, receipts_dir)
         if not specs:
             problems.append(f"no spec files in {display_path(specs_dir, root)}/: add specs/<method>.yaml "
-                            "(see README, 'Adding a method')")
+                            "(see docs/adding-a-method.md)")
     refresh = index.refresh(progress)
     fresh.forget()
     by_method: dict[str, list[ReceiptRow]] = {}
