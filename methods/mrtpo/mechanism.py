@@ -126,6 +126,7 @@ class Update:
     logp_all: torch.Tensor  # [B, T, V] float32, the frozen replay under `full`
     logp_loo: list  # K tensors [B, T, V] float32 under `loo`
     empty: list  # K bools: block k has no tokens
+    rewards: torch.Tensor  # [K, B] the verifiers' rewards
     beta: float
     weights: torch.Tensor  # [K, B, T] the credit weights the update used
     reward_adv: torch.Tensor  # [K, B]
@@ -224,7 +225,7 @@ def trace(impl, ctx) -> Trace:
             s_values.append(metrics["s"])
             kept.append(Update(index=step, prompts=prompts, blocks=blocks, student_ctx=s_ctx, full=full, loo=list(loo),
                                frozen=frozen, responses=roll.responses, mask=mask, logp_all=logp_all,
-                               logp_loo=logp_loo, empty=empty, beta=float(beta), weights=w.detach(),
+                               logp_loo=logp_loo, empty=empty, rewards=rewards, beta=float(beta), weights=w.detach(),
                                reward_adv=reward_adv, advantages=adv.detach(), metrics=metrics))
             ctx.record_step(
                 step=step + 1,

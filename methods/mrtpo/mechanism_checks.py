@@ -97,6 +97,29 @@ def _textbook_weights(logp_all, logp_loo, mask, beta, empty) -> torch.Tensor:
     return torch.stack(out, 0)
 
 
+def _replay_here(frozen, context: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    """The frozen replay's log-distributions of each response position, written here: one forward pass over
+    context + response; the distribution of response token t is the output at position P - 1 + t."""
+    with torch.no_grad():
+        logits = frozen(torch.cat([context, responses], dim=1))[0]
+    P, T = context.shape[1], responses.shape[1]
+    return torch.log_softmax(logits[:, P - 1 : P - 1 + T].float(), dim=-1)
+
+
+def _group_advantages_ref(rewards: list, group: int, eps: float = 1e-6) -> list:
+    """GDPO per-reward advantages: (r - group mean) / (population group std + eps), with math.fsum."""
+    out = []
+    for row in rewards:
+        adv = []
+        for i in range(0, len(row), group):
+            vals = row[i : i + group]
+            mean = math.fsum(vals) / len(vals)
+            std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / len(vals))
+            adv.extend((v - mean) / (std + eps) for v in vals)
+        out.append(adv)
+    return out
+
+
 def _params(ctx):
     p = ctx.params
     return float(p.get("warmup_steps", 2)), float(p.get("beta_max", 0.5)), float(p.get("eps", 1e-6))
@@ -147,22 +170,26 @@ def loo_contexts(impl, ctx):
 @registry.check("mrtpo.replay_credit")
 def replay_credit(impl, ctx):
     """Per update: beta follows the smoothstep from n = 1; the weights the update used equal float64
-    textbook weights from contexts rebuilt here and rescored by the same frozen replay; the advantages
-    equal the per-scalar reference on those weights; weights spread (beta > 0) and differ between rewards."""
+    textbook weights from contexts rebuilt here and rescored here by the same frozen replay; the reward
+    advantages are GDPO's per group; the token advantages equal the per-scalar reference on the weights;
+    weights spread (beta > 0) and differ between rewards."""
     W, bmax, eps = _params(ctx)
+    group = int(ctx.params.get("group_size", 8))
     tr = mechanism.trace(impl, ctx)
-    beta_err = w_err = a_err = 0.0
+    beta_err = w_err = a_err = radv_err = 0.0
     spread_min = diff_min = math.inf
     with_beta = 0
     for u in tr.updates:
         beta_ref = beta_schedule_ref(u.index + 1, W, bmax)
         beta_err = _worst(beta_err, abs(u.beta - beta_ref))
         full, loo = _expected_contexts(u.prompts, u.blocks)
-        la = mechanism.replay(u.frozen, full, u.responses)
-        ll = [mechanism.replay(u.frozen, c, u.responses) for c in loo]
+        la = _replay_here(u.frozen, full, u.responses)
+        ll = [_replay_here(u.frozen, c, u.responses) for c in loo]
         empty = [b.shape[1] == 0 for b in u.blocks]
         ref = _textbook_weights(la, ll, u.mask, beta_ref, empty)
         w_err = _worst(w_err, _maxabs(u.weights.double() - ref))
+        radv_ref = torch.tensor(_group_advantages_ref(u.rewards.double().cpu().tolist(), group), dtype=torch.float64)
+        radv_err = _worst(radv_err, _maxabs(u.reward_adv.double().cpu() - radv_ref))
         refA, _, _ = mrtpo_advantages_ref(*to_lists(u.reward_adv, u.weights), u.mask.tolist(), eps)
         refA = torch.tensor(refA, dtype=torch.float64)
         a_err = _worst(a_err, _maxabs(u.advantages.double().cpu() - refA) / max(1.0, _maxabs(refA)))
@@ -179,6 +206,7 @@ def replay_credit(impl, ctx):
         "beta_max_err": beta_err,
         "run_weights_max_abs_err": w_err,
         "run_advantages_max_scaled_err": a_err,
+        "reward_advantages_max_abs_err": radv_err,
         "min_weight_spread": spread_min if math.isfinite(spread_min) else NAN,
         "min_credit_map_diff": diff_min if math.isfinite(diff_min) else NAN,
         "updates_with_beta": with_beta,
@@ -272,8 +300,8 @@ def empty_block_arm(impl, ctx):
                 one_dev = _worst(one_dev, dev)
                 # the other rewards keep their own credit: contexts rebuilt here, rescored by the same replay
                 want_full, want_loo = _expected_contexts(u.prompts, blocks)
-                ref = _textbook_weights(mechanism.replay(u.frozen, want_full, u.responses),
-                                        [mechanism.replay(u.frozen, c, u.responses) for c in want_loo],
+                ref = _textbook_weights(_replay_here(u.frozen, want_full, u.responses),
+                                        [_replay_here(u.frozen, c, u.responses) for c in want_loo],
                                         m, u.beta, [b.shape[1] == 0 for b in blocks])
                 other_err = _worst(other_err, _maxabs(w.double()[n_empty:] - ref[n_empty:]))
                 continue
