@@ -135,7 +135,13 @@ def loo_contexts(impl, ctx):
     tr = mechanism.trace(impl, ctx)
     full_bad = loo_bad = student_bad = loo_equal_full = checked = 0
     student_block_tokens = 0
+    block_bad = 0
     for u in tr.updates:
+        # the protocol's blocks: [marker_k, hint_base_k + target_k mod 4], target 0 the last prompt token,
+        # target 1 the first
+        for k, tgt in enumerate((u.prompts[:, -1], u.prompts[:, 0])):
+            want = torch.stack([torch.full_like(tgt, mechanism.MARK[k]), mechanism.HINT_BASE[k] + tgt % 4], dim=1)
+            block_bad += int(not _same_tokens(u.blocks[k], want))
         full, loo = _expected_contexts(u.prompts, u.blocks)
         full_bad += int(not _same_tokens(u.full, full))
         if len(u.loo) != len(loo):
@@ -155,6 +161,7 @@ def loo_contexts(impl, ctx):
         student_bad += int(not _same_tokens(u.student_ctx, u.prompts))
         student_block_tokens += int(mechanism._is_verifier(u.student_ctx).sum())
     return {
+        "block_mismatches": block_bad,
         "full_context_mismatches": full_bad,
         "loo_context_mismatches": loo_bad,
         "loo_contexts_equal_to_full": loo_equal_full,
@@ -177,6 +184,7 @@ def replay_credit(impl, ctx):
     group = int(ctx.params.get("group_size", 8))
     tr = mechanism.trace(impl, ctx)
     beta_err = w_err = a_err = radv_err = 0.0
+    reward_bad = step_bad = 0
     spread_min = diff_min = math.inf
     with_beta = 0
     for u in tr.updates:
@@ -188,6 +196,20 @@ def replay_credit(impl, ctx):
         empty = [b.shape[1] == 0 for b in u.blocks]
         ref = _textbook_weights(la, ll, u.mask, beta_ref, empty)
         w_err = _worst(w_err, _maxabs(u.weights.double() - ref))
+        for k, tgt in enumerate((u.prompts[:, -1], u.prompts[:, 0])):  # the two verifiers, re-run here
+            hit = ((u.responses == tgt[:, None]) & u.mask).any(dim=1)
+            reward_bad += int((u.rewards[k].cpu() != hit.cpu().to(u.rewards.dtype)).sum())
+        row = ctx.steps[u.index] if u.index < len(ctx.steps) else {}
+        m = u.mask
+        want_row = {"step": u.index + 1, "beta": u.beta, "s": u.metrics["s"], "capped": u.metrics["s"] < 1}
+        for k in range(u.weights.shape[0]):
+            v = u.weights[k][m].double()
+            want_row.update({f"w{k}_mean": float(v.mean()), f"w{k}_std": float(v.std(unbiased=False)),
+                             f"w{k}_min": float(v.min()), f"w{k}_max": float(v.max())})
+        for key, want in want_row.items():
+            got = row.get(key)
+            ok = isinstance(got, (int, float)) and abs(float(got) - float(want)) <= 1e-12 * max(1.0, abs(float(want)))
+            step_bad += int(not ok)
         radv_ref = torch.tensor(_group_advantages_ref(u.rewards.double().cpu().tolist(), group), dtype=torch.float64)
         radv_err = _worst(radv_err, _maxabs(u.reward_adv.double().cpu() - radv_ref))
         refA, _, _ = mrtpo_advantages_ref(*to_lists(u.reward_adv, u.weights), u.mask.tolist(), eps)
@@ -207,6 +229,8 @@ def replay_credit(impl, ctx):
         "run_weights_max_abs_err": w_err,
         "run_advantages_max_scaled_err": a_err,
         "reward_advantages_max_abs_err": radv_err,
+        "reward_mismatches": reward_bad,
+        "step_record_mismatches": step_bad,
         "min_weight_spread": spread_min if math.isfinite(spread_min) else NAN,
         "min_credit_map_diff": diff_min if math.isfinite(diff_min) else NAN,
         "updates_with_beta": with_beta,
