@@ -4,9 +4,9 @@ Importing the package registers the implementation "mrtpo", its checks and its m
 """
 
 from methods.mrtpo.credit import beta_schedule, credit_weights, credit_weights_from_logits, js_distance, mrtpo_advantages
-from methods.mrtpo.mechanism import freeze, student_context
+from methods.mrtpo.mechanism import freeze, replay_contexts, student_context, warmup_step
 from methods.mrtpo.impl import IMPL
-from methods.mrtpo import checks, mutants  # noqa: F401  (registration)
+from methods.mrtpo import checks, fastpath_checks, mechanism_checks, mutants  # noqa: F401  (registration)
 
 __all__ = [
     "IMPL",
@@ -17,4 +17,6 @@ __all__ = [
     "mrtpo_advantages",
     "student_context",
     "freeze",
+    "replay_contexts",
+    "warmup_step",
 ]

@@ -17,6 +17,7 @@ import torch
 from engine.spec import registry
 from methods.mrtpo import mechanism
 from methods.mrtpo.cases import PAIR_KINDS, credit_batch, logp_pair, response_mask, to_lists
+from methods.mrtpo.mechanism_checks import PAGE_STUDENT_L2
 from methods.mrtpo.memory import AllocationMeter
 from methods.mrtpo.reference import (
     beta_schedule_ref,
@@ -513,5 +514,13 @@ def dtype_agreement(impl, ctx):
 
 @registry.check("mrtpo.mechanism")
 def mechanism_run(impl, ctx):
-    """Real sampling, frozen replay with verifier blocks, real MRTPO updates of the student."""
-    return mechanism.run(impl, ctx)
+    """Real sampling, frozen replay with verifier blocks, real MRTPO updates of the student.
+
+    The page's mean student L2 change is recorded beside this seed's, as a diagnostic comparison."""
+    out = mechanism.run(impl, ctx)
+    ctx.record_comparison(
+        "page_student_l2_change", "mrtpo (this run)", "page 003 (A100 run)", [out["student_l2_change"]],
+        [PAGE_STUDENT_L2], "student parameter L2 change over the seed's updates", formal=False,
+        note="page: its own toy policy, optimiser and learning rate (not stated); here: TinyGRU hidden 16, "
+             "Adam lr 1e-2 (spec assumption page_diagnostics)")
+    return out

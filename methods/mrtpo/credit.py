@@ -115,6 +115,16 @@ def _block_terms(la: torch.Tensor, lb: torch.Tensor, ws: _Workspace) -> torch.Te
     return m.mul_(x).mul_(0.5)
 
 
+def js_block_shape(n: int, V: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tuple[int, int]:
+    """(rows, columns) of js_distance's blocks for n rows of V entries.
+
+    columns < V means each row is cut into column blocks (few rows, large
+    vocabulary); columns == V means whole rows, rows of them per block.
+    """
+    block = max(1, min(int(chunk_elems), max(_MIN_BLOCK, -(-n * V // _MIN_BLOCKS))))
+    return max(1, block // V), min(V, block)
+
+
 def js_distance(
     logp_a: torch.Tensor,
     logp_b: torch.Tensor,
@@ -157,9 +167,7 @@ def js_distance(
     acc = torch.zeros(n, dtype=torch.float64, device=logp_a.device)
     if n == 0:
         return acc.to(cdt).reshape(lead)
-    block = max(1, min(int(chunk_elems), max(_MIN_BLOCK, -(-n * V // _MIN_BLOCKS))))
-    rows_per_block = max(1, block // V)
-    cols_per_block = min(V, block)
+    rows_per_block, cols_per_block = js_block_shape(n, V, chunk_elems)
     block = rows_per_block * cols_per_block
     upcast_a, upcast_b = logp_a.dtype != cdt, logp_b.dtype != cdt
     ws = _Workspace(block, cdt, logp_a.device, upcast_a or upcast_b)

@@ -16,6 +16,8 @@ changing it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from methods.common.grpo import group_advantages, grpo_token_loss
@@ -42,10 +44,20 @@ def freeze(policy: torch.nn.Module) -> torch.nn.Module:
 
 
 def replay_contexts(prompts: torch.Tensor, blocks: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Full context (prompt + every block) and, per reward k, the context without block k."""
+    """Full context (prompt + every block, in order) and, per reward k, the context without block k.
+
+    Blocks are [B, L_k] token ids; L_k may be 0 (an empty block), so context k
+    of an empty block k equals the full context.
+    """
     full = torch.cat([prompts, *blocks], dim=1)
     loo = [torch.cat([prompts, *[b for j, b in enumerate(blocks) if j != k]], dim=1) for k in range(len(blocks))]
     return full, loo
+
+
+def warmup_step(update_index: int) -> int:
+    """The warm-up counter n of the update with 0-based index i: n = i + 1 (the first update has
+    n = 1, so beta is already above 0 when the first weights are used)."""
+    return int(update_index) + 1
 
 
 def make_prompts(n: int, g: torch.Generator) -> torch.Tensor:
@@ -98,8 +110,51 @@ def _weight_stats(w: torch.Tensor, mask: torch.Tensor) -> dict:
     return out
 
 
+@dataclass
+class Update:
+    """What one update of the mechanism run used, kept so contracts can audit it afterwards."""
+
+    index: int  # 0-based
+    prompts: torch.Tensor  # [B, P]
+    blocks: list  # K tensors [B, L_k]
+    student_ctx: torch.Tensor  # what impl.student_context returned
+    full: torch.Tensor  # the replay's full context (impl.replay_contexts)
+    loo: list  # the replay's leave-one-out contexts (impl.replay_contexts)
+    frozen: torch.nn.Module  # the replay policy of this update
+    responses: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] bool
+    logp_all: torch.Tensor  # [B, T, V] float32, the frozen replay under `full`
+    logp_loo: list  # K tensors [B, T, V] float32 under `loo`
+    empty: list  # K bools: block k has no tokens
+    rewards: torch.Tensor  # [K, B] the verifiers' rewards
+    beta: float
+    weights: torch.Tensor  # [K, B, T] the credit weights the update used
+    reward_adv: torch.Tensor  # [K, B]
+    advantages: torch.Tensor  # [B, T] the token advantages the update used
+    metrics: dict
+
+
+@dataclass
+class Trace:
+    """One seed's mechanism run: measurements plus every update's tensors."""
+
+    measurements: dict
+    updates: list = field(default_factory=list)
+
+
+def replay(frozen: torch.nn.Module, context: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    """The frozen replay's full-vocabulary log-distributions [B, T, V] of `responses` after `context`."""
+    with torch.no_grad():
+        return sequence_logprobs(frozen, context, responses, full=True)[2]
+
+
 def run(impl, ctx) -> dict:
     """One seed of the mechanism run; returns the measurements the spec's contract reads."""
+    return trace(impl, ctx).measurements
+
+
+def trace(impl, ctx) -> Trace:
+    """One seed of the mechanism run, keeping every update's tensors for the audit contracts."""
     p = ctx.params
     updates = int(p.get("updates", 3))
     n_prompts = int(p.get("prompts", 4))
@@ -126,6 +181,7 @@ def run(impl, ctx) -> dict:
     handle = student.register_forward_pre_hook(watch)
     g = ctx.generator(7)
     snapshot_changes, step_l2, cons_errs, s_values = [], [], [], []
+    kept: list[Update] = []
     replay_saw_blocks = True
     try:
         for step in range(updates):
@@ -133,19 +189,21 @@ def run(impl, ctx) -> dict:
             blocks = info_blocks(prompts)
             frozen = impl.freeze(student)
             frozen_before = state_copy(frozen)
-            roll = sample(student, impl.student_context(prompts, blocks), max_new, g)
+            s_ctx = impl.student_context(prompts, blocks)
+            roll = sample(student, s_ctx, max_new, g)
             ctx.meter.add_tokens(roll.n_tokens)
             mask = roll.mask
             rewards = verify(prompts, roll.responses, mask)
             reward_adv = torch.stack([group_advantages(r, group) for r in rewards], 0)
 
-            full, loo = replay_contexts(prompts, blocks)
-            replay_saw_blocks &= bool((_is_verifier(full).sum(dim=1) == 2 * len(blocks)).all())
-            with torch.no_grad():
-                _, _, logp_all = sequence_logprobs(frozen, full, roll.responses, full=True)
-                logp_loo = [sequence_logprobs(frozen, c, roll.responses, full=True)[2] for c in loo]
-            beta = impl.beta_schedule(step + 1, warmup, beta_max)
-            w = impl.credit_weights(logp_all, logp_loo, mask, beta)
+            full, loo = impl.replay_contexts(prompts, blocks)
+            replay_saw_blocks &= bool((_is_verifier(full).sum(dim=1) == sum(b.shape[1] for b in blocks)).all())
+            logp_all = replay(frozen, full, roll.responses)
+            logp_loo = [replay(frozen, c, roll.responses) for c in loo]
+            empty = [b.shape[1] == 0 for b in blocks]
+            beta = impl.beta_schedule(impl.warmup_step(step), warmup, beta_max)
+            w = impl.credit_weights(logp_all, logp_loo, mask, beta,
+                                    empty_block=torch.tensor(empty, dtype=torch.bool, device=device))
             adv, metrics = impl.mrtpo_advantages(reward_adv, w, mask, eps)
 
             before = state_copy(student)
@@ -165,6 +223,10 @@ def run(impl, ctx) -> dict:
             step_l2.append(l2)
             cons_errs.append(cons)
             s_values.append(metrics["s"])
+            kept.append(Update(index=step, prompts=prompts, blocks=blocks, student_ctx=s_ctx, full=full, loo=list(loo),
+                               frozen=frozen, responses=roll.responses, mask=mask, logp_all=logp_all,
+                               logp_loo=logp_loo, empty=empty, rewards=rewards, beta=float(beta), weights=w.detach(),
+                               reward_adv=reward_adv, advantages=adv.detach(), metrics=metrics))
             ctx.record_step(
                 step=step + 1,
                 loss=float(loss.detach()),
@@ -184,7 +246,7 @@ def run(impl, ctx) -> dict:
         handle.remove()
 
     total = param_l2_change(start, student)
-    return {
+    measurements = {
         "updates": ctx.meter.updates,
         "student_l2_change": total,
         "min_step_l2_change": min(step_l2) if step_l2 else 0.0,
@@ -196,3 +258,4 @@ def run(impl, ctx) -> dict:
         "min_s": min(s_values) if s_values else float("nan"),
         "sampled_tokens": ctx.meter.tokens,
     }
+    return Trace(measurements=measurements, updates=kept)

@@ -12,7 +12,7 @@ import math
 import torch
 
 from engine.spec import registry
-from methods.mrtpo import credit
+from methods.mrtpo import credit, mechanism
 from methods.mrtpo.credit import LN2, _compute_dtype, _empty_flags, _as_loo_list
 from methods.mrtpo.impl import IMPL
 
@@ -59,6 +59,79 @@ def _js_textbook(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
     return (js / LN2).clamp(0.0, 1.0).sqrt()
 
 
+def _js_blocked(defect: str):
+    """js_distance's block loop with one defect in the path the default implementation runs:
+    "column_tail_dropped": the column loop stops at the last whole block (V // cols * cols), so a partial
+    last column block of a long row is never summed; "float32_accumulation": per-row sums accumulate in
+    float32 instead of float64."""
+
+    def js_distance(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
+        cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
+        lead, V = logp_a.shape[:-1], logp_a.shape[-1]
+        n = math.prod(lead)
+        acc_dtype = torch.float32 if defect == "float32_accumulation" else torch.float64  # DEFECT (one of them)
+        acc = torch.zeros(n, dtype=acc_dtype, device=logp_a.device)
+        if n == 0:
+            return acc.to(cdt).reshape(lead)
+        rows_per_block, cols = credit.js_block_shape(n, V, chunk_elems)
+        col_end = V // cols * cols if defect == "column_tail_dropped" else V  # DEFECT (the other)
+        upcast_a, upcast_b = logp_a.dtype != cdt, logp_b.dtype != cdt
+        ws = credit._Workspace(rows_per_block * cols, cdt, logp_a.device, upcast_a or upcast_b)
+        row0 = 0
+        for va, vb in zip(credit._row_views(logp_a), credit._row_views(logp_b)):
+            for r in range(0, va.shape[0], rows_per_block):
+                r1 = min(r + rows_per_block, va.shape[0])
+                for c in range(0, col_end, cols):
+                    c1 = min(c + cols, V)
+                    la, lb = va[r:r1, c:c1], vb[r:r1, c:c1]
+                    if upcast_a:
+                        la = ws.view("la", r1 - r, c1 - c).copy_(la)
+                    if upcast_b:
+                        lb = ws.view("lb", r1 - r, c1 - c).copy_(lb)
+                    acc[row0 + r : row0 + r1] += credit._block_terms(la, lb, ws).sum(dim=-1).to(acc_dtype)
+            row0 += va.shape[0]
+        q = acc.div_(LN2).clamp_(0.0, 1.0).sqrt_()
+        return q.to(cdt).reshape(lead)
+
+    return js_distance
+
+
+def _from_logits_variant(defect: str):
+    """credit_weights_from_logits with one defect: "last_block_dropped": the loop over blocks of valid
+    rows stops at the last whole block, so the rows of a partial last block keep q = 0."""
+
+    def credit_weights_from_logits(logits_all, logits_loo, mask, beta, empty_block=None,
+                                   chunk_elems=credit.DEFAULT_CHUNK_ELEMS, block_elems=credit.LOGITS_BLOCK_ELEMS):
+        beta = float(beta)
+        B, T, V = logits_all.shape
+        loo = _as_loo_list(logits_loo)
+        K = len(loo)
+        m = mask.to(torch.bool)
+        cdt = _compute_dtype(logits_all.dtype)
+        device = logits_all.device
+        empty = _empty_flags(empty_block, K, B, device)
+        count = m.sum(dim=1).to(cdt)
+        valid = m.reshape(-1).nonzero().flatten()
+        q = torch.zeros(K, B * T, dtype=cdt, device=device)
+        live = [k for k, lk in enumerate(loo) if lk is not None]
+        step = max(1, int(block_elems) // V)
+        stop = valid.numel() // step * step if defect == "last_block_dropped" else valid.numel()  # DEFECT
+        with torch.no_grad():
+            for start in range(0, stop, step):
+                rows = valid[start : start + step]
+                la = torch.log_softmax(logits_all.reshape(-1, V).index_select(0, rows).to(cdt), dim=-1)
+                for k in live:
+                    lb = torch.log_softmax(loo[k].reshape(-1, V).index_select(0, rows).to(cdt), dim=-1)
+                    q[k].index_copy_(0, rows, credit.js_distance(la, lb, chunk_elems=chunk_elems).to(cdt))
+        ws = []
+        for k in range(K):
+            empty_k = torch.ones(B, dtype=torch.bool, device=device) if loo[k] is None else empty[k]
+            ws.append(credit._weights_from_q(q[k].view(B, T), m, count, empty_k, beta))
+        return torch.stack(ws, dim=0)
+
+    return credit_weights_from_logits
+
+
 # --------------------------------------------------------------------------- weight variants
 
 
@@ -85,7 +158,7 @@ def _weights_variant(defect: str, js=None):
                 empty_k = torch.ones(B, dtype=torch.bool, device=logp_all.device)
                 raw = q
             else:
-                raw = js(logp_all, lk).to(cdt)
+                raw = js(logp_all, lk, chunk_elems=chunk_elems).to(cdt)
                 if defect == "mask_by_multiplication":
                     q = raw * m.to(cdt)  # DEFECT: NaN * 0 = NaN from padding slots
                 else:
@@ -128,7 +201,10 @@ def _advantages_variant(defect: str):
         S = (a[:, :, None] * w).sum(dim=0)
         U = a.sum(dim=0)
         D = torch.where(m, S - U[:, None], 0.0)
-        mom_u = (count * U * U).sum()
+        if defect == "cap_without_length_weight":
+            mom_u = (U * U).sum()  # DEFECT: sum_j U_j^2, each response counted once instead of T_j times
+        else:
+            mom_u = (count * U * U).sum()
         mom_d = (D * D).sum()
         if defect == "no_cap" or not bool(mom_d > 0):
             s = torch.ones((), dtype=cdt, device=S.device)  # DEFECT (no_cap): s = 1 always
@@ -175,6 +251,35 @@ def _student_sees_block(prompts, blocks):
 def _live_replay(policy):
     """DEFECT: the replay 'snapshot' is the live student, so it moves with every update."""
     return policy
+
+
+def _loo_equals_full(prompts, blocks):
+    """DEFECT: every leave-one-out context is the full context (nothing is removed): every weight is 1
+    and MRTPO collapses to GDPO."""
+    full = torch.cat([prompts, *blocks], dim=1)
+    return full, [full for _ in blocks]
+
+
+def _loo_swapped_blocks(prompts, blocks):
+    """DEFECT: context k removes the next reward's block instead of its own, so the rewards' credit maps
+    swap (each still conserves its credit)."""
+    full, loo = mechanism.replay_contexts(prompts, blocks)
+    return full, loo[1:] + loo[:1]
+
+
+def _loo_fixed_block_width(prompts, blocks):
+    """DEFECT: block k is assumed to occupy positions P + k W .. P + (k+1) W, W the widest block: right
+    while every block has the same width, wrong once a block is empty (another block's tokens are cut)."""
+    full = torch.cat([prompts, *blocks], dim=1)
+    P, W = prompts.shape[1], max(b.shape[1] for b in blocks)
+    idx = torch.arange(full.shape[1], device=full.device)
+    loo = [full[:, (idx < P + k * W) | (idx >= P + (k + 1) * W)] for k in range(len(blocks))]
+    return full, loo
+
+
+def _warmup_from_zero(update_index):
+    """DEFECT: the warm-up counts the first update as n = 0, so the first update runs at beta = 0."""
+    return int(update_index)
 
 
 # --------------------------------------------------------------------------- registration
@@ -248,3 +353,47 @@ def student_sees_verifier_block():
 @registry.mutant("mrtpo.replay_with_live_policy", base="mrtpo")
 def replay_with_live_policy():
     return IMPL.replace("mrtpo.replay_with_live_policy", freeze=_live_replay)
+
+
+@registry.mutant("mrtpo.loo_equals_full", base="mrtpo")
+def loo_equals_full():
+    return IMPL.replace("mrtpo.loo_equals_full", replay_contexts=_loo_equals_full)
+
+
+@registry.mutant("mrtpo.loo_swapped_blocks", base="mrtpo")
+def loo_swapped_blocks():
+    return IMPL.replace("mrtpo.loo_swapped_blocks", replay_contexts=_loo_swapped_blocks)
+
+
+@registry.mutant("mrtpo.loo_fixed_block_width", base="mrtpo")
+def loo_fixed_block_width():
+    return IMPL.replace("mrtpo.loo_fixed_block_width", replay_contexts=_loo_fixed_block_width)
+
+
+@registry.mutant("mrtpo.warmup_from_zero", base="mrtpo")
+def warmup_from_zero():
+    return IMPL.replace("mrtpo.warmup_from_zero", warmup_step=_warmup_from_zero)
+
+
+@registry.mutant("mrtpo.cap_without_length_weight", base="mrtpo")
+def cap_without_length_weight():
+    return IMPL.replace("mrtpo.cap_without_length_weight",
+                        mrtpo_advantages=_advantages_variant("cap_without_length_weight"))
+
+
+@registry.mutant("mrtpo.js_float32_accumulation", base="mrtpo")
+def js_float32_accumulation():
+    js = _js_blocked("float32_accumulation")
+    return IMPL.replace("mrtpo.js_float32_accumulation", js_distance=js, credit_weights=_weights_variant("none", js=js))
+
+
+@registry.mutant("mrtpo.js_column_tail_dropped", base="mrtpo")
+def js_column_tail_dropped():
+    js = _js_blocked("column_tail_dropped")
+    return IMPL.replace("mrtpo.js_column_tail_dropped", js_distance=js, credit_weights=_weights_variant("none", js=js))
+
+
+@registry.mutant("mrtpo.logits_last_block_dropped", base="mrtpo")
+def logits_last_block_dropped():
+    return IMPL.replace("mrtpo.logits_last_block_dropped",
+                        credit_weights_from_logits=_from_logits_variant("last_block_dropped"))
