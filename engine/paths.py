@@ -26,11 +26,23 @@ def default_receipts_dir() -> Path:
 
 def spec_path(specs_dir: Path, key: str) -> Path:
     """The spec file for a method key; unknown keys list the valid ones."""
-    check_key(key)
+    from engine.suggest import did_you_mean
+
+    def valid() -> list[str]:
+        return sorted(p.stem for p in Path(specs_dir).glob("*.yaml"))
+
+    try:
+        check_key(key)
+    except UsageError as err:
+        hint = did_you_mean(key, valid()) if isinstance(key, str) else ""
+        if not hint:
+            raise
+        raise UsageError(f"{err.args[0]}; {hint}valid methods: {', '.join(valid())}") from None
     path = Path(specs_dir) / f"{key}.yaml"
     if not path.is_file():
-        valid = sorted(p.stem for p in Path(specs_dir).glob("*.yaml"))
-        raise UsageError(f"no spec for method {key!r} in {specs_dir.name}/; valid methods: {', '.join(valid) or '(none)'}")
+        names = valid()
+        raise UsageError(f"no spec for method {key!r} in {specs_dir.name}/; {did_you_mean(key, names)}"
+                         f"valid methods: {', '.join(names) or '(none)'}")
     return path
 
 

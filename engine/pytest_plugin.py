@@ -12,14 +12,13 @@ writes (`build_statement` + `write_receipt`). Items:
     specs/tapo-trajectory.yaml::mutant[prefix_grad_leak]   the mutant is killed by a contract that names it
 
 Each item's location is the spec line of its contract or mutant; a failure
-shows, per seed and dtype, the measured value, the expectation and the margin;
+shows, per seed and dtype, the measured value against the limit and the headroom;
 measurements are recorded as `user_properties`, which `--junitxml` writes as
 JUnit properties. `-k`/deselection selects contracts like `contracts check --only`.
 """
 
 from __future__ import annotations
 
-import math
 import signal
 from pathlib import Path
 from typing import Any, Iterable
@@ -237,8 +236,9 @@ class ContractItem(_SpecItem):
             self.user_properties.extend(_properties(r))
         bad = [r for r in results if r["status"] != "passed"]
         if bad or run.stopped:
+            # Worded as `contracts check` words its grouped report (engine/cli/failure_report.py).
             lines = [f"contract {self.contract['id']} ({self.contract['kind']}) did not hold: "
-                     f"{len(bad)} of {len(results)} seed/dtype runs not passed"]
+                     f"{len(bad)} of {len(results)} seed x dtype cells failed"]
             lines += [_result_line(r) for r in bad]
             if run.stopped:
                 lines.append(f"run stopped: {run.stopped}")
@@ -395,21 +395,18 @@ class _SpecRun:
 # --- reporting ------------------------------------------------------------------
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return repr(v) if (v != v or math.isinf(v)) else f"{v:.6g}"
-    return str(v)
-
-
 def _result_line(r: dict) -> str:
     head = f"  seed {r['seed']} {r['dtype']}: {r['status']}"
     failed = [e for e in r["expectations"] if not e["passed"]]
     if not failed:
         return head + (f": {r['message']}" if r["message"] else "")
+    from engine.run.expect import describe, format_headroom
+
     parts = []
     for e in failed:
-        text = (f"{e['metric']} measured {_fmt(e['value'])}, expected {e['op']} {_fmt(e['threshold'])}"
-                f" ({e['tolerance_source']}), margin {_fmt(e['margin'])}")
+        # A true statement ("max_rel_err 0.356 > limit 1e-12"), never the rule it broke written as if it held.
+        text = f"{describe(e)} (tolerance from {e['tolerance_source']}"
+        text += f", headroom {format_headroom(e['headroom'])})" if e.get("headroom") is not None else ")"
         if e.get("message"):
             text += f" [{e['message']}]"
         parts.append(text)
@@ -417,9 +414,10 @@ def _result_line(r: dict) -> str:
 
 
 def _properties(r: dict) -> list[tuple[str, Any]]:
-    """Measurements (and each expectation's margin) as JUnit properties `seed/dtype/metric`."""
+    """Measurements (and each expectation's margin and headroom) as JUnit properties `seed/dtype/metric`."""
     key = f"{r['seed']}/{r['dtype']}"
     props: list[tuple[str, Any]] = [(f"{key}/status", r["status"])]
     props += [(f"{key}/{m}", v) for m, v in r["measurements"].items()]
     props += [(f"{key}/{e['metric']}/margin", e["margin"]) for e in r["expectations"]]
+    props += [(f"{key}/{e['metric']}/headroom", e["headroom"]) for e in r["expectations"] if e.get("headroom") is not None]
     return props

@@ -148,7 +148,7 @@ def test_anyof_branches_are_disjoint_so_anyof_means_oneof():
                 walk(v)
 
     walk(schema)
-    assert len(found) == 4 and {"number", "boolean", "string"} in [set().union(*s) for s in found]
+    assert len(found) == 5 and {"number", "boolean", "string"} in [set().union(*s) for s in found]
 
 
 # --- the guard: a schema whose meaning would differ in draft 7 turns the fast path off ----------------
@@ -331,6 +331,11 @@ TARGETED = [
     ("margin Infinity", lambda d: _set(d, ["predicate", "results", 0, "expectations", 0, "margin"], "Infinity"), True),
     ("margin false", lambda d: _set(d, ["predicate", "results", 0, "expectations", 0, "margin"], False), True),
     ("margin text", lambda d: _set(d, ["predicate", "results", 0, "expectations", 0, "margin"], "0.1"), False),
+    ("headroom null", lambda d: _set(d, ["predicate", "results", 0, "expectations", 0, "headroom"], None), True),
+    ("headroom Infinity",
+     lambda d: _set(d, ["predicate", "results", 0, "expectations", 0, "headroom"], "Infinity"), True),
+    ("headroom negative", lambda d: _set(d, ["predicate", "results", 0, "expectations", 0, "headroom"], -1.0), False),
+    ("headroom NaN", lambda d: _set(d, ["predicate", "results", 0, "expectations", 0, "headroom"], "NaN"), False),
     ("passed as 1", lambda d: _set(d, ["predicate", "results", 0, "expectations", 0, "passed"], 1), False),
     ("seed 1.0", lambda d: _set(d, ["predicate", "results", 0, "seed"], 1.0), True),
     ("seed 1.5", lambda d: _set(d, ["predicate", "results", 0, "seed"], 1.5), False),

@@ -12,14 +12,13 @@ verdict at any store size (tests/test_tui.py checks the two agree).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.store.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of, gate_predicate
 from engine.spec.loader import display_path
-from tui import fmt
+from engine.run.expect import describe, format_headroom, is_sanity, worst_expectation
 from tui.specs import load_specs
 
 # --- rows -------------------------------------------------------------------
@@ -90,7 +89,8 @@ class ContractRow:
     kind: str
     description: str
     cells: dict  # device -> (status | None, freshness | None)
-    worst_margin: float | None
+    worst_headroom: str  # "10^3.2x", "held", "not held" (equality-only contracts), "–"
+    worst_margin: float | None  # the worst-headroom expectation's margin (kept for `tui --json` readers)
     latest: str  # "cpu: metric value <= threshold" of the newest result
     seeds_passed: str  # "2/3" budget seeds passed in the newest result
     newest_status: str | None
@@ -206,7 +206,7 @@ def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str],
         cid = c["id"]
         cells: dict[str, tuple] = {}
         files: dict[str, str] = {}
-        margins = []
+        worst: list = []  # per device cell, the digest's worst expectation
         for dev in devices:
             hit = next((r for r in usable if r.device == dev and cid in r.contracts), None)
             d = (index.heavy(hit.file) or {}).get("c", {}).get(cid) if hit else None
@@ -215,25 +215,41 @@ def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str],
                 continue
             cells[dev] = (d[0], hit.freshness)
             files[dev] = hit.file
-            if d[4][4] is not None:
-                margins.append(d[4][4])
-            elif d[0] != "passed":
-                margins.append(-math.inf)
+            if d[4][0] is not None:
+                worst.append(_expectation_record(d[4]))
         newest = next((r for r in usable if cid in r.contracts), None)
         d = (index.heavy(newest.file) or {}).get("c", {}).get(cid) if newest else None
         if d is not None:
-            metric, value, op, threshold, _ = d[4]
-            latest = f"{newest.device}: {fmt.expectation(metric, value, op, threshold)}"
+            # The error against the reference (the worst-headroom expectation), not a sanity count.
+            latest = f"{newest.device}: " + (describe(_expectation_record(d[4])) if d[4][0] is not None else "–")
             passed = [s for s in d[1] if s in budget_seeds]
             seeds = f"{len(passed)}/{len(budget_seeds)}"
             status = d[0]
         else:
             latest, seeds, status = "never run", f"0/{len(budget_seeds)}", None
+        w = worst_expectation(worst)
         rows.append(ContractRow(id=cid, kind=c["kind"], description=c["description"], cells=cells,
-                                worst_margin=min(margins) if margins else None, latest=latest, seeds_passed=seeds,
+                                worst_headroom=_worst_cell(w, cells), worst_margin=w.get("margin") if w else None,
+                                latest=latest, seeds_passed=seeds,
                                 newest_status=status, newest_file=newest.file if d is not None else None,
                                 cell_files=files))
     return rows
+
+
+def _expectation_record(w: list) -> dict:
+    """The index digest's worst expectation back as a receipt-like record (older digests lack the tail)."""
+    w = list(w) + [None] * (7 - len(w))
+    return {"metric": w[0], "value": w[1], "op": w[2], "threshold": w[3], "headroom": w[4], "passed": w[5],
+            "margin": w[6]}
+
+
+def _worst_cell(w: dict | None, cells: dict) -> str:
+    """The worst headroom as shown: a ratio, `held`/`not held` for sanity checks, `–` when nothing ran."""
+    if w is None:
+        return "not held" if any(st not in (None, "passed") for st, _ in cells.values()) else "–"
+    if is_sanity(w) or w.get("headroom") is None:
+        return "held" if w.get("passed") else "not held"
+    return format_headroom(w["headroom"])
 
 
 def _mutant_rows(spec: dict, receipts: list[ReceiptRow], index: ReceiptIndex) -> list[MutantRow]:
@@ -447,7 +463,7 @@ def model_as_dict(model: Model) -> dict:
             "summary": m.summary(), "problems": list(m.problems), "receipts": len(m.receipts),
             "contracts": [{"id": c.id, "kind": c.kind, "status": c.overall,
                            "devices": {d: {"status": s, "evidence": f} for d, (s, f) in c.cells.items()},
-                           "worst_margin": c.worst_margin, "latest": c.latest, "seeds_passed": c.seeds_passed}
+                           "worst_headroom": c.worst_headroom, "worst_margin": c.worst_margin, "latest": c.latest, "seeds_passed": c.seeds_passed}
                           for c in m.contracts],
         } for m in model.methods],
         "problems": list(model.problems),

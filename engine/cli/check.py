@@ -16,6 +16,7 @@ from engine.cli.check_report import (
     _note_policy,
     _policy_summary,
     _print_summary,
+    print_all_summary,
 )
 from engine.cli.common import (
     JsonOpt,
@@ -25,6 +26,7 @@ from engine.cli.common import (
     SpecsOpt,
     _dirs,
     _err,
+    _flags,
     _print_json,
     app,
     handles_errors,
@@ -160,7 +162,8 @@ def check(
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
     threads = default_threads(device, threads)
     if jobs != 1 or executor != "local" or address:
-        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads)  # exits
+        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads,
+                     flags=_flags(specs, receipts), all_summary=all_)  # exits
     import torch
 
     from engine.run.devices import resolve_device
@@ -175,20 +178,22 @@ def check(
         torch.set_num_threads(threads)
     try:
         for plan in plans:
-            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
+            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider, flags=_flags(specs, receipts)))
             if outcomes[-1]["status"] == "interrupted" or stop.stopped:
                 break
     finally:
         torch.set_num_threads(before)  # `check` called in-process (tests, the pytest plugin) leaves torch as it was
     if json_out:
         _print_json({"runs": outcomes})
+    elif all_:
+        print_all_summary(outcomes, len(plans))
     statuses = {o["status"] for o in outcomes}
     code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or stop.stopped else E.EXIT_INTERNAL if "error" in statuses
             else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
 
 
-def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None) -> dict:
+def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None, flags: str = "") -> dict:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -229,7 +234,7 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, pro
     pred = stmt["predicate"]
     shown = display_path(path, _paths.project_root())
     if not json_out:
-        _print_summary(pred, shown)
+        _print_summary(pred, shown, plan.spec, flags)
     _note_policy(pred)
     return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
             "policy": _policy_summary(pred),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -17,37 +18,38 @@ from engine.cli.common import (
 from engine.spec.loader import display_path
 
 
-def _print_summary(pred: dict, receipt: str) -> None:
+def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None:
+    """The run's table on stdout, then its failures grouped per contract on stderr (engine/cli/failure_report.py).
+
+    `spec` (the loaded Spec) gives the failure blocks their spec line and formulas; `flags` are the
+    --specs/--receipts options as given, so the printed repro command runs on the same files.
+    """
     from rich.table import Table
+
+    from engine.cli.failure_report import failure_report
+    from engine.run.expect import format_headroom, is_sanity, worst_expectation
 
     con = _console()
     t = Table(title=f"{pred['method']} on {pred['environment']['device']['name']}: {pred['status'].upper()}",
               title_justify="left")
-    for col in ("contract", "kind", "passed", "failed", "error", "worst margin", "mutants killing it"):
+    for col in ("contract", "kind", "passed", "failed", "error", "worst headroom", "mutants killing it"):
         t.add_column(col)
-    worst: dict[str, float] = {}
+    records: dict[str, list] = {}
     kinds: dict[str, str] = {}
     for r in pred["results"]:
         kinds[r["contract"]] = r["kind"]
-        for e in r["expectations"]:
-            if isinstance(e.get("margin"), (int, float)):
-                worst[r["contract"]] = min(worst.get(r["contract"], float("inf")), e["margin"])
+        records.setdefault(r["contract"], []).extend(r["expectations"])
     for cid, s in pred["summary"]["contracts"].items():
-        w = worst.get(cid)
+        w = worst_expectation(records.get(cid, []))
+        shown = "" if w is None else ("held" if w.get("passed") else "not held") if is_sanity(w) \
+            else format_headroom(w.get("headroom"))
         t.add_row(cid, kinds.get(cid, ""), f"{s['passed']}/{s['requested']}", str(s["failed"]), str(s["error"]),
-                  "" if w is None else f"{w:.3g}", ", ".join(pred["contracts_proven"].get(cid, [])) or "-")
+                  shown, ", ".join(pred["contracts_proven"].get(cid, [])) or "-")
     con.print(t)
-    for r in pred["results"]:
-        if r["status"] != "passed":
-            _err(f"  {r['status']}: {r['contract']} seed {r['seed']} {r['dtype']}: {r['message']}")
+    for line in failure_report(pred, spec, flags):
+        _err(line)
     ms = pred["summary"]["mutants"]
     con.print(f"mutants: {ms['killed']} killed, {ms['survived']} survived")
-    for m in pred["mutants"]:
-        if not m["killed"]:
-            _err(f"  survived: mutant {m['id']} ({m['description']}); expected killers: "
-                 f"{', '.join(m['expected_killers'])}" + (f"; {m['error']}" if m.get("error") else ""))
-    for cid in pred["unproven_contracts"]:
-        _err(f"  unproven: contract {cid} was not shown to fail on any mutant")
     for e in pred["errors"]:
         _err(f"  {e}")
     c = pred["cost"]
@@ -55,8 +57,24 @@ def _print_summary(pred: dict, receipt: str) -> None:
               f"tokens; receipt {receipt}")
 
 
+def print_all_summary(outcomes: list[dict], planned: int) -> None:
+    """The last line of `check --all`: how many methods passed and failed, how many receipts were written."""
+    from engine.cli.colour import bad, good
+
+    counts = Counter(o["status"] for o in outcomes)
+    parts = [good(f"{counts['passed']} passed") if counts["passed"] else "0 passed",
+             bad(f"{counts['failed']} failed") if counts["failed"] else "0 failed"]
+    parts += [bad(f"{counts[s]} {s}") for s in ("error", "interrupted") if counts[s]]
+    if len(outcomes) < planned:
+        parts.append(f"{planned - len(outcomes)} not run")
+    written = sum(1 for o in outcomes if o.get("receipt"))
+    typer.echo(f"checked {planned} method{'s' if planned != 1 else ''}: {', '.join(parts)}; "
+               f"{written} receipt{'s' if written != 1 else ''} written")
+
+
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
-                 json_out: bool, policy: Optional[str] = None, threads: Optional[int] = None) -> None:
+                 json_out: bool, policy: Optional[str] = None, threads: Optional[int] = None, flags: str = "",
+                 all_summary: bool = False) -> None:
     """Run every (method, seed) cell on the executor, write one merged receipt per method, exit like check."""
     from rich.console import Console
     from rich.progress import (
@@ -107,23 +125,27 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
                                  on_progress=on_progress, on_cell=on_cell, should_stop=lambda: stop.stopped)
         except KeyboardInterrupt as exc:
             statements = getattr(exc, "statements", [])
-    outcomes = [_write_merged(stmt, receipts_dir, json_out) for stmt in statements]
+    specs = {p.spec.key: p.spec for p in plans}
+    outcomes = [_write_merged(stmt, receipts_dir, json_out, specs.get(stmt["predicate"]["method"]), flags)
+                for stmt in statements]
     if json_out:
         _print_json({"runs": outcomes})
+    elif all_summary:
+        print_all_summary(outcomes, len(plans))
     statuses = {o["status"] for o in outcomes}
     code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or not outcomes else E.EXIT_INTERNAL
             if "error" in statuses else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
 
 
-def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool) -> dict:
+def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool, spec=None, flags: str = "") -> dict:
     from engine.store.receipts import write_receipt
 
     path = write_receipt(receipts_dir, stmt)
     pred = stmt["predicate"]
     shown = display_path(path, _paths.project_root())
     if not json_out:
-        _print_summary(pred, shown)
+        _print_summary(pred, shown, spec, flags)
     return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
             "execution": pred["execution"],

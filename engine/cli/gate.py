@@ -8,6 +8,7 @@ import typer
 
 from engine import errors as E
 from engine import paths as _paths
+from engine.cli.colour import bad
 from engine.cli.common import (
     JsonOpt,
     NoCacheOpt,
@@ -29,7 +30,7 @@ def _print_gate(result: dict) -> None:
     typer.echo(f"{result['method']}: {head} (state {result['state']}, review {result['review']})")
     for r in result["requirements"]:
         if r["required"]:
-            typer.echo(f"  {'met  ' if r['met'] else 'UNMET'} {r['id']}: {r['detail']}"
+            typer.echo(f"  {'met  ' if r['met'] else bad('UNMET')} {r['id']}: {r['detail']}"
                        + ("" if r["met"] else f" -> {r['fix']}"))
     for w in result["warnings"]:
         typer.echo(f"  warning: {w}")

@@ -25,6 +25,7 @@ from engine.run.context import DTYPES, BudgetExceeded, CheckContext, ContractVio
 from engine.run.devices import describe
 from engine.errors import BudgetError, UsageError
 from engine.run.expect import applies, evaluate
+from engine.run.expect import describe as describe_expectation
 from engine.paths import project_root
 from engine.store.receipts import git_revision, statement, subjects, utc_now
 from engine.spec.loader import Spec
@@ -191,9 +192,8 @@ class Runner:
                 result["status"] = PASSED if all(r["passed"] for r in records) else FAILED
                 failed = [r for r in records if not r["passed"]]
                 if failed:
-                    result["message"] = "; ".join(
-                        r.get("message") or f"{r['metric']} = {r['value']} not {r['op']} {r['threshold']}"
-                        for r in failed)
+                    # Worded as true statements ("max_rel_err 0.356 > limit 1e-12"), never as the rule it broke.
+                    result["message"] = "; ".join(r.get("message") or describe_expectation(r) for r in failed)
         except (ContractViolation, BudgetExceeded, CheckTimeout) as exc:
             result["status"] = FAILED
             result["message"] = f"{type(exc).__name__}: {exc}"

@@ -66,8 +66,11 @@ class Spec:
         for c in self.data["contracts"]:
             if c["id"] == cid:
                 return c
-        valid = ", ".join(c["id"] for c in self.data["contracts"])
-        raise UsageError(f"{self.display}: no contract {cid!r}; valid contracts: {valid}")
+        from engine.suggest import did_you_mean
+
+        ids = [c["id"] for c in self.data["contracts"]]
+        raise UsageError(f"{self.display}: no contract {cid!r}; {did_you_mean(cid, ids)}valid contracts: "
+                         f"{', '.join(ids)}")
 
     def locate(self, path: Iterable[Any]) -> tuple[int | None, int | None]:
         if self.doc is None and self.raw is not None:

@@ -36,10 +36,11 @@ from typing import Any, Callable, Iterable
 
 from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_receipt, receipt_id, serialize
 from engine.spec.loader import KEY_RE
+from engine.run.expect import headroom, worst_expectation
 
 INDEX_NAME = ".index.jsonl"
 DETAIL_NAME = ".index-detail.jsonl"
-INDEX_VERSION = 4
+INDEX_VERSION = 5  # 5: the worst expectation is chosen and carried by headroom
 OK, TAMPERED, INVALID = "ok", "tampered", "invalid"
 FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
@@ -77,7 +78,9 @@ def contract_digest(results: list) -> dict[str, list]:
 
     status is the worst over seeds and dtypes (error > failed > passed); a seed
     counts as passed only when every dtype passed for it; the worst expectation
-    is [metric, value, op, threshold, margin] with the smallest margin.
+    is [metric, value, op, threshold, headroom, passed, margin], the one nearest to
+    failing by headroom (engine.run.expect.worst_expectation: equality sanity
+    checks such as `updates 3 = 3` only when nothing scaled is there).
     """
     out: dict[str, dict] = {}
     for r in results:
@@ -91,20 +94,21 @@ def contract_digest(results: list) -> dict[str, list]:
         c["passed"] += status == "passed"
         seed = r.get("seed")
         c["seeds"][seed] = c["seeds"].get(seed, True) and status == "passed"
-        for e in r.get("expectations") or []:
-            if not isinstance(e, dict):
-                continue
-            m = e.get("margin")
-            key = m if _finite(m) else -math.inf  # a missing or NaN margin is the worst there is
-            if c["worst"] is None or key < c["worst"][0]:
-                c["worst"] = (key, [e.get("metric"), e.get("value"), e.get("op"), e.get("threshold"),
-                                    m if _finite(m) else None])
+        records = [e for e in r.get("expectations") or [] if isinstance(e, dict)]
+        c["worst"] = worst_expectation(records + ([c["worst"]] if c["worst"] else []))
     digest = {}
     for cid, c in out.items():
         s = c["statuses"]
         status = "error" if "error" in s else "failed" if "failed" in s else "passed" if s == {"passed"} else "error"
         seeds = sorted(k for k, ok in c["seeds"].items() if ok and isinstance(k, int))
-        worst = c["worst"][1] if c["worst"] else [None] * 5
+        e = c["worst"]
+        if e:
+            h = e["headroom"] if "headroom" in e else headroom(e.get("op"), e.get("value"), e.get("threshold"))
+            worst = [e.get("metric"), e.get("value"), e.get("op"), e.get("threshold"),
+                     h if _finite(h) else "Infinity" if h in ("Infinity", math.inf) else None,
+                     e.get("passed") is True, e.get("margin") if _finite(e.get("margin")) else None]
+        else:
+            worst = [None] * 7
         digest[cid] = [status, seeds, c["passed"], c["n"], worst, c["kind"]]
     return digest
 

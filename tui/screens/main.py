@@ -209,10 +209,10 @@ class MainScreen(Screen):
             for dev in m.devices:
                 st, fr = c.cells.get(dev, (None, None))
                 cells.append(fmt.status(st, " (stale)" if fr == "stale" else ""))
-            rows.append(([c.id, c.kind, *cells, fmt.num(c.worst_margin), c.latest, c.seeds_passed],
-                         [c.id, c.kind, *[fmt_plain(x) for x in cells], c.worst_margin, c.latest, c.seeds_passed],
+            rows.append(([c.id, c.kind, *cells, c.worst_headroom, c.latest, c.seeds_passed],
+                         [c.id, c.kind, *[fmt_plain(x) for x in cells], c.worst_headroom, c.latest, c.seeds_passed],
                          c.id))
-        t.fill(["contract", "kind", *m.devices, "worst margin", "latest value vs tolerance", "seeds passed"], rows)
+        t.fill(["contract", "kind", *m.devices, "worst headroom", "latest value vs tolerance", "seeds passed"], rows)
         self._restore_cursor(t, self.contract or cursor_key)
 
     def _visible_receipts(self, m: MethodModel) -> list:
