@@ -301,8 +301,12 @@ class CandidateRun:
                               "was killed")
                 self.worker.close(kill=True)
                 self.worker = None
-                if pending:
-                    self._record(unit, _lost(pending.pop(0), reason))  # the call it was on owns the loss
+                # The call it was on owns the loss; the rest of this contract's calls are not tried again (a
+                # candidate that hangs would cost a deadline and a worker start each), the next contract is.
+                for i, call in enumerate(pending):
+                    self._record(unit, _lost(call, reason if i == 0 else
+                                             f"not run: an earlier call of this unit lost its worker ({reason})"))
+                return
 
     def _record(self, unit: Unit, r: dict, mechanism: Any = None) -> None:
         unit.results.append(r)
