@@ -10,6 +10,6 @@ cannot do what was asked; 5 nothing selected; 130 interrupted.
 from engine.cli import check, gate, list, promote, schema, show, tui, validate, verify  # noqa: F401,E402
 from engine.cli import interface  # noqa: F401,E402  [impl] interface, scaffold
 from engine.cli.common import app
-from engine.cli.main import _DIRECT, _DIRECT_FLAGS, _DIRECT_OPTIONS, _direct_call, main  # noqa: E402
+from engine.cli.main import _DIRECT, _DIRECT_FLAGS, _DIRECT_OPTIONS, _TYPER_ONLY_OPTIONS, _direct_call, main  # noqa: E402
 
-__all__ = ["app", "main", "_DIRECT", "_DIRECT_FLAGS", "_DIRECT_OPTIONS", "_direct_call"]
+__all__ = ["app", "main", "_DIRECT", "_DIRECT_FLAGS", "_DIRECT_OPTIONS", "_TYPER_ONLY_OPTIONS", "_direct_call"]
