@@ -83,13 +83,18 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
     else:
         _print_summary(pred, shown)
         cm = pred["summary"]["candidate_mutants"]
-        typer.echo(f"implementation {ident['target']} (sha256 {ident['digest'][:12]}; "
-                   f"{', '.join(pred['implementation']['files'])}); "
+        files = ", ".join(f"{s['name']} sha256 {s['digest']['sha256'][:12]}" for s in ident["subjects"][:4])
+        more = f", +{len(ident['subjects']) - 4} more files" if len(ident["subjects"]) > 4 else ""
+        typer.echo(f"implementation {ident['target']} (id {ident['digest'][:12]}: {files}{more}); "
                    f"single-function mutants in it: {cm['killed']} killed, {cm['survived']} survived")
     for m in pred["candidate_mutants"]:
         if not m["killed"]:
             _err(f"  survived in the candidate: mutant {m['id']} (its {m['replaced']} swapped in); expected killers: "
                  f"{', '.join(m['expected_killers'])}")
+    if any(r["status"] != "passed" for r in pred["results"]) and (
+            pred["unproven_contracts"] or any(not m["killed"] for m in pred["mutants"] + pred["candidate_mutants"])):
+        _err("  note: a mutant kill counts only where this implementation passed the contract, so the survivors "
+             "and unproven contracts above follow from its failures: fix those first")
     status = pred["status"]
     code = (E.EXIT_INTERRUPTED if status == "interrupted" or stop.stopped else E.EXIT_INTERNAL if status == "error"
             else E.EXIT_FAILED if status == "failed" else E.EXIT_OK)

@@ -26,7 +26,8 @@ from engine.paths import spec_path
 def _print_gate(result: dict) -> None:
     """Plain lines (no wrapping, no markup): one per requirement; an unmet one ends with the command that meets it."""
     head = "PROMOTABLE" if result["promotable"] else "NOT PROMOTABLE"
-    unit = "" if result.get("implementation", "default") == "default" else f" --impl {result['implementation'][5:17]}"
+    unit = "" if result.get("implementation", "default") == "default" else \
+        f" (implementation id {result['implementation'][5:17]})"
     typer.echo(f"{result['method']}{unit}: {head} (state {result['state']}, review {result['review']})")
     for r in result["requirements"]:
         if r["required"]:
