@@ -394,6 +394,9 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
     except (KeyboardInterrupt, Interrupted):
         runner.status = INTERRUPTED
         runner.errors.append("interrupted: the run was stopped; results finished so far are kept")
+        if cand.worker is not None:  # mid-call: do not wait for it to finish
+            cand.worker.close(kill=True)
+            cand.worker = None
     finally:
         cand.close()
     if cand.load_failure:
