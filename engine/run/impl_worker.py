@@ -11,7 +11,6 @@ the parent decides what the answers mean.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -26,17 +25,12 @@ class _Channel:
         self._out = os.fdopen(wfd, "wb", buffering=0)
 
     def send(self, msg: dict) -> None:
-        self._out.write(json.dumps(msg, default=_plain).encode() + b"\n")
+        # NaN and inf stay numbers (Python's json reads them back); anything else unknown goes as its repr
+        self._out.write(json.dumps(msg, default=repr).encode() + b"\n")
 
     def recv(self) -> dict | None:
         line = self._in.readline()
         return json.loads(line) if line else None
-
-
-def _plain(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return value
-    return repr(value)
 
 
 def _vm_bytes() -> int:

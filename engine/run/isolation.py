@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine.errors import ContractsError, UsageError
+from engine.errors import UsageError
 
 STARTUP_S = 180.0  # importing torch and the methods on a loaded 2-core machine, then loading the candidate
 DEFAULT_MEMORY_MB = 4096
@@ -449,5 +449,5 @@ def check_options(impl: str | None, all_: bool, jobs: int, executor: str, addres
         raise UsageError("--impl and --policy cannot be combined yet; check the implementation with the tiny policies")
 
 
-__all__ = ["CandidateRun", "ContractsError", "Unit", "check_options", "make_runner", "run_candidate",
+__all__ = ["CandidateRun", "Unit", "check_options", "make_runner", "run_candidate",
            "single_function_mutants", "worker_env"]

@@ -219,7 +219,6 @@ def scaffold(iface: Interface, spec_name: str) -> str:
         "from __future__ import annotations",
         "",
         "import torch",
-        "",
     ]
     for f in iface.functions:
         out += ["", ""]
