@@ -121,6 +121,20 @@ def check(
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per process (default: 1 on "
                                                                       "cpu, torch's own on cuda; with --jobs N at "
                                                                       "most cores / N).")] = None,
+    # [impl] options: check a candidate implementation in isolated workers (engine/cli/check_impl.py)
+    impl: Annotated[Optional[str], typer.Option("--impl", help="Check this implementation instead of the registered "
+                                                                "one: path/to/file.py, package.module or "
+                                                                "module:attribute (see contracts interface METHOD).")]
+    = None,
+    impl_timeout: Annotated[Optional[float], typer.Option("--impl-timeout", help="Seconds one check call of an --impl "
+                                                                                 "candidate may take before its worker "
+                                                                                 "is killed (default: the spec's "
+                                                                                 "per_contract_timeout_seconds).")]
+    = None,
+    impl_memory_mb: Annotated[Optional[int], typer.Option("--impl-memory-mb", help="Address space an --impl worker "
+                                                                                  "may add after its imports, in MiB "
+                                                                                  "(cpu only; 0: no limit; default "
+                                                                                  "4096).")] = None,
 ) -> None:
     """Run a method's contracts and mutants on a device; write one receipt per method."""
     global _CHECK_RAN
@@ -141,6 +155,9 @@ def check(
         raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
     if threads is not None and threads < 1:
         raise E.UsageError(f"--threads {threads}: give 1 or more")
+    from engine.run.isolation import check_options  # [impl] hook
+
+    check_options(impl, all_, jobs, executor, address, policy)
     if all_:
         paths = spec_files(specs_dir)
         if not paths:
@@ -161,6 +178,10 @@ def check(
 
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
     threads = default_threads(device, threads)
+    if impl is not None:  # [impl] hook: a candidate implementation, in isolated workers; exits
+        from engine.cli.check_impl import run_impl_check
+
+        run_impl_check(plans[0], impl, device, threads, receipts_dir, _STOP, json_out, impl_timeout, impl_memory_mb)
     if jobs != 1 or executor != "local" or address:
         _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads,
                      flags=_flags(specs, receipts), all_summary=all_)  # exits

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -27,7 +27,9 @@ from engine.paths import spec_path
 def _print_gate(result: dict) -> None:
     """Plain lines (no wrapping, no markup): one per requirement; an unmet one ends with the command that meets it."""
     head = "PROMOTABLE" if result["promotable"] else "NOT PROMOTABLE"
-    typer.echo(f"{result['method']}: {head} (state {result['state']}, review {result['review']})")
+    unit = "" if result.get("implementation", "default") == "default" else \
+        f" (implementation id {result['implementation'][5:17]})"
+    typer.echo(f"{result['method']}{unit}: {head} (state {result['state']}, review {result['review']})")
     for r in result["requirements"]:
         if r["required"]:
             typer.echo(f"  {'met  ' if r['met'] else bad('UNMET')} {r['id']}: {r['detail']}"
@@ -44,6 +46,10 @@ def gate(
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
+    impl: Annotated[Optional[str], typer.Option("--impl", help="Gate this implementation (path/to/file.py, "
+                                                                "package.module or module:attribute) instead of the "
+                                                                "registered one: only receipts of its exact files "
+                                                                "count.")] = None,
 ) -> None:
     """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not."""
     from engine.gate.verdict import evaluate
@@ -51,7 +57,15 @@ def gate(
     specs_dir, receipts_dir = _dirs(specs, receipts)
     cache = _spec_cache(receipts_dir, use=not no_cache)
     spec = cache.load_spec(spec_path(specs_dir, method), _paths.project_root())
-    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts), cache=cache)
+    unit, flags = "default", _flags(specs, receipts)
+    if impl is not None:  # [impl] hook: (method, implementation) is the unit; the target is hashed, never run
+        import shlex
+
+        from engine.run.impl_loader import SUBJECT_PREFIX, identity, parse_target
+
+        unit = SUBJECT_PREFIX + identity(parse_target(impl))["digest"]
+        flags += f" --impl {shlex.quote(impl)}"
+    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, flags, cache=cache, implementation=unit)
     if json_out:
         _print_json(result)
     else:

@@ -23,18 +23,37 @@ from engine.cli.common import (
 )
 
 
-def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path) -> dict:
+def _units(spec, specs_dir: Path, receipts_dir: Path) -> list[tuple[str, str, list]]:
+    """[impl] (unit, label, receipts) per implementation with receipts of this method: 'default' (the registered
+    one, always listed) first, then each --impl target by its files' digest (engine/run/impl_loader.py)."""
+    from engine.run.impl_loader import unit_of
+    from engine.store.verify import assess_receipts
+
+    assessed, _ = assess_receipts(receipts_dir, _paths.project_root(), specs_dir, spec.key, cache=_spec_cache(receipts_dir))
+    by_unit: dict[str, list] = {"default": []}
+    labels = {"default": "default"}
+    for a in assessed:
+        unit = unit_of(a.predicate)
+        by_unit.setdefault(unit, []).append(a)
+        if unit != "default":
+            labels[unit] = f"--impl {a.predicate['implementation'].get('target')} ({unit[5:17]})"
+    return [(u, labels[u], by_unit[u]) for u in by_unit]
+
+
+def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path, unit: str = "default", assessed=None) -> dict:
     """`list` columns: the latest receipt with its freshness, and the gate verdict (same evaluation as `gate`)."""
     from engine.gate.verdict import evaluate
     from engine.store.verify import assess_receipts
 
-    assessed, _ = assess_receipts(receipts_dir, _paths.project_root(), specs_dir, spec.key, cache=_spec_cache(receipts_dir))
+    if assessed is None:
+        assessed, _ = assess_receipts(receipts_dir, _paths.project_root(), specs_dir, spec.key,
+                                      cache=_spec_cache(receipts_dir))
     dated = [a for a in assessed if a.created_at]
     last = max(dated, key=lambda a: a.created_at) if dated else (assessed[-1] if assessed else None)
     latest = None if last is None else {
         "file": last.file.split("/")[-1], "state": last.state, "status": last.status, "created_at": last.created_at or "",
         "receipt_id": last.receipt_id, "count": len(assessed), "changed": last.changed}
-    g = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, assessed=assessed)
+    g = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, assessed=assessed, implementation=unit)
     return {"latest_receipt": latest,
             "gate": {"promotable": g["promotable"], "unmet": [r["id"] for r in g["requirements"] if not r["met"]]}}
 
@@ -48,11 +67,13 @@ def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOp
     rows = []
     for s in good:
         d = s.data
-        rows.append({
-            "method": s.key, "title": d["title"], "level": d["level"], "review": d["promotion"]["review"],
-            "promotion": d["promotion"]["state"], "contracts": len(d["contracts"]), "mutants": len(d["mutants"]),
-            **_receipt_and_gate(s, specs_dir, receipts_dir),
-        })
+        for unit, label, assessed in _units(s, specs_dir, receipts_dir):  # [impl] one row per implementation
+            rows.append({
+                "method": s.key, "implementation": unit, "implementation_label": label, "title": d["title"],
+                "level": d["level"], "review": d["promotion"]["review"],
+                "promotion": d["promotion"]["state"], "contracts": len(d["contracts"]), "mutants": len(d["mutants"]),
+                **_receipt_and_gate(s, specs_dir, receipts_dir, unit, assessed),
+            })
     for e in bad:
         _err(e.line())
     if json_out:
@@ -67,7 +88,8 @@ def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOp
             lr = r["latest_receipt"]
             latest = "none" if lr is None else f"{lr['status']} ({lr['state']}) {lr['created_at'][:19]}Z"
             g = r["gate"]
-            t.add_row(r["method"], r["level"], r["review"], r["promotion"], str(r["contracts"]), str(r["mutants"]),
+            method = r["method"] if r["implementation"] == "default" else f"{r['method']} {r['implementation_label']}"
+            t.add_row(method, r["level"], r["review"], r["promotion"], str(r["contracts"]), str(r["mutants"]),
                       latest, "open" if g["promotable"] else f"closed ({len(g['unmet'])} unmet)")
         _console().print(t)
     if bad:

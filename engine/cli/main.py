@@ -27,6 +27,8 @@ from engine.cli.verify import verify
 
 _DIRECT_OPTIONS = {"--specs": "specs", "--receipts": "receipts"}  # take a path
 _DIRECT_FLAGS = {"--json": "json_out", "--strict": "strict", "--no-cache": "no_cache"}
+# [impl] options the direct parse does not take: argv with one goes to typer (e.g. gate --impl TARGET).
+_TYPER_ONLY_OPTIONS = {"--impl"}
 _DIRECT = {  # verb -> (function, fewest and most METHOD arguments, flags it takes)
     "list": (list_, 0, 0, ("--json",)),
     "show": (show, 1, 1, ("--json",)),

@@ -260,12 +260,14 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) 
 
 
 def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
-             assessed: list[Assessed] | None = None, cache=None) -> dict:
+             assessed: list[Assessed] | None = None, cache=None, implementation: str = "default") -> dict:
     """The gate verdict for one valid spec (see GATE_SCHEMA); never imports torch.
 
     `flags` are appended to every suggested command (e.g. ' --receipts DIR')
     so the fix works for the store that was evaluated. `cache` (engine.store.cache)
-    is passed on to `assess_receipts`.
+    is passed on to `assess_receipts`. `implementation` is the unit evaluated:
+    'default' (the spec's registered implementation) or 'impl:<digest>' (an --impl
+    target, engine.run.impl_loader.unit_of); only its receipts count.
     """
     key = spec.key
     promo = spec.data["promotion"]
@@ -274,6 +276,10 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
         assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key, cache=cache)
     spec_name = f"specs/{spec.path.name}"
     usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name]
+    # [impl] hook: (method, implementation) is the unit; a receipt of another implementation never counts here.
+    from engine.run.impl_loader import unit_of
+
+    usable = [a for a in usable if unit_of(a.predicate) == implementation]
     fresh = [a for a in usable if a.state == "fresh"]
     stale = [a for a in usable if a.state == "stale"]
     broken = [a for a in assessed if a.state in ("tampered", "invalid")]
@@ -303,6 +309,7 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     return {
         "schema": GATE_SCHEMA,
         "method": key,
+        "implementation": implementation,
         "spec": {"file": spec.display, "sha256": spec.sha256},
         "verdict": "promotable" if promotable else "not promotable",
         "promotable": promotable,

@@ -394,6 +394,9 @@ def build_statement(runner: Runner, created_at: str) -> dict:
     plan = runner.plan
     subj = subjects(root, source_files(plan))
     subj.append({"name": f"specs/{plan.spec.path.name}", "digest": {"sha256": plan.spec.sha256}})
+    extra = getattr(runner, "extra_subjects", None)  # [impl] hook: an --impl candidate's files (impl:<name>)
+    if extra is not None:
+        subj += extra()
     if runner.policy is not None:  # its code and, for a checkpoint, its weight and config files
         known = {s["name"] for s in subj}
         subj += [s for s in runner.policy.subjects() if s["name"] not in known]

@@ -550,6 +550,11 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
                 f"no mutant names contract {c['id']!r} in killed_by, so nothing shows it can fail",
                 "add a mutant this contract kills, or name the contract in an existing mutant's killed_by")
 
+    # [impl] hook: the optional interface section must name exactly the registered implementation's functions.
+    from engine.spec.interface import reference_problems
+
+    reference_problems(data, functions, lambda path, message, fix: err(path, message, fix))
+
     budget = data["budget"]
     if len(budget["seeds"]) > budget["max_seeds"]:
         err(["budget", "seeds"], f"{len(budget['seeds'])} seeds listed but max_seeds is {budget['max_seeds']}",

@@ -204,11 +204,14 @@ def receipt_files(receipts_dir: Path, method: str | None = None) -> list[Path]:
 # they are not part of the working tree, so they never make a receipt stale, and
 # the folder's location is never stored (no absolute paths in receipts).
 EXTERNAL_SUBJECT_PREFIX = "checkpoint:"
+# [impl] `contracts check --impl TARGET` binds the candidate's files as `impl:<name>` (engine/run/impl_loader.py);
+# whether they still match is the gate's question for that implementation (`gate --impl TARGET`), not freshness's.
+EXTERNAL_SUBJECT_PREFIXES = (EXTERNAL_SUBJECT_PREFIX, "impl:")
 
 
 def is_external_subject(name: str) -> bool:
-    """True for a subject that binds a file outside the working tree (a model checkpoint's)."""
-    return isinstance(name, str) and name.startswith(EXTERNAL_SUBJECT_PREFIX)
+    """True for a subject that binds a file outside the working tree (a model checkpoint's, an --impl target's)."""
+    return isinstance(name, str) and name.startswith(EXTERNAL_SUBJECT_PREFIXES)
 
 
 @dataclass

@@ -1,0 +1,101 @@
+"""`contracts check METHOD --impl TARGET`: a candidate implementation under the spec's contracts, in isolated workers.
+
+The verb's options live in engine/cli/check.py; this module runs the --impl
+path (engine/run/isolation.py does the work) and writes the one receipt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from engine import errors as E
+from engine import paths as _paths
+from engine.cli.check_report import _print_summary
+from engine.cli.common import _err, _print_json
+from engine.spec.loader import display_path
+
+
+def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipts_dir: Path, stop, json_out: bool,
+                   timeout_s: Optional[float], memory_mb: Optional[int]) -> None:
+    """Check `plan` against the --impl target, write the receipt, exit like `check` (0/1/3/130)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.run.devices import resolve_device
+    from engine.run.impl_loader import identity, parse_target
+    from engine.run.isolation import DEFAULT_MEMORY_MB, make_runner, run_candidate
+    from engine.run.runner import build_statement
+    from engine.spec.interface import from_spec
+    from engine.spec.registry import known_names
+    from engine.store.receipts import ensure_writable, utc_now, write_receipt
+
+    if timeout_s is not None and not timeout_s > 0:
+        raise E.UsageError(f"--impl-timeout {timeout_s}: give a positive number of seconds")
+    if memory_mb is not None and memory_mb < 0:
+        raise E.UsageError(f"--impl-memory-mb {memory_mb}: give 0 (no limit) or a positive number of MiB")
+    target = parse_target(impl)
+    ident = identity(target)
+    spec = plan.spec
+    names = list(from_spec(spec.data, known_names().implementations.get(spec.data["implementation"])).names)
+    dev = resolve_device(device)
+    ensure_writable(receipts_dir)
+    budget = spec.data["budget"]
+    deadline = timeout_s or float(budget.get("per_contract_timeout_seconds") or 60)
+    created = utc_now()
+    total = sum(len(plan.seeds) * len(c["dtypes"]) for c in plan.contracts)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    with progress:
+        task = progress.add_task(f"{spec.key} --impl {ident['target']}", total=total)
+
+        def on_result(r: dict) -> None:
+            label = f"mutant {r['mutant']} / {r['contract']}" if r["phase"] == "mutant" else \
+                f"{r['contract']} seed {r['seed']} {r['dtype']}"
+            progress.update(task, advance=1 if r["phase"] == "baseline" else 0,
+                            description=f"{spec.key} --impl {ident['target']}: {label} {r['status']}")
+
+        runner = make_runner(plan, dev, ident, on_result=on_result, should_stop=lambda: stop.stopped)
+        try:
+            run_candidate(runner, target, ident, names, str(dev), threads, deadline,
+                          DEFAULT_MEMORY_MB if memory_mb is None else memory_mb)
+        finally:
+            stop.hold = True  # the receipt is written whole, or not at all
+    try:
+        stmt = build_statement(runner, created)
+        path = write_receipt(receipts_dir, stmt)
+    finally:
+        stop.hold = False
+    pred = stmt["predicate"]
+    shown = display_path(path, _paths.project_root())
+    if json_out:
+        _print_json({"runs": [{
+            "method": pred["method"], "implementation": pred["implementation"], "status": pred["status"],
+            "receipt": shown, "receipt_id": pred["receipt_id"], "summary": pred["summary"],
+            "unproven_contracts": pred["unproven_contracts"],
+            "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
+                        for r in pred["results"]],
+            "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]],
+            "candidate_mutants": [{k: m[k] for k in ("id", "replaced", "killed", "killed_by")}
+                                  for m in pred["candidate_mutants"]]}]})
+    else:
+        _print_summary(pred, shown)
+        cm = pred["summary"]["candidate_mutants"]
+        files = ", ".join(f"{s['name']} sha256 {s['digest']['sha256'][:12]}" for s in ident["subjects"][:4])
+        more = f", +{len(ident['subjects']) - 4} more files" if len(ident["subjects"]) > 4 else ""
+        typer.echo(f"implementation {ident['target']} (id {ident['digest'][:12]}: {files}{more}); "
+                   f"single-function mutants in it: {cm['killed']} killed, {cm['survived']} survived")
+    for m in pred["candidate_mutants"]:
+        if not m["killed"]:
+            _err(f"  survived in the candidate: mutant {m['id']} (its {m['replaced']} swapped in); expected killers: "
+                 f"{', '.join(m['expected_killers'])}")
+    if any(r["status"] != "passed" for r in pred["results"]) and (
+            pred["unproven_contracts"] or any(not m["killed"] for m in pred["mutants"] + pred["candidate_mutants"])):
+        _err("  note: a mutant kill counts only where this implementation passed the contract, so the survivors "
+             "and unproven contracts above follow from its failures: fix those first")
+    status = pred["status"]
+    code = (E.EXIT_INTERRUPTED if status == "interrupted" or stop.stopped else E.EXIT_INTERNAL if status == "error"
+            else E.EXIT_FAILED if status == "failed" else E.EXIT_OK)
+    raise typer.Exit(code)

@@ -1,0 +1,145 @@
+"""The isolated worker that runs a candidate implementation's checks (`python -m engine.run.impl_worker RFD WFD`).
+
+Started by engine/run/isolation.py with a scrubbed environment; talks JSON
+lines over two inherited pipes (never stdout, which the candidate may print
+to). It imports torch and the methods, lowers its own address-space limit,
+loads the candidate, then runs the units it is sent one check call at a time,
+answering each call with its result. It writes no receipt and holds no key:
+the parent decides what the answers mean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+class _Channel:
+    def __init__(self, rfd: int, wfd: int):
+        self._in = os.fdopen(rfd, "rb")
+        self._out = os.fdopen(wfd, "wb", buffering=0)
+
+    def send(self, msg: dict) -> None:
+        # NaN and inf stay numbers (Python's json reads them back); anything else unknown goes as its repr
+        self._out.write(json.dumps(msg, default=repr).encode() + b"\n")
+
+    def recv(self) -> dict | None:
+        line = self._in.readline()
+        return json.loads(line) if line else None
+
+
+def _vm_bytes() -> int:
+    """This process's current virtual size (what RLIMIT_AS counts), from /proc; 0 where unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _limit_memory(extra_mb: int | None) -> str | None:
+    """Cap the address space at what the imports mapped plus `extra_mb`: an unbounded allocation then fails
+    with MemoryError/RuntimeError inside the check (recorded as an error) instead of exhausting the machine."""
+    if not extra_mb:
+        return None
+    try:
+        import resource
+    except ImportError:
+        return "no resource module: memory is not limited"
+    cap = _vm_bytes() + int(extra_mb) * 1024 * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return None
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    for fr in reversed(frames):
+        name = Path(fr.filename).name
+        return f" ({name}:{fr.lineno})"
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt means
+    chan = _Channel(int(argv[0]), int(argv[1]))
+    init = chan.recv()
+    if init is None:
+        return 0
+    from engine.run.imports import gc_paused
+
+    with gc_paused():
+        import torch
+
+        from engine.run.impl_loader import load
+        from engine.run.runner import Plan, Runner
+        from engine.spec import registry
+        from engine.spec.registry import Implementation
+
+        registry.load()
+    if init.get("threads"):
+        torch.set_num_threads(int(init["threads"]))
+    note = _limit_memory(init.get("memory_mb")) if init["device"].startswith("cpu") else None
+    try:
+        found, missing, not_callable = load(init["target"], init["names"])
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt in module code too
+        # An Exception (SyntaxError, ImportError, ...) is a problem with the target; anything else (sys.exit)
+        # is the candidate's behaviour, which the parent records as errors like a crash.
+        if isinstance(exc, SyntaxError):  # its str() holds the file's absolute path: name the file only
+            text = f"{exc.msg} ({Path(exc.filename or '?').name}:{exc.lineno})"
+        else:
+            text = f"{exc}{_where(exc)}"
+        chan.send({"type": "load_error", "fatal": not isinstance(exc, Exception),
+                   "message": f"{type(exc).__name__}: {text}"})
+        return 0
+    chan.send({"type": "loaded", "missing": missing, "not_callable": not_callable, "note": note})
+    if missing or not_callable:
+        return 0
+    candidate = Implementation(init["name"], **found)
+
+    from types import SimpleNamespace
+
+    budget = dict(init["budget"])
+    budget["per_contract_timeout_seconds"] = None  # the parent's deadline kills a stuck call: it becomes an error
+    budget["max_wall_seconds"] = float("inf")  # the parent keeps the run's wall budget
+    plan = Plan(spec=SimpleNamespace(data={"budget": budget}), seeds=[], contracts=[], mutants=[], only=None)
+    from engine.run.devices import resolve_device
+
+    runner = Runner(plan, resolve_device(init["device"]))
+    while True:
+        unit = chan.recv()
+        if unit is None or unit.get("type") == "stop":
+            return 0
+        impl = candidate
+        if unit.get("replace"):
+            fn = unit["replace"]["function"]
+            mutated = registry.load().get_mutant(unit["replace"]["mutant"]).factory()
+            impl = candidate.replace(f"{init['name']}+{unit['replace']['mutant']}", **{fn: getattr(mutated, fn)})
+        for call in unit["calls"]:
+            before = len(runner.mechanism)
+            chan.send({"type": "start", "contract": call["contract"]["id"], "seed": call["seed"],
+                       "dtype": call["dtype"], "t": time.time()})
+            try:
+                r = runner.call(impl, call["contract"], call["seed"], call["dtype"],
+                                record_mechanism=bool(call.get("record_mechanism")))
+            except BaseException as exc:  # noqa: BLE001 - e.g. KeyboardInterrupt raised by the candidate itself
+                r = {"contract": call["contract"]["id"], "kind": call["contract"]["kind"],
+                     "check": call["contract"]["check"], "seed": call["seed"], "dtype": call["dtype"],
+                     "status": "error", "measurements": {}, "expectations": [],
+                     "message": f"{type(exc).__name__}: {exc}", "cases_requested": call["contract"]["cases"],
+                     "wall_s": 0.0, "cost": {"optimizer_updates": 0, "sampled_tokens": 0}}
+            chan.send({"type": "result", "result": r, "mechanism": runner.mechanism[before:]})
+        chan.send({"type": "unit_done"})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,453 @@
+"""Run a candidate implementation's contracts in isolated worker processes; the parent keeps the record.
+
+`contracts check METHOD --impl TARGET` runs, in order:
+
+1. the candidate's baseline: every selected contract, seed and dtype, one unit per
+   contract, in a worker (engine/run/impl_worker.py) that loaded the candidate;
+2. the candidate with one function replaced: for each spec mutant that differs
+   from the registered implementation in exactly one function, that function
+   swapped into the candidate (Implementation.replace), through the contracts
+   the spec says kill it, in the same kind of worker;
+3. the spec's mutants on the registered implementation, in this (trusted)
+   process, exactly as a plain `contracts check` runs them.
+
+A kill counts only where the candidate's own baseline passed that (contract,
+dtype), so every contract is shown to pass on the candidate and to fail on a
+known-bad variant.
+
+What isolation means here, and what it does not:
+
+* each worker is a fresh `python` process started with an allow-listed
+  environment (no signing key, no token, password or credential variables);
+* it talks to this process only through two pipes carrying JSON, never pickle,
+  so nothing the candidate sends can run code here; answers are checked
+  against the call that was asked for;
+* every call has a deadline (`--impl-timeout`, default the spec's
+  per_contract_timeout_seconds); past it, or when the worker dies (os._exit,
+  a segfault, a signal), the worker's process group is killed and the calls it
+  owned become `error` results with the reason; the run goes on in a new worker;
+* on CPU the worker caps its address space (RLIMIT_AS) at what its imports
+  mapped plus `--impl-memory-mb`, so an unbounded allocation fails inside the
+  check and is recorded as an error (not on CUDA: the driver maps more address
+  space than any useful cap);
+* the receipt is built and written here, after the workers are gone.
+
+It is NOT a sandbox: the worker runs as the same OS user, can read and write
+what that user can (the checkout included), and can reach the network. It
+runs in the same process as the checks that measure it, so a hostile
+candidate could forge its own measurements; the contracts catch mistakes, not
+adversaries. Run untrusted code in a container or VM with this inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from engine.errors import UsageError
+
+STARTUP_S = 180.0  # importing torch and the methods on a loaded 2-core machine, then loading the candidate
+DEFAULT_MEMORY_MB = 4096
+
+# The worker's environment: only what Python, torch and CUDA need to run; never anything that looks like a secret.
+_KEEP = re.compile(r"^(PATH|HOME|LANG|LANGUAGE|LC_[A-Z]+|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|PYTHONHASHSEED|VIRTUAL_ENV|"
+                   r"CONDA_PREFIX|LD_LIBRARY_PATH|OMP_[A-Z_]+|MKL_[A-Z_]+|OPENBLAS_[A-Z_]+|KMP_[A-Z_]+|"
+                   r"CUDA_[A-Z_]+|CUBLAS_[A-Z_]+|NVIDIA_[A-Z_]+|TORCH_[A-Z_]+|CONTRACTS_DEBUG|NO_COLOR|TERM)$")
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|SIGN|COOKIE|SESSION|PRIVATE", re.I)
+
+
+def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed environment a candidate's worker gets (no key, token or credential variables)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if _KEEP.match(k) and not _SECRET.search(k)}
+
+
+class WorkerLost(Exception):
+    """The worker died, or did not answer in time; `reason` says which."""
+
+
+class _Worker:
+    """One isolated worker process and its two JSON pipes."""
+
+    def __init__(self, init: dict):
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.run.impl_worker", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w), env=worker_env(), stdin=subprocess.DEVNULL,
+            stdout=self.log, stderr=self.log, start_new_session=True)  # its own group: killed whole, no Ctrl-C
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._w = to_child_w
+        self._r = from_child_r
+        self._buf = b""
+        self.send(init)
+
+    def send(self, msg: dict) -> None:
+        try:
+            os.write(self._w, json.dumps(msg).encode() + b"\n")
+        except OSError as exc:
+            raise WorkerLost(f"could not write to the worker: {exc.strerror}") from None
+
+    def recv(self, timeout: float) -> dict:
+        """The next message, or WorkerLost (died, or nothing within `timeout` seconds)."""
+        end = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise WorkerLost(f"no answer within {timeout:g} s")
+            ready, _, _ = select.select([self._r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self._r, 1 << 16)
+            if not chunk:
+                raise WorkerLost(self._death())
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            raise WorkerLost("the worker sent something that is not a JSON message") from None
+        if not isinstance(msg, dict):
+            raise WorkerLost("the worker sent something that is not a JSON object")
+        return msg
+
+    def _death(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "the worker closed its pipe"
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        tail = self.tail()
+        return f"the worker process {how}" + (f" (last output: {tail})" if tail else "")
+
+    def tail(self) -> str:
+        """The last line the worker (or the candidate) wrote to stdout/stderr, printable characters only."""
+        try:
+            self.log.seek(0)
+            lines = [ln for ln in self.log.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        last = lines[-1].strip() if lines else ""
+        return "".join(ch for ch in last if ch.isprintable())[:300]
+
+    def close(self, kill: bool = False) -> None:
+        if not kill and self.proc.poll() is None:
+            try:
+                self.send({"type": "stop"})
+                self.proc.wait(timeout=5)
+            except (WorkerLost, subprocess.TimeoutExpired):
+                kill = True
+        if self.proc.poll() is None or kill:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the candidate's own children too
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for fd in (self._w, self._r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.log.close()
+
+
+@dataclass
+class Unit:
+    """Calls one worker runs back to back: one contract's cells, or one replaced-function mutant's."""
+
+    label: str
+    calls: list[dict]
+    replace: dict | None = None  # {"function": name, "mutant": registered mutant name}
+    results: list[dict] = field(default_factory=list)
+    mechanism: list[dict] = field(default_factory=list)
+
+
+def _lost(call: dict, reason: str) -> dict:
+    c = call["contract"]
+    return {"contract": c["id"], "kind": c["kind"], "check": c["check"], "seed": call["seed"], "dtype": call["dtype"],
+            "status": "error", "measurements": {}, "expectations": [], "message": f"no measurement: {reason}",
+            "cases_requested": c["cases"], "wall_s": 0.0, "cost": {"optimizer_updates": 0, "sampled_tokens": 0}}
+
+
+_RESULT_KEYS = {"contract", "seed", "dtype", "status", "measurements", "expectations"}
+
+
+def _accept(call: dict, r: Any) -> dict:
+    """The worker's answer for `call`, if it is one; otherwise an error result saying what came back."""
+    if not isinstance(r, dict) or not _RESULT_KEYS <= set(r) or r.get("status") not in ("passed", "failed", "error") \
+            or (r["contract"], r["seed"], r["dtype"]) != (call["contract"]["id"], call["seed"], call["dtype"]) \
+            or not isinstance(r.get("measurements"), dict) or not isinstance(r.get("expectations"), list):
+        return _lost(call, "the worker's answer does not match the call it was asked to run")
+    r.setdefault("cost", {"optimizer_updates": 0, "sampled_tokens": 0})
+    r.setdefault("message", None)
+    r.setdefault("wall_s", 0.0)
+    r.setdefault("cases_requested", call["contract"]["cases"])
+    return r
+
+
+class CandidateRun:
+    """Runs units against a candidate, one worker at a time; a lost worker costs only the calls it owned."""
+
+    def __init__(self, init: dict, timeout_s: float, on_result: Callable[[dict], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None, startup_s: float = STARTUP_S):
+        self.init = init
+        self.timeout_s = timeout_s
+        self.startup_s = startup_s
+        self.on_result = on_result or (lambda r: None)
+        self.should_stop = should_stop or (lambda: False)
+        self.worker: _Worker | None = None
+        self.notes: list[str] = []
+        self.checked_interface = False
+        self.load_failure: str | None = None  # the candidate cannot run at all (it exits or dies on import)
+
+    # -- worker life -------------------------------------------------------------
+
+    def _start(self) -> _Worker:
+        w = _Worker(self.init)
+        try:
+            msg = w.recv(self.startup_s)
+        except WorkerLost as lost:
+            w.close(kill=True)
+            raise WorkerLost(f"while loading the candidate: {lost}") from None
+        if msg.get("type") == "load_error":
+            w.close(kill=True)
+            if msg.get("fatal"):
+                raise WorkerLost(f"while loading the candidate: {msg.get('message')}")
+            raise UsageError(f"--impl {self.init['shown']}: cannot load it: {msg.get('message')}")
+        if msg.get("type") != "loaded":
+            w.close(kill=True)
+            raise WorkerLost("the worker did not report the candidate loaded")
+        problems = []
+        for key, what in (("missing", "has no function"), ("not_callable", "has a non-callable")):
+            names = [n for n in msg.get(key) or [] if isinstance(n, str)]
+            if names:
+                problems.append(f"{what} {', '.join(names)}")
+        if problems:
+            w.close(kill=True)
+            raise UsageError(f"--impl {self.init['shown']} {'; '.join(problems)}; the {self.init['method']} interface "
+                             f"needs {', '.join(self.init['names'])} (see contracts interface {self.init['method']})")
+        if msg.get("note") and msg["note"] not in self.notes:
+            self.notes.append(str(msg["note"]))
+        self.checked_interface = True
+        return w
+
+    def probe(self) -> None:
+        """Load the candidate once before anything runs: a missing function is a usage error, not a receipt."""
+        try:
+            self.worker = self._start()
+        except WorkerLost as lost:
+            self.load_failure = str(lost)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+    # -- units -------------------------------------------------------------------
+
+    def run(self, unit: Unit) -> None:
+        """Fill `unit.results` with one result per call, whatever happens to the worker."""
+        pending = list(unit.calls)
+        while pending:
+            if self.should_stop():
+                raise KeyboardInterrupt
+            if self.load_failure is not None:
+                for call in pending:
+                    self._record(unit, _lost(call, f"the candidate could not be run: {self.load_failure}"))
+                return
+            if self.worker is None:
+                try:
+                    self.worker = self._start()
+                except WorkerLost as lost:
+                    self.load_failure = str(lost)
+                    continue
+            try:
+                self.worker.send({"type": "unit", "calls": pending, "replace": unit.replace})
+                while pending:
+                    msg = self.worker.recv(self.timeout_s)
+                    if msg.get("type") == "start":
+                        continue
+                    if msg.get("type") != "result":
+                        raise WorkerLost(f"unexpected message {str(msg.get('type'))[:40]!r}")
+                    call = pending.pop(0)
+                    self._record(unit, _accept(call, msg.get("result")), msg.get("mechanism"))
+                msg = self.worker.recv(self.timeout_s)
+                if msg.get("type") != "unit_done":
+                    raise WorkerLost("the worker did not finish the unit cleanly")
+            except WorkerLost as lost:
+                reason = str(lost)
+                if reason.startswith("no answer within"):
+                    reason = (f"the call ran past its deadline of {self.timeout_s:g} s and the candidate's worker "
+                              "was killed")
+                self.worker.close(kill=True)
+                self.worker = None
+                # The call it was on owns the loss; the rest of this contract's calls are not tried again (a
+                # candidate that hangs would cost a deadline and a worker start each), the next contract is.
+                for i, call in enumerate(pending):
+                    self._record(unit, _lost(call, reason if i == 0 else
+                                             f"not run: an earlier call of this unit lost its worker ({reason})"))
+                return
+
+    def _record(self, unit: Unit, r: dict, mechanism: Any = None) -> None:
+        unit.results.append(r)
+        if isinstance(mechanism, list):
+            unit.mechanism += [m for m in mechanism if isinstance(m, dict)]
+        self.on_result(r)
+
+
+# --- the whole --impl run ------------------------------------------------------------------------
+
+
+def single_function_mutants(plan) -> list[tuple[dict, str]]:
+    """(spec mutant, function) for each planned mutant that replaces exactly one function of the registered
+    implementation: that function can be swapped into a candidate to show the contracts bite there too."""
+    from engine.spec import registry
+
+    reg = registry.load()
+    ref = reg.get_implementation(plan.spec.data["implementation"])
+    out = []
+    for m in plan.mutants:
+        try:
+            mutated = reg.get_mutant(m["mutant"]).factory()
+        except Exception:  # noqa: BLE001 - the reference mutant phase records the factory's error
+            continue
+        changed = [f for f in ref.functions if getattr(mutated, f, None) is not getattr(ref, f)]
+        if len(changed) == 1:
+            out.append((m, changed[0]))
+    return out
+
+
+def run_candidate(runner, target, ident: dict, names: list[str], device: str, threads: int,
+                  timeout_s: float, memory_mb: int | None) -> None:
+    """Fill `runner` (an engine.run.runner.Runner) with the candidate's results, its replaced-function mutants
+    and the spec's mutants on the registered implementation; the caller builds and writes the receipt."""
+    from engine.run.runner import ERROR, FAILED, INTERRUPTED, PASSED, Interrupted
+
+    plan = runner.plan
+    init = {"type": "init", "method": plan.spec.key, "shown": ident["target"], "name": f"impl:{ident['target']}",
+            "names": names, "device": device, "threads": threads, "memory_mb": memory_mb,
+            "budget": dict(plan.spec.data["budget"]),
+            "target": {"form": target.form, "path": str(target.path) if target.path else None,
+                       "module": target.module, "attribute": target.attribute}}
+
+    def progress(phase: str, extra: dict | None = None):
+        return lambda r: runner.on_result({"phase": phase, **(extra or {}), **r})
+
+    cand = CandidateRun(init, timeout_s, on_result=progress("baseline"), should_stop=runner.should_stop)
+    runner.candidate_mutants = []
+    wall = float(plan.spec.data["budget"]["max_wall_seconds"])
+    try:
+        cand.probe()  # a usage error (missing function, syntax error) leaves here, before any result
+        for contract in plan.contracts:
+            if time.perf_counter() - runner.t0 > wall:
+                runner.errors.append(f"budget: run wall time is over budget.max_wall_seconds {wall:g}")
+                runner.status = FAILED
+                break
+            unit = Unit(label=contract["id"], calls=[{"contract": contract, "seed": s, "dtype": d,
+                                                      "record_mechanism": True}
+                                                     for s in plan.seeds for d in contract["dtypes"]])
+            cand.run(unit)
+            runner.results += unit.results
+            runner.mechanism += unit.mechanism
+        by_id = {c["id"]: c for c in plan.contracts}
+        seed = plan.seeds[0]
+        baseline_ok = {(r["contract"], r["dtype"]) for r in runner.results if r["seed"] == seed and r["status"] == PASSED}
+        if runner.status is None:
+            for m, fn in single_function_mutants(plan):
+                calls = [{"contract": by_id[cid], "seed": seed, "dtype": d} for cid in m["killed_by"]
+                         for d in by_id[cid]["dtypes"]]
+                unit = Unit(label=m["id"], calls=calls, replace={"function": fn, "mutant": m["mutant"]})
+                cand.on_result = progress("mutant", {"mutant": f"{m['id']} in the candidate"})
+                cand.run(unit)
+                record = {"id": m["id"], "mutant": m["mutant"], "replaced": fn, "description": m["description"],
+                          "expected_killers": list(m["killed_by"]), "killed_by": [], "killed": False, "seed": seed,
+                          "results": []}
+                for r in unit.results:
+                    counts = (r["contract"], r["dtype"]) in baseline_ok
+                    kills = r["status"] in (FAILED, ERROR) and counts
+                    record["results"].append({"contract": r["contract"], "dtype": r["dtype"], "status": r["status"],
+                                              "message": r["message"], "baseline_passed": counts, "kills": kills})
+                    if kills and r["contract"] not in record["killed_by"]:
+                        record["killed_by"].append(r["contract"])
+                record["killed"] = bool(record["killed_by"])
+                runner.candidate_mutants.append(record)
+    except (KeyboardInterrupt, Interrupted):
+        runner.status = INTERRUPTED
+        runner.errors.append("interrupted: the run was stopped; results finished so far are kept")
+        if cand.worker is not None:  # mid-call: do not wait for it to finish
+            cand.worker.close(kill=True)
+            cand.worker = None
+    finally:
+        cand.close()
+    if cand.load_failure:
+        runner.errors.append(f"the candidate could not be run: {cand.load_failure}")
+    runner.errors += [f"isolation: {n}" for n in cand.notes]
+    if runner.status is None:
+        runner.run_mutants()  # the registered implementation's mutants, here: trusted code, no candidate loaded
+
+
+def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
+    """An engine.run.runner.Runner whose receipt names the candidate: its identity in the predicate, its files as
+    `impl:` subjects, its replaced-function mutants (a surviving one fails the run like any mutant)."""
+    from engine.run.runner import FAILED, PASSED, Runner
+
+    class CandidateRunner(Runner):
+        candidate_mutants: list = []
+
+        def extra_subjects(self) -> list[dict]:
+            return [dict(s) for s in ident["subjects"]]
+
+        def verdict(self) -> str:
+            v = super().verdict()
+            if v == PASSED and any(not m["killed"] for m in self.candidate_mutants):
+                return FAILED
+            return v
+
+        def predicate(self) -> dict:
+            pred = super().predicate()
+            pred["implementation"] = {k: v for k, v in ident.items() if k != "subjects"} | {
+                "files": [s["name"] for s in ident["subjects"]]}
+            pred["candidate_mutants"] = self.candidate_mutants
+            pred["summary"]["candidate_mutants"] = {
+                "killed": sum(m["killed"] for m in self.candidate_mutants),
+                "survived": sum(not m["killed"] for m in self.candidate_mutants)}
+            return pred
+
+    return CandidateRunner(plan, device, on_result=on_result, should_stop=should_stop)
+
+
+def check_options(impl: str | None, all_: bool, jobs: int, executor: str, address: str | None,
+                  policy: str | None) -> None:
+    """--impl runs one method serially in isolated workers: refuse the options it cannot honour."""
+    if impl is None:
+        return
+    if all_:
+        raise UsageError("--impl checks one implementation of one method; name the method instead of --all")
+    if jobs != 1 or executor != "local" or address:
+        raise UsageError("--impl runs in its own isolated workers; leave out --jobs, --executor and --address")
+    if policy is not None:
+        raise UsageError("--impl and --policy cannot be combined yet; check the implementation with the tiny policies")
+
+
+__all__ = ["CandidateRun", "Unit", "check_options", "make_runner", "run_candidate",
+           "single_function_mutants", "worker_env"]

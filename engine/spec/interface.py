@@ -1,0 +1,249 @@
+"""The implementation interface a spec declares: what `--impl` must expose, as text, JSON and a stub.
+
+A spec's optional `interface:` section names the functions the checks call,
+each with its arguments (shape, dtype, meaning, default), returns and errors.
+The names must be exactly the registered implementation's functions (checked
+with the spec's other references, from the static registry view), so the
+interface cannot drift from the code the checks were written against. A spec
+without the section still has an interface: the registered function names,
+with nothing said about their arguments.
+
+Nothing here imports torch or runs code named in a spec: the scaffold writes
+defaults only from the schema's short literal forms (None, True, False, a
+number, torch.<name>), and every text from the spec goes into a docstring
+escaped, never into code.
+"""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+POSITIONAL, KEYWORD_ONLY = "positional", "keyword-only"
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    type: str
+    meaning: str
+    kind: str = POSITIONAL
+    shape: str | None = None
+    dtype: str | None = None
+    default: str | None = None
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    summary: str = ""
+    args: tuple[Arg, ...] = ()
+    returns: tuple[dict, ...] = ()
+    raises: tuple[dict, ...] = ()
+    declared: bool = True  # False: known only by name (the spec has no interface section)
+
+
+@dataclass(frozen=True)
+class Interface:
+    method: str
+    implementation: str
+    description: str = ""
+    functions: tuple[Function, ...] = field(default_factory=tuple)
+    declared: bool = True
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.functions)
+
+
+def from_spec(data: dict, registered: tuple[str, ...] | None = None) -> Interface:
+    """The interface of a validated spec's data; without a section, the `registered` function names."""
+    section = data.get("interface")
+    if section is None:
+        names = tuple(sorted(registered or ()))
+        return Interface(method=data["method"], implementation=data["implementation"],
+                         functions=tuple(Function(name=n, declared=False) for n in names), declared=False)
+    functions = []
+    for f in section["functions"]:
+        args = tuple(Arg(name=a["name"], type=a["type"], meaning=a["meaning"], kind=a.get("kind", POSITIONAL),
+                         shape=a.get("shape"), dtype=a.get("dtype"), default=a.get("default")) for a in f["args"])
+        functions.append(Function(name=f["name"], summary=f["summary"], args=args,
+                                  returns=tuple(dict(r) for r in f["returns"]),
+                                  raises=tuple(dict(r) for r in f.get("raises", []))))
+    return Interface(method=data["method"], implementation=data["implementation"],
+                     description=section.get("description", ""), functions=tuple(functions))
+
+
+# --- validation (called from engine/spec/loader.py reference_errors) ----------------------
+
+
+def reference_problems(data: dict, registered: tuple[str, ...] | None,
+                       err: Callable[[list, str, str], None]) -> None:
+    """Report, through `err(json_path, message, fix)`, an interface that is not the registered implementation's
+    or that no Python signature could have (duplicate names, a keyword, a required argument after a default)."""
+    section = data.get("interface")
+    if section is None:
+        return
+    impl = data["implementation"]
+    seen: set[str] = set()
+    for i, f in enumerate(section["functions"]):
+        name = f["name"]
+        if name in seen:
+            err(["interface", "functions", i, "name"], f"function {name!r} is declared twice", "declare it once")
+        seen.add(name)
+        if registered is not None and name not in registered:
+            err(["interface", "functions", i, "name"], f"implementation {impl!r} has no function {name!r}",
+                f"declare only its functions: {', '.join(sorted(registered)) or '(none)'}")
+        _signature_problems(f, ["interface", "functions", i], err)
+    if registered is not None:
+        lacking = sorted(set(registered) - seen)
+        if lacking:
+            err(["interface", "functions"], f"the interface lacks function(s) {', '.join(lacking)} of "
+                f"implementation {impl!r}", "declare every function the checks call")
+
+
+def _signature_problems(f: dict, at: list, err: Callable[[list, str, str], None]) -> None:
+    if keyword.iskeyword(f["name"]):
+        err(at + ["name"], f"{f['name']!r} is a Python keyword", "use another function name")
+    names: set[str] = set()
+    kw_seen = default_seen = False
+    for j, a in enumerate(f["args"]):
+        where = at + ["args", j]
+        if keyword.iskeyword(a["name"]):
+            err(where + ["name"], f"argument name {a['name']!r} is a Python keyword", "rename the argument")
+        if a["name"] in names:
+            err(where + ["name"], f"argument {a['name']!r} is declared twice", "declare it once")
+        names.add(a["name"])
+        if a.get("kind", POSITIONAL) == KEYWORD_ONLY:
+            kw_seen = True
+            continue
+        if kw_seen:
+            err(where + ["kind"], f"positional argument {a['name']!r} follows a keyword-only one",
+                "list positional arguments first")
+        if "default" in a:
+            default_seen = True
+        elif default_seen:
+            err(where, f"argument {a['name']!r} has no default but follows one that has",
+                "give it a default or move it before the defaulted arguments")
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def as_json(iface: Interface) -> dict:
+    def arg(a: Arg) -> dict:
+        out = {"name": a.name, "kind": a.kind, "type": a.type}
+        for k in ("shape", "dtype", "default"):
+            if getattr(a, k) is not None:
+                out[k] = getattr(a, k)
+        out["meaning"] = a.meaning
+        return out
+
+    return {"method": iface.method, "implementation": iface.implementation, "declared": iface.declared,
+            "description": iface.description,
+            "functions": [{"name": f.name, "signature": signature(f) if f.declared else None, "summary": f.summary,
+                           "args": [arg(a) for a in f.args], "returns": [dict(r) for r in f.returns],
+                           "raises": [dict(r) for r in f.raises]} for f in iface.functions]}
+
+
+def signature(f: Function) -> str:
+    """`name(a, b, c=None, *, d=torch.float64)`: the Python signature the interface declares."""
+    parts: list[str] = []
+    star = False
+    for a in f.args:
+        if a.kind == KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(a.name if a.default is None else f"{a.name}={a.default}")
+    return f"{f.name}({', '.join(parts)})"
+
+
+def _describe(item: Any) -> str:
+    get = item.get if isinstance(item, dict) else (lambda k: getattr(item, k, None))
+    bits = [b for b in (get("shape"), get("dtype")) if b]
+    return f"{get('type')}" + (f" {' '.join(bits)}" if bits else "")
+
+
+def _clean(text: str) -> str:
+    """Spec text as plain printable characters: no terminal control sequences."""
+    return "".join(ch if ch.isprintable() or ch == "\n" else repr(ch)[1:-1] for ch in str(text))
+
+
+def text_lines(iface: Interface) -> list[str]:
+    """The interface for a terminal: one block per function."""
+    lines = [f"{iface.method}: implementation interface (registered implementation {iface.implementation!r})"]
+    if iface.description:
+        lines.append(_clean(iface.description))
+    if not iface.declared:
+        lines.append("this spec declares no interface section: only the function names are known")
+    for f in iface.functions:
+        lines.append("")
+        if not f.declared:
+            lines.append(f"{f.name}(...)")
+            continue
+        lines.append(signature(f))
+        lines.append(f"    {_clean(f.summary)}")
+        for a in f.args:
+            lines.append(f"    {a.name}: {_clean(_describe(a))}" + (" (keyword-only)" if a.kind == KEYWORD_ONLY else "")
+                         + f" - {_clean(a.meaning)}")
+        for r in f.returns:
+            lines.append(f"    returns {r['name']}: {_clean(_describe(r))} - {_clean(r['meaning'])}")
+        for r in f.raises:
+            lines.append(f"    raises {r['type']} when {_clean(r['when'])}")
+    return lines
+
+
+# --- scaffold -----------------------------------------------------------------------------
+
+
+def _doc(text: str, indent: str) -> str:
+    """Spec text safe inside a triple-quoted docstring: backslashes and quotes escaped, no control characters."""
+    text = _clean(text).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    if text.endswith('"'):
+        text += " "
+    return text.replace("\n", "\n" + indent)
+
+
+def scaffold(iface: Interface, spec_name: str) -> str:
+    """A Python module with one stub per interface function: docstrings with shapes, bodies raising
+    NotImplementedError. `contracts check METHOD --impl FILE` accepts it as soon as the bodies are filled."""
+    out = [
+        f'"""My implementation of {iface.method}, to be checked with',
+        "",
+        f"    contracts check {iface.method} --impl THIS_FILE.py",
+        "",
+        f"Generated by `contracts scaffold {iface.method}` from {spec_name}: fill in each function body.",
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "import torch",
+    ]
+    for f in iface.functions:
+        out += ["", ""]
+        if not f.declared:
+            out.append(f"def {f.name}(*args, **kwargs):")
+            out.append(f'    """The spec declares no interface: see how the checks call {f.name}."""')
+            out.append(f'    raise NotImplementedError("{f.name}")')
+            continue
+        out.append(f"def {signature(f)}:")
+        ind = "    "
+        doc = [f'{ind}"""{_doc(f.summary, ind)}', ""]
+        if f.args:
+            doc.append(f"{ind}Args:")
+            for a in f.args:
+                doc.append(f"{ind}    {a.name}: {_doc(_describe(a), ind + '        ')}. {_doc(a.meaning, ind + '        ')}")
+        doc.append("")
+        doc.append(f"{ind}Returns:" + (" a tuple, in this order" if len(f.returns) > 1 else ""))
+        for r in f.returns:
+            doc.append(f"{ind}    {r['name']}: {_doc(_describe(r), ind + '        ')}. {_doc(r['meaning'], ind + '        ')}")
+        if f.raises:
+            doc.append("")
+            doc.append(f"{ind}Raises:")
+            for r in f.raises:
+                doc.append(f"{ind}    {r['type']}: {_doc(r['when'], ind + '        ')}")
+        doc.append(f'{ind}"""')
+        out += doc
+        out.append(f'{ind}raise NotImplementedError("{f.name}")')
+    return "\n".join(out).rstrip() + "\n"

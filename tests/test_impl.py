@@ -1,0 +1,318 @@
+"""`--impl`: a researcher's own implementation under a spec's contracts, in isolated workers.
+
+The candidate in tests/fixtures/my_tapo.py is a plain-torch TAPO written from the spec's interface alone;
+the variants below break it one way each (a scaled ratio, a missing function, a hang, sys.exit, os._exit,
+a segfault, an unbounded allocation, a peek at secret environment variables).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "my_tapo.py"
+METHOD = "tapo-trajectory"
+RATIO_BODY = "    m = _bool(mask, logp)\n    wd = _work_dtype(logp.dtype)\n    zero = torch.zeros((), dtype=wd, device=logp.device)\n    diff"
+RATIO_RETURN = "    return prefix * torch.exp(here - here.detach())"
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def variant(tmp_path: Path, name: str, old: str | None = None, new: str | None = None) -> Path:
+    """The fixture with one edit, written as tmp_path/name."""
+    text = FIXTURE.read_text()
+    if old is not None:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def receipts_of(store: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((store / METHOD).glob("*.json"))]
+
+
+def check(target: Path | str, store: Path, *extra: str):
+    return invoke("check", METHOD, "--impl", str(target), "--seeds", "42", "--receipts", str(store), "--json", *extra)
+
+
+# --- the declared interface -----------------------------------------------------------------
+
+
+def _registered():
+    from engine.spec import registry
+
+    return registry.load().get_implementation("tapo")
+
+
+def test_interface_is_the_registered_implementations_signatures():
+    r = invoke("interface", METHOD, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    impl = _registered()
+    assert sorted(f["name"] for f in data["functions"]) == sorted(impl.functions)
+    for f in data["functions"]:
+        declared = [(a["name"], a["kind"], a.get("default")) for a in f["args"]]
+        real = []
+        for p in inspect.signature(getattr(impl, f["name"])).parameters.values():
+            kind = "keyword-only" if p.kind is inspect.Parameter.KEYWORD_ONLY else "positional"
+            default = None if p.default is inspect.Parameter.empty else (
+                f"torch.{str(p.default).split('.')[-1]}" if "torch." in str(p.default) else str(p.default))
+            real.append((p.name, kind, default))
+        assert declared == real, f["name"]
+        assert f["returns"] and all(a["meaning"] for a in f["args"])
+    text = invoke("interface", METHOD)
+    assert text.exit_code == 0 and "tapo_loss(logp, old_logp, advantages, mask, eps_min, eps_max, horizon=None, " \
+        "*, group_size=None)" in text.stdout
+
+
+def test_scaffold_is_a_stub_with_the_declared_signatures(tmp_path):
+    r = invoke("scaffold", METHOD)
+    assert r.exit_code == 0, r.output
+    path = tmp_path / "stub.py"
+    path.write_text(r.stdout)
+    ns: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), ns)  # noqa: S102 - the scaffold we just generated
+    impl = _registered()
+    for name in impl.functions:
+        got = inspect.signature(ns[name])
+        want = inspect.signature(getattr(impl, name))
+        assert [(p.name, p.kind, repr(p.default)) for p in got.parameters.values()] == \
+            [(p.name, p.kind, repr(p.default)) for p in want.parameters.values()], name
+        assert "[B, L]" in ns[name].__doc__ or name == "length_aware_clip"
+        with pytest.raises(NotImplementedError):
+            ns[name](*[None] * sum(p.default is inspect.Parameter.empty for p in got.parameters.values()))
+
+
+def test_interface_and_scaffold_do_not_import_torch():
+    code = ("import sys; from engine.cli import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['interface', 'tapo-trajectory']); assert r.exit_code == 0, r.output; "
+            "r = CliRunner().invoke(app, ['scaffold', 'tapo-trajectory']); assert r.exit_code == 0, r.output; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def _spec_copy(tmp_path: Path, old: str, new: str) -> Path:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    text = (ROOT / "specs" / f"{METHOD}.yaml").read_text()
+    assert text.count(old) == 1, old
+    (specs / f"{METHOD}.yaml").write_text(text.replace(old, new))
+    return specs
+
+
+@pytest.mark.parametrize("old,new,says", [
+    ("    - name: length_aware_clip\n", "    - name: length_aware_clips\n", "has no function 'length_aware_clips'"),
+    ("        - {name: T, type: int,", "        - {name: T, kind: keyword-only, type: int,", "follows a keyword-only"),
+    ("    - name: tapo_loss\n", "    - name: trajectory_ratio\n", "declared twice"),
+])
+def test_an_interface_that_is_not_the_registered_one_is_a_spec_error(tmp_path, old, new, says):
+    specs = _spec_copy(tmp_path, old, new)
+    r = invoke("validate", "--specs", str(specs))
+    assert r.exit_code == 2, r.output
+    assert says in r.output and "$.interface.functions" in r.output
+
+
+def test_scaffold_escapes_spec_text(tmp_path):
+    specs = _spec_copy(tmp_path, "      summary: \"The length-aware clip schedule",
+                       "      summary: \"a \\\"\\\"\\\" quote, a backslash \\\\ and a \\u001b[31m escape. The length-aware clip schedule")
+    r = invoke("scaffold", METHOD, "--specs", str(specs), "--receipts", str(tmp_path / "r"))
+    assert r.exit_code == 0, r.output
+    ns: dict = {}
+    exec(compile(r.stdout, "stub.py", "exec"), ns)  # noqa: S102
+    doc = ns["length_aware_clip"].__doc__
+    assert '"""' in doc and "\\" in doc and "\x1b" not in r.stdout
+
+
+# --- checking a candidate ----------------------------------------------------------------------
+
+
+def test_a_correct_candidate_passes_and_its_receipt_binds_the_file(tmp_path):
+    cand = variant(tmp_path, "my_tapo.py")
+    store = tmp_path / "r"
+    r = check(cand, store)
+    assert r.exit_code == 0, r.output
+    (stmt,) = receipts_of(store)
+    digest = hashlib.sha256(cand.read_bytes()).hexdigest()
+    assert {"name": "impl:my_tapo.py", "digest": {"sha256": digest}} in stmt["subject"]
+    p = stmt["predicate"]
+    assert p["status"] == "passed" and p["implementation"]["target"] == "my_tapo.py"  # no absolute path
+    assert p["implementation"]["packages"]["torch"] and "python" in p["implementation"]["packages"]
+    assert str(tmp_path) not in json.dumps(stmt)
+    assert {x["contract"] for x in p["results"]} == {c for c in _contract_ids()}
+    assert all(m["killed"] for m in p["mutants"]) and p["unproven_contracts"] == []
+    # the single-function mutants ran in the candidate too: its tapo_loss swapped for each broken one
+    assert p["candidate_mutants"] and all(m["killed"] and m["replaced"] == "tapo_loss" for m in p["candidate_mutants"])
+    assert any(s["contract"] == "mechanism" for s in p["mechanism"])
+
+
+def _contract_ids() -> list[str]:
+    return [c["id"] for c in json.loads(invoke("show", METHOD, "--json").stdout)["spec"]["contracts"]]
+
+
+def test_a_copy_of_the_projects_own_tapo_passes(tmp_path):
+    cand = tmp_path / "tapo_copy.py"
+    shutil.copy(ROOT / "methods" / "tapo" / "objective.py", cand)
+    store = tmp_path / "r"
+    r = check(cand, store, "--only", "prefix_ratio_forward", "--only", "loss_forward", "--only",
+              "zero_advantage_rejection", "--only", "mechanism")
+    assert r.exit_code == 0, r.output
+    (stmt,) = receipts_of(store)
+    assert stmt["predicate"]["status"] == "passed"
+
+
+def test_a_scaled_ratio_fails_prefix_ratio_forward(tmp_path):
+    cand = variant(tmp_path, "scaled.py", RATIO_RETURN, RATIO_RETURN.replace("return prefix", "return 1.01 * prefix"))
+    r = check(cand, tmp_path / "r", "--only", "prefix_ratio_forward", "--only", "clip_schedule")
+    assert r.exit_code == 1, r.output
+    (run,) = json.loads(r.stdout)["runs"]
+    failed = {x["contract"] for x in run["results"] if x["status"] == "failed"}
+    assert failed == {"prefix_ratio_forward"}
+    text = invoke("check", METHOD, "--impl", str(cand), "--seeds", "42", "--receipts", str(tmp_path / "r"),
+                  "--only", "prefix_ratio_forward", "--no-mutants")
+    assert text.exit_code == 1, text.output
+    named = [ln for ln in text.stderr.splitlines() if "prefix_ratio_forward" in ln and "fail" in ln.lower()]
+    assert named and "max_rel_err" in text.stderr, text.stderr
+
+
+def test_a_missing_function_is_one_usage_line(tmp_path):
+    text = FIXTURE.read_text()
+    start, end = text.index("def length_aware_clip"), text.index("def tapo_loss")
+    cand = tmp_path / "missing.py"
+    cand.write_text(text[:start] + text[end:])
+    store = tmp_path / "r"
+    r = check(cand, store)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "length_aware_clip" in lines[0] and "Traceback" not in r.output, r.stderr
+    assert not (store / METHOD).exists() or not list((store / METHOD).glob("*.json"))
+
+
+def test_a_non_callable_member_and_bad_targets_are_usage_errors(tmp_path, monkeypatch):
+    pkg = tmp_path / "cand"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "obj.py").write_text("trajectory_ratio = 3\nlength_aware_clip = print\ntapo_loss = print\n")
+    monkeypatch.chdir(tmp_path)
+    r = check("cand.obj", tmp_path / "r", "--only", "clip_schedule")
+    assert r.exit_code == 2 and "non-callable trajectory_ratio" in r.stderr, r.output
+    for bad, says in (("nowhere/x.py", "no such file"), ("a:b:c", "not a target"), ("no_such_mod", "no module"),
+                      ("syntax_err.py", "SyntaxError")):
+        if bad == "syntax_err.py":
+            (tmp_path / bad).write_text("def trajectory_ratio(:\n")
+        r = check(bad, tmp_path / "r")
+        assert r.exit_code == 2 and says in r.stderr and str(tmp_path) not in r.stderr, (bad, r.output)
+    r = invoke("check", "--all", "--impl", "cand.obj")
+    assert r.exit_code == 2 and "--impl" in r.output
+
+
+def test_module_and_attribute_targets(tmp_path, monkeypatch):
+    pkg = tmp_path / "cand"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    shutil.copy(FIXTURE, pkg / "tapo.py")
+    (pkg / "table.py").write_text("from cand import tapo\nIMPL = {n: getattr(tapo, n) for n in "
+                                  "('trajectory_ratio', 'length_aware_clip', 'tapo_loss')}\n")
+    monkeypatch.chdir(tmp_path)
+    store = tmp_path / "r"
+    for target in ("cand.tapo", "cand.table:IMPL"):
+        r = check(target, store, "--only", "clip_schedule", "--no-mutants")
+        assert r.exit_code == 0, (target, r.output)
+    for stmt in receipts_of(store):
+        names = {s["name"] for s in stmt["subject"] if s["name"].startswith("impl:")}
+        assert names == {"impl:cand/__init__.py", "impl:cand/tapo.py", "impl:cand/table.py"}
+        assert stmt["predicate"]["implementation"]["target"] in ("cand.tapo", "cand.table:IMPL")
+
+
+# --- isolation ---------------------------------------------------------------------------------
+
+MISBEHAVING = {
+    "hang": ("import time\n    while True:\n        time.sleep(0.5)\n", "past its deadline"),
+    "sys_exit": ("import sys\n    sys.exit(0)\n", "SystemExit"),
+    "os_exit": ("import os\n    os._exit(7)\n", "exited with code 7"),
+    "segfault": ("import ctypes\n    ctypes.string_at(0)\n", "killed by SIGSEGV"),
+    "unbounded": ("hog = []\n    while True:\n        hog.append(bytearray(1 << 27))\n", "MemoryError"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MISBEHAVING))
+def test_a_misbehaving_candidate_becomes_errors_and_the_run_goes_on(tmp_path, kind):
+    code, says = MISBEHAVING[kind]
+    cand = variant(tmp_path, f"{kind}.py", RATIO_BODY, "    " + code + RATIO_BODY)
+    store = tmp_path / "r"
+    r = check(cand, store, "--only", "prefix_ratio_forward", "--only", "clip_schedule", "--no-mutants",
+              "--impl-timeout", "4", "--impl-memory-mb", "1024")
+    assert r.exit_code == 3, r.output
+    (run,) = json.loads(r.stdout)["runs"]
+    ratio = [x for x in run["results"] if x["contract"] == "prefix_ratio_forward"]
+    assert len(ratio) == 4 and all(x["status"] == "error" for x in ratio)
+    assert says in ratio[0]["message"], ratio[0]["message"]
+    clip = [x for x in run["results"] if x["contract"] == "clip_schedule"]
+    assert len(clip) == 4 and all(x["status"] == "passed" for x in clip)  # the run went on, in a new worker
+    (stmt,) = receipts_of(store)  # written by the parent, whole
+    assert stmt["predicate"]["status"] == "error"
+
+
+def test_the_worker_environment_holds_no_secrets(tmp_path, monkeypatch):
+    from engine.run.isolation import worker_env
+
+    env = {"PATH": "/bin", "HOME": "/h", "CONTRACTS_SIGNING_KEY": "k", "HF_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
+           "GITHUB_TOKEN": "g", "OPENAI_API_KEY": "o", "TORCH_AUTH_TOKEN": "x", "OMP_NUM_THREADS": "1", "SSH_AUTH_SOCK": "a"}
+    assert worker_env(env) == {"PATH": "/bin", "HOME": "/h", "OMP_NUM_THREADS": "1"}
+    for name, value in (("CONTRACTS_SIGNING_KEY", "secret-signing-key-value"), ("HF_TOKEN", "hf_secret_token_value"),
+                        ("MY_SERVICE_PASSWORD", "pw-secret-value")):
+        monkeypatch.setenv(name, value)
+    peek = ("import os\n    seen = [k for k in os.environ if 'KEY' in k or 'TOKEN' in k or 'PASSWORD' in k]\n"
+            "    raw = open('/proc/self/environ', 'rb').read()\n"
+            "    if seen or b'secret' in raw:\n        raise RuntimeError(f'saw secrets: {seen}')\n")
+    cand = variant(tmp_path, "peek.py", "    if isinstance(T, bool)", "    " + peek + "    if isinstance(T, bool)")
+    r = check(cand, tmp_path / "r", "--only", "clip_schedule", "--no-mutants")
+    assert r.exit_code == 0, r.output
+
+
+# --- (method, implementation) is the unit ---------------------------------------------------------
+
+
+def test_gate_and_list_never_mix_implementations(tmp_path):
+    store = tmp_path / "r"
+    cand = variant(tmp_path, "my_tapo.py")
+    quick = ("--only", "clip_schedule", "--no-mutants", "--seeds", "42", "--receipts", str(store), "--json")
+    r = invoke("check", METHOD, *quick)
+    assert r.exit_code == 0, r.output
+    default_id = json.loads(r.stdout)["runs"][0]["receipt_id"]
+    r = invoke("check", METHOD, "--impl", str(cand), *quick)
+    assert r.exit_code == 0, r.output
+    impl_id = json.loads(r.stdout)["runs"][0]["receipt_id"]
+
+    def fresh(*extra):
+        g = invoke("gate", METHOD, "--receipts", str(store), "--json", *extra)
+        assert g.exit_code == 1, g.output
+        return json.loads(g.stdout)
+
+    assert fresh()["receipts"]["fresh"] == [default_id]
+    got = fresh("--impl", str(cand))
+    assert got["receipts"]["fresh"] == [impl_id] and got["implementation"].startswith("impl:")
+    assert "--impl" in got["requirements"][1]["fix"]
+    cand.write_text(cand.read_text() + "\n# edited\n")  # another implementation now: its receipts are not this one's
+    assert fresh("--impl", str(cand))["receipts"]["fresh"] == []
+    rows = json.loads(invoke("list", "--receipts", str(store), "--json").stdout)["methods"]
+    tapo = [row for row in rows if row["method"] == METHOD]
+    assert [row["implementation"] for row in tapo][0] == "default" and len(tapo) == 2
+    assert tapo[0]["latest_receipt"]["receipt_id"] == default_id and tapo[1]["latest_receipt"]["receipt_id"] == impl_id
