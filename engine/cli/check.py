@@ -181,7 +181,8 @@ def check(
     if impl is not None:  # [impl] hook: a candidate implementation, in isolated workers; exits
         from engine.cli.check_impl import run_impl_check
 
-        run_impl_check(plans[0], impl, device, threads, receipts_dir, _STOP, json_out, impl_timeout, impl_memory_mb)
+        run_impl_check(plans[0], impl, device, threads, receipts_dir, _STOP, json_out, impl_timeout, impl_memory_mb,
+                       flags=_flags(specs, receipts))
     if jobs != 1 or executor != "local" or address:
         _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads,
                      flags=_flags(specs, receipts), all_summary=all_)  # exits

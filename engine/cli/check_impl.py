@@ -19,7 +19,7 @@ from engine.spec.loader import display_path
 
 
 def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipts_dir: Path, stop, json_out: bool,
-                   timeout_s: Optional[float], memory_mb: Optional[int]) -> None:
+                   timeout_s: Optional[float], memory_mb: Optional[int], flags: str = "") -> None:
     """Check `plan` against the --impl target, write the receipt, exit like `check` (0/1/3/130)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -81,7 +81,9 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             "candidate_mutants": [{k: m[k] for k in ("id", "replaced", "killed", "killed_by")}
                                   for m in pred["candidate_mutants"]]}]})
     else:
-        _print_summary(pred, shown)
+        import shlex
+
+        _print_summary(pred, shown, spec=spec, flags=f" --impl {shlex.quote(impl)}{flags}")
         cm = pred["summary"]["candidate_mutants"]
         files = ", ".join(f"{s['name']} sha256 {s['digest']['sha256'][:12]}" for s in ident["subjects"][:4])
         more = f", +{len(ident['subjects']) - 4} more files" if len(ident["subjects"]) > 4 else ""
