@@ -87,6 +87,8 @@ def imported_files(root: Path, front_doors: bool = True) -> list[str]:
     packages: set[str] = set()
     installed = tuple(_installed_dirs(root))
     for name, mod in list(sys.modules.items()):
+        spec = getattr(mod, "__spec__", None)
+        name = getattr(spec, "name", None) or name  # `python -m engine.cli` runs engine.cli.__main__ as __main__
         if front_doors and is_front_door(name):
             continue
         origin = getattr(mod, "__file__", None)
