@@ -229,14 +229,14 @@ def _outcome(stmt: dict, path: Path, json_out: bool) -> dict:
 
 def _check_policy_options(policy: Optional[str], lora_rank: Optional[int]) -> None:
     """Refuse a bad --policy/--lora-rank before anything is imported or run."""
-    from engine.run.policy import check_policy
-
     if policy is None:
         if lora_rank is not None:
             raise E.UsageError("--lora-rank applies to --policy hf:PATH; give the checkpoint too")
         return
     if lora_rank is not None and lora_rank < 0:
         raise E.UsageError(f"--lora-rank {lora_rank}: give 0 (train every weight) or a positive rank, e.g. 8")
+    from engine.run.policy import check_policy  # only now: a run without --policy neither imports nor binds it
+
     check_policy(policy)
 
 

@@ -399,7 +399,11 @@ def implementation_files(impl: Any) -> list[str]:
 def build_statement(runner: Runner, created_at: str) -> dict:
     """The in-toto statement for a finished (or interrupted) run."""
     from engine.run.binding import git_state, imported_files
-    from engine.store import redact  # noqa: F401 - it shapes the receipt: imported (and so bound) before the list is read
+    import importlib
+
+    # It shapes the receipt: in sys.modules (and so bound) before the list is read. import_module, because a
+    # `from engine.store import redact` is satisfied by the package attribute even when sys.modules lost it.
+    importlib.import_module("engine.store.redact")
 
     root = project_root()
     plan = runner.plan

@@ -43,11 +43,21 @@ def calls_in(plan) -> int:
     return total + sum(len(by_id[cid]["dtypes"]) for m in plan.mutants for cid in m["killed_by"])
 
 
+def write(runner, created: str, receipts_dir: Path) -> tuple[dict, Path]:
+    """Build a finished (or interrupted) run's statement and write its receipt; every front door writes through
+    here (`contracts check`, the pytest plugin), so both bind the same modules."""
+    from engine.run.runner import build_statement
+    from engine.store.receipts import write_receipt
+
+    stmt = build_statement(runner, created)
+    return stmt, write_receipt(receipts_dir, stmt)
+
+
 def run_one(plan, dev, receipts_dir: Path, stop: Stop, provider: Any = None,
             on_result: Callable[[dict], None] | None = None) -> tuple[dict, Path]:
     """Run one plan in this process and write its receipt whole (a signal meanwhile is only noted)."""
-    from engine.run.runner import Runner, build_statement
-    from engine.store.receipts import utc_now, write_receipt
+    from engine.run.runner import Runner
+    from engine.store.receipts import utc_now
 
     created = utc_now()
     runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped, policy=provider)
@@ -56,11 +66,9 @@ def run_one(plan, dev, receipts_dir: Path, stop: Stop, provider: Any = None,
     finally:
         stop.hold = True  # from here a signal is only noted: the receipt is written whole, or not at all
     try:
-        stmt = build_statement(runner, created)
-        path = write_receipt(receipts_dir, stmt)
+        return write(runner, created, receipts_dir)
     finally:
         stop.hold = False
-    return stmt, path
 
 
 def run_serial(plans: list, device: str, receipts_dir: Path, stop: Stop,
