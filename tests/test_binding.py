@@ -254,3 +254,25 @@ def test_a_dirty_receipt_is_never_counted(layout, git, reason):
     out = evaluate(load_spec(spec_path, root), receipts, root, specs)
     assert not out["promotable"] and out["receipts"]["fresh"] == []
     assert out["receipts"]["refused"][0]["reasons"] == [reason]
+
+
+@pytest.mark.slow
+def test_planted_bytecode_of_a_module_imported_before_the_guard_stops_the_run(project):
+    """The CLI imports engine.spec.loader before a check installs the source-only finder: a planted .pyc for it
+    is found by comparing its code with the source's, and the run stops (exit 4) naming the file to delete."""
+    proj, _stmt, _path = project
+    source = proj / "engine" / "spec" / "loader.py"
+    from importlib._bootstrap_external import _code_to_timestamp_pyc
+
+    st = source.stat()
+    code = compile(source.read_bytes() + b"\nPLANTED = True\n", str(source), "exec", dont_inherit=True)
+    pyc = Path(importlib.util.cache_from_source(str(source)))
+    pyc.parent.mkdir(exist_ok=True)
+    pyc.write_bytes(bytes(_code_to_timestamp_pyc(code, int(st.st_mtime), st.st_size)))
+    try:
+        run = _contracts(proj, "check", METHOD, "--only", CONTRACT, "--seeds", "42", "--no-mutants", "--device", "cpu")
+        assert run.returncode == 4, run.stderr[-2000:]
+        assert "engine/spec/__pycache__/" in run.stderr and "does not match engine/spec/loader.py" in run.stderr
+        assert "Traceback" not in run.stderr
+    finally:
+        pyc.unlink()
