@@ -276,3 +276,52 @@ def test_planted_bytecode_of_a_module_imported_before_the_guard_stops_the_run(pr
         assert "Traceback" not in run.stderr
     finally:
         pyc.unlink()
+
+
+# --- the numeric environment and the git record, without a run -------------------------------------
+
+
+def test_only_determinism_variables_are_recorded_and_only_plain_short_values():
+    from engine.run.binding import WITHHELD, determinism_env
+
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OMP_NUM_THREADS": "4", "PYTHONHASHSEED": "0",
+           "TORCH_USE_DETERMINISTIC_ALGORITHMS": "1", "MKL_NUM_THREADS": "token=hunter2/secret",
+           "AWS_SECRET_ACCESS_KEY": "abc", "HOME": "/home/alice", "TORCH_HOME": "/home/alice/.torch"}
+    assert determinism_env(env) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "MKL_NUM_THREADS": WITHHELD,
+                                    "OMP_NUM_THREADS": "4", "PYTHONHASHSEED": "0",
+                                    "TORCH_USE_DETERMINISTIC_ALGORITHMS": "1"}
+
+
+def _repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "engine").mkdir(parents=True)
+    (root / "methods" / "m").mkdir(parents=True)
+    (root / "engine" / "x.py").write_text("X = 1\n")
+    (root / "methods" / "m" / "__init__.py").write_text("M = 1\n")
+    (root / ".gitignore").write_text("__pycache__/\nmethods/hidden/\n")
+    env = {**os.environ, **GIT_ENV}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "c"]):
+        subprocess.run(cmd, cwd=root, check=True, env=env, capture_output=True)
+    return root
+
+
+def test_git_state_sees_untracked_ignored_and_flag_hidden_code_but_not_bytecode(tmp_path):
+    from engine.run.binding import git_state
+
+    root = _repo(tmp_path)
+    bound = ["engine/x.py", "methods/m/__init__.py"]
+    clean = git_state(root, bound)
+    assert clean["dirty"] is False and clean["untracked"] == [] and clean["modified"] == []
+    (root / "methods" / "m" / "__pycache__").mkdir()
+    (root / "methods" / "m" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"\0" * 16)
+    assert git_state(root, bound)["dirty"] is False  # bytecode is not code a receipt binds (sourceonly.py)
+    (root / "methods" / "hidden").mkdir()
+    (root / "methods" / "hidden" / "__init__.py").write_text("# ignored by .gitignore, imported all the same\n")
+    (root / "methods" / "new.py").write_text("N = 1\n")
+    state = git_state(root, bound)
+    assert state["dirty"] and state["untracked"] == ["methods/hidden/__init__.py", "methods/new.py"]
+    # an edit git status is told not to see (skip-worktree) is still an edit of a bound file
+    subprocess.run(["git", "update-index", "--skip-worktree", "engine/x.py"], cwd=root, check=True)
+    (root / "engine" / "x.py").write_text("X = 2\n")
+    assert "engine/x.py" in git_state(root, bound)["modified"]
+    assert git_state(tmp_path / "not-a-repo") is None

@@ -204,7 +204,7 @@ def git_state(root: Path, bound: Iterable[str] = ()) -> dict | None:
     """{commit, dirty, untracked, modified} of the checkout, or None outside git.
 
     `untracked`/`modified`: repository-relative files under engine/ or methods/ that are not in the
-    commit or differ from it (git status, ignored sources included: an ignore rule must not hide a
+    commit or differ from it (git status, ignored sources listed file by file: an ignore rule must not hide a
     module), plus every bound file whose content is not the commit's (index flags such as
     skip-worktree cannot hide it: the bytes are compared with the commit's blobs).
     """
@@ -215,7 +215,7 @@ def git_state(root: Path, bound: Iterable[str] = ()) -> dict | None:
     commit = commit.strip()
     untracked: set[str] = set()
     modified: set[str] = set()
-    status = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored=matching", "--",
+    status = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored=traditional", "--",
                   *WATCHED)
     if status is None:
         return None
