@@ -39,7 +39,7 @@ from engine.spec.loader import KEY_RE
 
 INDEX_NAME = ".index.jsonl"
 DETAIL_NAME = ".index-detail.jsonl"
-INDEX_VERSION = 4
+INDEX_VERSION = 5
 OK, TAMPERED, INVALID = "ok", "tampered", "invalid"
 FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
@@ -128,7 +128,10 @@ def gate_slice(pred: dict) -> dict:
         "method": pred.get("method"),
         "status": pred.get("status"),
         "errors": pred.get("errors"),
-        "spec": {"name": (pred.get("spec") or {}).get("name")},
+        "spec": {"name": (pred.get("spec") or {}).get("name"),
+                 "implementation": (pred.get("spec") or {}).get("implementation")},
+        "git": pred.get("git"),  # the gate never counts a dirty run (engine.gate.verdict.refusal)
+        "implementation": pred.get("implementation"),
         "environment": {"device": {"kind": ((pred.get("environment") or {}).get("device") or {}).get("kind")}},
         "passed": [[c, d, seeds] for (c, d), seeds in passed.items()],
         "other": other,
