@@ -166,6 +166,20 @@ def test_an_untracked_method_package_makes_the_run_dirty_and_the_gate_refuse_it(
     assert _state(proj, path).state == "stale"  # the package it ran with is gone: the receipt says so
 
 
+@pytest.mark.slow
+def test_a_module_that_deletes_itself_after_its_import_still_makes_the_run_dirty(project):
+    proj, _stmt, _path = project
+    gone = proj / "methods" / "zz_gone"
+    gone.mkdir()
+    (gone / "__init__.py").write_text("import os\nos.remove(__file__)  # ran, then left no trace on disk\n")
+    try:
+        stmt, _ = _check(proj)
+    finally:
+        shutil.rmtree(gone)
+    git = stmt["predicate"]["git"]
+    assert git["dirty"] is True and "methods/zz_gone/__init__.py" in git["untracked"]
+
+
 # --- planted bytecode -------------------------------------------------------------------------------
 
 PLANT = b"""

@@ -83,7 +83,8 @@ def _installed_dirs(root: Path) -> list[str]:
 
 def imported_files(root: Path, front_doors: bool = True) -> list[str]:
     """Repository-relative files of the checkout modules in sys.modules (without FRONT_DOORS when asked),
-    widened to the whole folder of every `methods.<package>` among them."""
+    widened to the whole folder of every `methods.<package>` among them. Files that no longer exist are
+    listed too (see `build_statement`)."""
     root = Path(root).resolve()
     files: set[str] = set()
     packages: set[str] = set()
@@ -97,7 +98,9 @@ def imported_files(root: Path, front_doors: bool = True) -> list[str]:
         if not isinstance(origin, str) or not os.path.isabs(origin):  # e.g. torch._classes says "_classes.py"
             continue
         rel = _rel(origin, root)
-        if rel is None or rel.startswith(installed) or not (root / rel).is_file():
+        # A file that is gone is kept: a module that deleted itself after its import still ran, and the
+        # receipt must say so (git_state calls it untracked or modified; it cannot be a subject).
+        if rel is None or rel.startswith(installed) or not ((root / rel).is_file() or not (root / rel).exists()):
             continue
         if front_doors and rel.startswith(FRONT_DOOR_PATHS):
             continue

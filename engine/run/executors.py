@@ -546,7 +546,7 @@ def merge(mr: MethodRun, executor: str, jobs: int | None = None, threads: int | 
     envs = [i["environment"] for i in cells_info if "environment" in i]
     runner.cell_environment = envs[0] if envs else None
     runner.execution = {"executor": executor, "jobs": jobs, "threads": threads, "cells": cells_info}
-    runner.bound_files = sorted(n for n, d in mine.items() if d is not None)
+    runner.bound_files = sorted(mine)
     return build_statement(runner, mr.created_at)
 
 

@@ -410,7 +410,7 @@ def build_statement(runner: Runner, created_at: str) -> dict:
     # What measured: the checkout modules this process imported (front doors left out), or, for a run in
     # cells, the union of the driver's and every worker's (engine/run/executors.py merge).
     files = getattr(runner, "bound_files", None) or imported_files(root)
-    subj = subjects(root, files)
+    subj = subjects(root, [f for f in files if (root / f).is_file()])  # a vanished module: dirty, see git_state
     subj.append({"name": f"specs/{plan.spec.path.name}", "digest": {"sha256": plan.spec.sha256}})
     if runner.policy is not None:  # its code and, for a checkpoint, its weight and config files
         known = {s["name"] for s in subj}
