@@ -262,6 +262,7 @@ def predicate(spec: dict, created_at: str, device: str = "cpu", seeds=None, fail
     return {
         "schema": "paper-contracts/receipt/v1", "created_at": created_at, "finished_at": created_at,
         "git": {"commit": commit, "dirty": False},
+        "implementation": {"name": spec["implementation"], "files": ["methods/demo/core.py"]},
         "method": spec["method"],
         "spec": {"name": f"specs/{spec['method']}.yaml", "sha256": "0" * 64, "spec_version": 1,
                  "level": spec["level"], "implementation": spec["implementation"],

@@ -6,7 +6,7 @@ collects nothing and imports neither torch nor the runner.
 
 It is thin: each item calls the engine's own `Runner.call` / `Runner.run_mutants`
 and, when a spec's last item is done, writes the very receipt `contracts check`
-writes (`build_statement` + `write_receipt`). Items:
+writes (`engine.run.session.write`). Items:
 
     specs/tapo-trajectory.yaml::eq15_local_gradient        every seed and dtype of one contract
     specs/tapo-trajectory.yaml::mutant[prefix_grad_leak]   the mutant is killed by a contract that names it
@@ -358,8 +358,8 @@ class _SpecRun:
 
     def finish(self) -> None:
         """Write the receipt `contracts check` would write; an unfinished run is recorded as interrupted."""
-        from engine.store.receipts import write_receipt
-        from engine.run.runner import INTERRUPTED, build_statement
+        from engine.run import session
+        from engine.run.runner import INTERRUPTED
         from engine.spec.loader import display_path
         from engine.paths import project_root
 
@@ -369,8 +369,7 @@ class _SpecRun:
         if missing:
             self.runner.errors.append(f"interrupted: pytest ended before {len(missing)} selected item(s) ran; "
                                       "results finished so far are kept")
-        stmt = build_statement(self.runner, self.created)
-        path = write_receipt(self.opts.receipts, stmt)
+        stmt, path = session.write(self.runner, self.created, self.opts.receipts)
         pred = stmt["predicate"]
         shown = display_path(path, project_root())
         self.opts.written.append((pred["method"], pred["status"], shown))

@@ -172,7 +172,8 @@ def predicate(spec_path: Path, *, device: str = "cpu", seeds=(1, 2, 3), fail=(),
     raw = R.sha256_file(spec_path)
     return {
         "schema": "paper-contracts/receipt/v1", "created_at": created_at or R.utc_now(), "finished_at": R.utc_now(),
-        "git": None, "method": "toy",
+        "git": {"commit": "0" * 40, "dirty": False}, "method": "toy",
+        "implementation": {"name": "toy", "files": ["src/toy.py"]},
         "spec": {"name": f"specs/{spec_path.name}", "sha256": raw, "spec_version": 1, "level": "L1",
                  "implementation": "toy", "review": "DONE", "promotion_state": spec_state},
         "environment": {"python": "3.11", "torch": "2.x", "platform": "Linux-x86_64",

@@ -82,8 +82,11 @@ def test_jobs_2_receipt_measures_what_the_serial_run_measures(serial, tmp_path):
     assert [c["seed"] for c in par["execution"]["cells"]] == SEEDS
     assert par["results"] and par["mechanism"] and par["mutants"]
     assert measured(par) == measured(serial["predicate"])
-    # and the same files are bound
-    assert receipt(tmp_path)["subject"] == serial["subject"]
+    # and the same files are bound, plus the executor's own modules, which the workers ran
+    par_subj = {s["name"]: s["digest"] for s in receipt(tmp_path)["subject"]}
+    ser_subj = {s["name"]: s["digest"] for s in serial["subject"]}
+    assert {k: v for k, v in par_subj.items() if k in ser_subj} == ser_subj
+    assert set(par_subj) - set(ser_subj) <= {"engine/run/executors.py", "engine/run/worker_server.py"}
 
 
 def test_jobs_1_is_the_plain_serial_path(tmp_path):
@@ -219,8 +222,16 @@ def test_ray_receipt_equals_the_local_executors(ray_local, serial, tmp_path):
     (stmt,) = execute([plan_run(spec, SEEDS, ONLY)], "cpu", executor="ray")
     pred = stmt["predicate"]
     assert pred["execution"]["executor"] == "ray" and {c["worker"] for c in pred["execution"]["cells"]} == {"ray"}
+    # Ray sets OMP_NUM_THREADS for its workers; the receipt records what the worker ran with, and nothing else differs
+    ours, theirs = pred["environment"], serial["predicate"]["environment"]
+    assert {k: v for k, v in ours["env"].items() if k != "OMP_NUM_THREADS"} == theirs["env"], ours["env"]
+    ours["env"] = theirs["env"]
     assert measured(pred) == measured(serial["predicate"])
-    assert stmt["subject"] == serial["subject"]
+    # the same files are bound, plus the executor's module the Ray workers ran
+    par_subj = {s["name"]: s["digest"] for s in stmt["subject"]}
+    ser_subj = {s["name"]: s["digest"] for s in serial["subject"]}
+    assert {k: v for k, v in par_subj.items() if k in ser_subj} == ser_subj
+    assert set(par_subj) - set(ser_subj) <= {"engine/run/executors.py"}
 
 
 def test_ray_lost_cells_are_errors_never_hangs(ray_local):

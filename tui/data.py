@@ -367,7 +367,9 @@ def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
                             message=r.problem if g is not None or not usable else "index holds no gate data",
                             method=e.get("method"), receipt_id=e.get("receipt_id"), status=e.get("status"),
                             created_at=e.get("created_at"), device=e.get("device") if g is not None else None,
-                            changed=list(r.changed), predicate=gate_predicate(g) if g is not None else None))
+                            changed=list(r.changed), predicate=gate_predicate(g) if g is not None else None,
+                            subject=[{"name": n, "digest": {"sha256": d}} for n, d in index.subjects(e.get("subjects"))
+                                     or []] if g is not None else None))
     return out
 
 

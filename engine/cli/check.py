@@ -140,8 +140,6 @@ def check(
     global _CHECK_RAN
     _CHECK_RAN = True
     from engine.run.devices import default_threads, parse_device
-    from engine.spec.loader import load_spec
-    from engine.store.receipts import ensure_writable
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
     parse_device(device)
@@ -170,13 +168,9 @@ def check(
         # First: the workers' server imports torch and the methods (about 2 s) while this process reads the
         # specs and imports its own; the workers' imports are the --jobs run's serial part.
         prestart_local_workers()
-    loaded = [load_spec(p, _paths.project_root()) for p in paths]
-    from engine.run.imports import gc_paused
+    from engine.run import session
 
-    with gc_paused():
-        from engine.run.runner import plan_run  # imports torch from here on
-
-    plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
+    plans = session.load_plans(paths, _paths.project_root(), seed_list, only, mutants=not no_mutants)
     threads = default_threads(device, threads)
     if impl is not None:  # [impl] hook: a candidate implementation, in isolated workers; exits
         from engine.cli.check_impl import run_impl_check
@@ -186,25 +180,23 @@ def check(
     if jobs != 1 or executor != "local" or address:
         _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads,
                      flags=_flags(specs, receipts), all_summary=all_)  # exits
-    import torch
-
-    from engine.run.devices import resolve_device
-
-    dev = resolve_device(device)
-    ensure_writable(receipts_dir)
-    provider = _load_policy(policy, lora_rank)
-    outcomes = []
     stop = _STOP
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    outcomes: list[dict] = []
+    bars = _Progress()
+
+    by_key = {p.spec.key: p.spec for p in plans}
+
+    def report(stmt: dict, path: Path) -> None:
+        bars.close()
+        outcomes.append(_outcome(stmt, path, json_out, by_key.get(stmt["predicate"]["method"]),
+                                 _flags(specs, receipts)))
+
     try:
-        for plan in plans:
-            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider, flags=_flags(specs, receipts)))
-            if outcomes[-1]["status"] == "interrupted" or stop.stopped:
-                break
+        session.run_serial(plans, device, receipts_dir, stop, load_provider=lambda: _load_policy(policy, lora_rank),
+                           threads=threads, on_result=functools.partial(_progress_for, progress=bars),
+                           on_receipt=report)
     finally:
-        torch.set_num_threads(before)  # `check` called in-process (tests, the pytest plugin) leaves torch as it was
+        bars.close()
     if json_out:
         _print_json({"runs": outcomes})
     elif all_:
@@ -215,48 +207,47 @@ def check(
     raise typer.Exit(code)
 
 
-def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None, flags: str = "") -> dict:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+class _Progress:
+    """One transient progress bar per method on stderr, closed when the next method starts or the run ends."""
 
-    from engine.run.runner import Runner, build_statement
-    from engine.store.receipts import utc_now, write_receipt
+    def __init__(self) -> None:
+        self.current = None
 
-    total = sum(len(plan.seeds) * len(c["dtypes"]) for c in plan.contracts)
-    by_id = {c["id"]: c for c in plan.contracts}
-    total += sum(len(by_id[cid]["dtypes"]) for m in plan.mutants for cid in m["killed_by"])
-    created = utc_now()
-    from rich.console import Console
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=Console(stderr=True), transient=True)
-    with progress:
-        task = progress.add_task(f"{plan.spec.key}", total=total)
+    def start(self, plan):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        def on_result(r: dict) -> None:
-            label = f"mutant {r['mutant']} / {r['contract']}" if r["phase"] == "mutant" else \
-                f"{r['contract']} seed {r['seed']} {r['dtype']}"
-            progress.update(task, advance=1, description=f"{plan.spec.key}: {label} {r['status']}")
+        from engine.run.session import calls_in
 
-        runner = Runner(plan, dev, on_result=on_result, should_stop=lambda: stop.stopped, policy=provider)
-        try:
-            runner.run()
-        finally:
-            stop.hold = True  # from here a signal is only noted: the receipt is written whole, or not at all
-    try:
-        stmt = build_statement(runner, created)
-        path = write_receipt(receipts_dir, stmt)
-    finally:
-        stop.hold = False
+        self.close()
+        self.current = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self.current.start()
+        return self.current, self.current.add_task(f"{plan.spec.key}", total=calls_in(plan))
+
+
+def _progress_for(plan, progress: _Progress) -> Callable[[dict], None]:
+    bar, task = progress.start(plan)
+
+    def on_result(r: dict) -> None:
+        label = f"mutant {r['mutant']} / {r['contract']}" if r["phase"] == "mutant" else \
+            f"{r['contract']} seed {r['seed']} {r['dtype']}"
+        bar.update(task, advance=1, description=f"{plan.spec.key}: {label} {r['status']}")
+
+    return on_result
+
+
+def _outcome(stmt: dict, path: Path, json_out: bool, spec=None, flags: str = "") -> dict:
+    """Print one written receipt's summary; the --json record of it."""
     pred = stmt["predicate"]
     shown = display_path(path, _paths.project_root())
     if not json_out:
-        _print_summary(pred, shown, plan.spec, flags)
+        _print_summary(pred, shown, spec, flags)
     _note_policy(pred)
     return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
             "policy": _policy_summary(pred),
@@ -268,14 +259,14 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, pro
 
 def _check_policy_options(policy: Optional[str], lora_rank: Optional[int]) -> None:
     """Refuse a bad --policy/--lora-rank before anything is imported or run."""
-    from engine.run.policy import check_policy
-
     if policy is None:
         if lora_rank is not None:
             raise E.UsageError("--lora-rank applies to --policy hf:PATH; give the checkpoint too")
         return
     if lora_rank is not None and lora_rank < 0:
         raise E.UsageError(f"--lora-rank {lora_rank}: give 0 (train every weight) or a positive rank, e.g. 8")
+    from engine.run.policy import check_policy  # only now: a run without --policy neither imports nor binds it
+
     check_policy(policy)
 
 

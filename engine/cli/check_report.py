@@ -75,7 +75,7 @@ def print_all_summary(outcomes: list[dict], planned: int) -> None:
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
                  json_out: bool, policy: Optional[str] = None, threads: Optional[int] = None, flags: str = "",
                  all_summary: bool = False) -> None:
-    """Run every (method, seed) cell on the executor, write one merged receipt per method, exit like check."""
+    """Run every (method, seed) cell on the executor (engine.run.session), print each merged receipt, exit like check."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -85,29 +85,13 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
         TimeElapsedColumn,
     )
 
-    from engine.run.executors import EXECUTORS, execute
-    from engine.store.receipts import ensure_writable
+    from engine.cli.check import _StopFlag
+    from engine.run import session
 
-    if executor not in EXECUTORS:
-        raise E.UsageError(f"--executor {executor!r} is not an executor; use {' or '.join(EXECUTORS)}")
-    if jobs < 1:
-        raise E.UsageError(f"--jobs {jobs}: give 1 or more processes")
-    if address and executor != "ray":
-        raise E.UsageError("--address names a Ray cluster; add --executor ray")
-    if executor == "ray" and jobs != 1:
-        raise E.UsageError("--jobs is for the local executor; Ray schedules by the cluster's CPUs and GPUs")
-    if policy is not None:
-        raise E.UsageError("--policy runs in one process for now; drop --jobs/--executor to check a checkpoint")
-    if executor == "local":
-        from engine.run.devices import resolve_device
-
-        resolve_device(device)  # exit 4 here, before any worker starts; Ray workers resolve it on their node
-    ensure_writable(receipts_dir)
+    session.check_cells_options(executor, jobs, address, policy)
     cells = sum(len(p.seeds) for p in plans)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), transient=True)
-    from engine.cli.check import _StopFlag
-
     with progress, _StopFlag() as stop:
         task = progress.add_task(f"{cells} cells on {executor}", total=cells)
 
@@ -120,14 +104,11 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
             progress.update(task, advance=1, description=f"{o.cell.method} seed {o.cell.seed}: "
                                                          f"{'done' if o.data is not None else o.failure}")
 
-        try:
-            statements = execute(plans, device, executor=executor, jobs=jobs, address=address, threads=threads,
-                                 on_progress=on_progress, on_cell=on_cell, should_stop=lambda: stop.stopped)
-        except KeyboardInterrupt as exc:
-            statements = getattr(exc, "statements", [])
+        written = session.run_cells(plans, device, executor, jobs, address, receipts_dir, threads=threads, stop=stop,
+                                    on_progress=on_progress, on_cell=on_cell)
     specs = {p.spec.key: p.spec for p in plans}
-    outcomes = [_write_merged(stmt, receipts_dir, json_out, specs.get(stmt["predicate"]["method"]), flags)
-                for stmt in statements]
+    outcomes = [_merged_outcome(stmt, path, json_out, specs.get(stmt["predicate"]["method"]), flags)
+                for stmt, path in written]
     if json_out:
         _print_json({"runs": outcomes})
     elif all_summary:
@@ -138,10 +119,7 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
     raise typer.Exit(code)
 
 
-def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool, spec=None, flags: str = "") -> dict:
-    from engine.store.receipts import write_receipt
-
-    path = write_receipt(receipts_dir, stmt)
+def _merged_outcome(stmt: dict, path: Path, json_out: bool, spec=None, flags: str = "") -> dict:
     pred = stmt["predicate"]
     shown = display_path(path, _paths.project_root())
     if not json_out:

@@ -74,7 +74,8 @@ def _review(spec: Spec) -> dict:
                 f"finish the review, then set promotion.review: DONE in {spec.display}")
 
 
-def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: str) -> dict:
+def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: str,
+            refused: list[tuple[Assessed, list[str]]] = ()) -> dict:
     data = spec.data
     all_seeds = data["promotion"]["requires"]["all_budget_seeds"]
     seeds = list(data["budget"]["seeds"])
@@ -116,6 +117,9 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
         detail = f"no fresh {device} receipt"
         if stale_dev:
             detail += f" ({len(stale_dev)} stale {device} receipt(s) no longer count)"
+        refused_dev = [a for a, _ in refused if a.device == device]
+        if refused_dev:
+            detail += f" ({len(refused_dev)} fresh {device} receipt(s) refused: see the warnings)"
     elif met:
         detail = f"{total}/{total} contract results passed on {device} ({seed_text}) in {len(used)} fresh receipt(s)"
     else:
@@ -256,7 +260,46 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) 
                 comparisons=comparisons, diagnostic_only=diagnostic, ci_method=CI_METHOD)
 
 
+# --- what a receipt must be to count ------------------------------------------------
+
+
+def refusal(a: Assessed, impl_file: str | None) -> list[str]:
+    """Why a fresh receipt cannot count (empty when it can): it must come from committed code (git clean) and
+    bind the spec it names and the implementation it ran (the file that registers it, when methods/ has one)."""
+    pred = a.predicate or {}
+    why: list[str] = []
+    git = pred.get("git")
+    if not isinstance(git, dict):
+        why.append("not run in a git checkout: whether its code was committed is unknown")
+    elif git.get("dirty") is not False:
+        files = [f"untracked {n}" for n in git.get("untracked") or []] + [f"modified {n}" for n in
+                                                                           git.get("modified") or []]
+        why.append("ran with uncommitted code" + (f" ({_more(files, 4)})" if files else ""))
+    bound = {s.get("name"): (s.get("digest") or {}).get("sha256") for s in (a.subject or []) if isinstance(s, dict)}
+    spec = pred.get("spec") or {}
+    if spec.get("name") not in bound:  # its digest is what freshness compares with the spec on disk
+        why.append(f"does not bind its spec {spec.get('name')}")
+    impl = pred.get("implementation")
+    files = impl.get("files") if isinstance(impl, dict) else None
+    if not files or not isinstance(files, list):
+        why.append("does not name the files of its implementation")
+    else:
+        unbound = [f for f in files if f not in bound]
+        if unbound:
+            why.append(f"does not bind its implementation's {_more(unbound, 3)}")
+    if impl_file is not None and impl_file not in bound:
+        why.append(f"does not bind {impl_file}, which registers implementation {spec.get('implementation')}")
+    return why
+
+
 # --- the verdict --------------------------------------------------------------
+
+
+def _refusal_fix(why: list[str], key: str, device: str, flags: str) -> str:
+    run = f"contracts check {key} --device {device}{flags}"
+    if any(w.startswith(("ran with uncommitted", "not run in a git")) for w in why):
+        return f"commit (or remove) the files named, then {run}"
+    return f"{run} (the engine's receipts bind the spec and the implementation)"
 
 
 def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
@@ -278,9 +321,20 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name]
     # [impl] hook: (method, implementation) is the unit; a receipt of another implementation never counts here.
     from engine.run.impl_loader import unit_of
+    from engine.spec.registry import implementation_file
 
     usable = [a for a in usable if unit_of(a.predicate) == implementation]
-    fresh = [a for a in usable if a.state == "fresh"]
+    impl_file = implementation_file(spec.data["implementation"])
+    refused = []
+    fresh = []
+    for a in usable:
+        if a.state != "fresh":
+            continue
+        why = refusal(a, impl_file)
+        if why:
+            refused.append((a, why))
+        else:
+            fresh.append(a)
     stale = [a for a in usable if a.state == "stale"]
     broken = [a for a in assessed if a.state in ("tampered", "invalid")]
     devices = list(requires["devices"])
@@ -288,7 +342,7 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     relevant = [a for a in fresh if a.device in devices]
 
     requirements = [_review(spec)]
-    requirements += [_device(spec, dev, fresh, stale, cmd) for dev in devices]
+    requirements += [_device(spec, dev, fresh, stale, cmd, refused) for dev in devices]
     requirements.append(_mutants(spec, relevant, devices, cmd))
     requirements.append(_formal(spec, relevant, devices, cmd))
     promotable = all(r["met"] for r in requirements)
@@ -300,6 +354,9 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
                         f"{_more(a.changed, 4)}")
     if len(stale) > _SHOW:
         warnings.append(f"+{len(stale) - _SHOW} more stale receipt(s)")
+    for a, why in refused:
+        warnings.append(f"refused receipt {a.file} ({a.device}) does not count: {'; '.join(why)} -> "
+                        f"{_refusal_fix(why, key, a.device or devices[0], flags)}")
     for a in broken:
         warnings.append(f"{a.state} receipt {a.file} is ignored: {a.message} (see contracts verify {key}{flags})")
     if promo["state"] == "promoted" and not promotable:
@@ -323,6 +380,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
             "fresh": [a.receipt_id for a in fresh],
             "stale": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "changed": a.changed}
                       for a in stale],
+            "refused": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "reasons": why,
+                         "fix": _refusal_fix(why, key, a.device or devices[0], flags)} for a, why in refused],
             "tampered": [{"file": a.file, "message": a.message} for a in broken if a.state == "tampered"],
             "invalid": [{"file": a.file, "message": a.message} for a in broken if a.state == "invalid"],
         },

@@ -46,7 +46,6 @@ class Cell:
     plan: Any  # engine.run.runner.Plan with seeds=[seed]; mutants only on the first seed
     device: str
     deadline_s: float
-    sources: tuple[str, ...] = ()  # files the receipt binds: the worker hashes its own copies of these
     threads: int | None = None  # torch threads for this cell (None: leave the worker's as they are)
 
 
@@ -76,11 +75,9 @@ class MethodRun:
 def split(plans: Iterable[Any], device: str, deadline_s: float | None = None) -> tuple[list[MethodRun], list[Cell]]:
     """Cut each plan into one cell per seed; the first seed keeps the mutant phase, as in a serial run."""
     from engine.store.receipts import utc_now
-    from engine.run.runner import source_files
 
     runs, cells = [], []
     for plan in plans:
-        sources = tuple(source_files(plan))
         mr = MethodRun(plan=plan, created_at=utc_now(), started=time.perf_counter())
         budget = plan.spec.data["budget"]
         # The runner stops itself between calls past max_wall_seconds, and a call past the per-contract
@@ -90,8 +87,7 @@ def split(plans: Iterable[Any], device: str, deadline_s: float | None = None) ->
         light = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, doc=None))  # the YAML tree is not needed
         for i, seed in enumerate(plan.seeds):
             sub = dataclasses.replace(light, seeds=[seed], mutants=list(plan.mutants) if i == 0 else [])
-            cell = Cell(index=len(cells), method=plan.spec.key, seed=seed, plan=sub, device=device, deadline_s=limit,
-                        sources=sources)
+            cell = Cell(index=len(cells), method=plan.spec.key, seed=seed, plan=sub, device=device, deadline_s=limit)
             mr.cells.append(cell)
             cells.append(cell)
         runs.append(mr)
@@ -105,8 +101,9 @@ def split(plans: Iterable[Any], device: str, deadline_s: float | None = None) ->
 
 def run_cell(cell: Cell, on_result: Callable[[dict], None] | None = None) -> dict:
     """Run one cell with the real runner; return its record (plain data, picklable)."""
-    from engine.run.devices import resolve_device
     from engine.paths import project_root
+    from engine.run.binding import imported_files
+    from engine.run.devices import resolve_device
     from engine.run.runner import Runner
 
     dev = resolve_device(cell.device)
@@ -127,8 +124,9 @@ def run_cell(cell: Cell, on_result: Callable[[dict], None] | None = None) -> dic
         "status": runner.status,
         "environment": pred["environment"],
         "cpu_s": cpu_s,
-        # The driver binds the receipt to its own tree; a worker running other code would be caught here.
-        "sources": _digests(project_root(), cell.sources),
+        # Every checkout file this worker imported, with the digest of the copy it ran: the driver binds the
+        # union of these and its own, and refuses a cell whose files differ from its tree.
+        "sources": _digests(project_root(), imported_files(project_root())),
     }
 
 
@@ -495,14 +493,25 @@ def merge(mr: MethodRun, executor: str, jobs: int | None = None, threads: int | 
     def key(r: dict) -> tuple:
         return c_order[r["contract"]], s_order[r["seed"]], d_order[r["contract"]][r["dtype"]]
 
-    mine = _digests(project_root(), mr.cells[0].sources) if mr.cells else {}
+    from engine.run.binding import imported_files
+    import importlib
+
+    importlib.import_module("engine.store.redact")  # shapes the receipt; bound as in a serial run (build_statement)
+
+    root = project_root()
+    bound = set(imported_files(root))
+    for o in mr.outcomes.values():
+        if o.data is not None and isinstance(o.data.get("sources"), dict):
+            bound.update(n for n in o.data["sources"] if isinstance(n, str))
+    mine = _digests(root, sorted(bound))
     results, mechanism, mutants, errors, statuses, cells_info = [], [], None, [], set(), []
     for cell in mr.cells:
         o = mr.outcomes.get(cell.index) or CellOutcome(cell=cell, failure="no outcome was recorded for this cell")
         data, failure = o.data, o.failure
-        if data is not None and data.get("sources") != mine:
-            theirs = data.get("sources") or {}
-            differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        theirs = (data.get("sources") or {}) if data is not None else {}
+        differ = sorted(k for k in theirs if mine.get(k) != theirs[k]) if isinstance(theirs, dict) else ["?"]
+        if data is not None and (differ or not theirs):
+            differ = differ or ["(the worker reported no files)"]
             failure = ("the worker ran source files that differ from this checkout's: " + ", ".join(differ[:5])
                        + (" ..." if len(differ) > 5 else ""))
             data = None
@@ -537,6 +546,7 @@ def merge(mr: MethodRun, executor: str, jobs: int | None = None, threads: int | 
     envs = [i["environment"] for i in cells_info if "environment" in i]
     runner.cell_environment = envs[0] if envs else None
     runner.execution = {"executor": executor, "jobs": jobs, "threads": threads, "cells": cells_info}
+    runner.bound_files = sorted(mine)
     return build_statement(runner, mr.created_at)
 
 
@@ -552,6 +562,7 @@ def _merged_runner_class():
         class MergedRunner(Runner):
             cell_environment: dict | None = None
             execution: dict | None = None
+            bound_files: list | None = None
 
             def predicate(self) -> dict:
                 import torch

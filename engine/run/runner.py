@@ -22,12 +22,14 @@ import torch
 
 from engine.spec import registry as registry_mod
 from engine.run.context import DTYPES, BudgetExceeded, CheckContext, ContractViolation, Meter
+from engine.run import sourceonly
+from engine.run.binding import numeric_environment
 from engine.run.devices import describe
 from engine.errors import BudgetError, UsageError
 from engine.run.expect import applies, evaluate
 from engine.run.expect import describe as describe_expectation
 from engine.paths import project_root
-from engine.store.receipts import git_revision, statement, subjects, utc_now
+from engine.store.receipts import statement, subjects, utc_now
 from engine.spec.loader import Spec
 
 PASSED, FAILED, ERROR, INTERRUPTED = "passed", "failed", "error", "interrupted"
@@ -147,6 +149,7 @@ class Runner:
         self.device = device
         self.on_result = on_result or (lambda r: None)
         self.should_stop = should_stop or (lambda: False)
+        sourceonly.install()  # before the methods are imported: they run from source, never a planted .pyc
         self.registry = registry_mod.load()
         self.budget = plan.spec.data["budget"]
         self.results: list[dict] = []
@@ -299,6 +302,12 @@ class Runner:
             return FAILED
         return PASSED
 
+    def implementation_files(self) -> list[str]:
+        try:
+            return implementation_files(self.registry.get_implementation(self.plan.spec.data["implementation"]))
+        except Exception:  # noqa: BLE001 - an unknown implementation is the run's error, recorded elsewhere
+            return []
+
     def predicate(self) -> dict:
         spec = self.plan.spec
         contracts = {}
@@ -324,7 +333,9 @@ class Runner:
                 "platform": f"{platform.system()}-{platform.machine()}",
                 "device": describe(self.device),
                 "torch_threads": torch.get_num_threads(),
+                **numeric_environment(),
             },
+            "implementation": {"name": spec.data["implementation"], "files": self.implementation_files()},
             "policy": None if self.policy is None else {**self.policy.describe(),
                                                         "used_by": sorted(self.policy_used_by)},
             "request": {"device": str(self.device), "seeds": list(self.plan.seeds), "only": self.plan.only,
@@ -367,32 +378,39 @@ def _max_per_seed(results: list[dict], key: str) -> int:
     return max(per.values(), default=0)
 
 
-def source_files(plan: Plan) -> list[str]:
-    """Repository-relative files whose change could change this run's result."""
+def implementation_files(impl: Any) -> list[str]:
+    """Repository-relative files of the modules that define an implementation's functions."""
+    import sys
+
     root = project_root()
-    reg = registry_mod.load()
-    packages: set[Path] = {root / "engine", root / "methods" / "common"}
-    callables: list[Any] = [reg.get_check(c["check"]) for c in plan.contracts]
-    impl = reg.get_implementation(plan.spec.data["implementation"])
-    callables += [getattr(impl, f) for f in impl.functions]
-    callables += [reg.get_mutant(m["mutant"]).factory for m in plan.mutants]
-    for fn in callables:
-        module = getattr(fn, "__module__", "") or ""
-        parts = module.split(".")
-        if len(parts) >= 2 and parts[0] == "methods":
-            packages.add(root / "methods" / parts[1])
-    files = []
-    for pkg in packages:
-        files += [p.relative_to(root).as_posix() for p in pkg.rglob("*.py")]
-        files += [p.relative_to(root).as_posix() for p in pkg.rglob("*.json")]
-    return sorted(set(files))
+    out = set()
+    for name in impl.functions:
+        fn = getattr(impl, name)
+        module = getattr(fn, "__module__", None) or getattr(getattr(fn, "func", None), "__module__", None)
+        origin = getattr(sys.modules.get(module or ""), "__file__", None)
+        if origin:
+            try:
+                out.add(Path(origin).resolve().relative_to(root).as_posix())
+            except ValueError:
+                continue
+    return sorted(out)
 
 
 def build_statement(runner: Runner, created_at: str) -> dict:
     """The in-toto statement for a finished (or interrupted) run."""
+    from engine.run.binding import git_state, imported_files
+    import importlib
+
+    # It shapes the receipt: in sys.modules (and so bound) before the list is read. import_module, because a
+    # `from engine.store import redact` is satisfied by the package attribute even when sys.modules lost it.
+    importlib.import_module("engine.store.redact")
+
     root = project_root()
     plan = runner.plan
-    subj = subjects(root, source_files(plan))
+    # What measured: the checkout modules this process imported (front doors left out), or, for a run in
+    # cells, the union of the driver's and every worker's (engine/run/executors.py merge).
+    files = getattr(runner, "bound_files", None) or imported_files(root)
+    subj = subjects(root, [f for f in files if (root / f).is_file()])  # a vanished module: dirty, see git_state
     subj.append({"name": f"specs/{plan.spec.path.name}", "digest": {"sha256": plan.spec.sha256}})
     extra = getattr(runner, "extra_subjects", None)  # [impl] hook: an --impl candidate's files (impl:<name>)
     if extra is not None:
@@ -401,5 +419,5 @@ def build_statement(runner: Runner, created_at: str) -> dict:
         known = {s["name"] for s in subj}
         subj += [s for s in runner.policy.subjects() if s["name"] not in known]
     pred = {"schema": "paper-contracts/receipt/v1", "created_at": created_at, "finished_at": utc_now(),
-            "git": git_revision(root), **runner.predicate()}
+            "git": git_state(root, files), **runner.predicate()}
     return statement(sorted(subj, key=lambda s: s["name"]), pred)

@@ -2,7 +2,7 @@
 
 It imports what every cell needs, so that no worker imports it again: torch; torch._dynamo, which
 building a torch.optim optimizer imports on first use (about 1 CPU-s a worker would otherwise pay in its
-first mechanism check); the runner; each method package. The GC is paused meanwhile (engine/run/imports.py),
+first mechanism check); the runner; each method package, from source (engine/run/sourceonly.py). The GC is paused meanwhile (engine/run/imports.py),
 and what was imported is then frozen: the workers' collections skip it and so do not copy its pages.
 """
 
@@ -12,7 +12,11 @@ import gc
 import importlib
 import pkgutil
 
+from engine.run import sourceonly
 from engine.run.imports import gc_paused
+
+# First: the methods this server imports (and its forked workers inherit) run from source, never a planted .pyc.
+sourceonly.install()
 
 
 def modules() -> list[str]:

@@ -223,6 +223,34 @@ def static_names() -> StaticNames:
     return _STATIC
 
 
+def implementation_file(name: str) -> str | None:
+    """The file under methods/ that registers implementation `name` (e.g. 'methods/tapo/impl.py'), read with
+    `ast` like static_names() (nothing imported); None when no file there registers it."""
+    try:
+        root = methods_root()
+    except LookupFailure:
+        return None
+    needle = name.encode("utf-8")
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            continue
+        if b"implementation(" not in raw or needle not in raw:
+            continue
+        try:
+            tree = ast.parse(raw, filename=str(path))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            hit = _registry_call(node)
+            if hit is not None and hit[0] == "implementation" and hit[1].args[0].value == name:
+                return path.relative_to(root.parent).as_posix()
+    return None
+
+
 # --- static and runtime together ------------------------------------------------
 
 

@@ -40,7 +40,7 @@ from engine.run.expect import headroom, worst_expectation
 
 INDEX_NAME = ".index.jsonl"
 DETAIL_NAME = ".index-detail.jsonl"
-INDEX_VERSION = 5  # 5: the worst expectation is chosen and carried by headroom
+INDEX_VERSION = 6  # 5: the worst expectation is chosen by headroom; 6: the gate slice carries git and implementation
 OK, TAMPERED, INVALID = "ok", "tampered", "invalid"
 FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
@@ -132,7 +132,10 @@ def gate_slice(pred: dict) -> dict:
         "method": pred.get("method"),
         "status": pred.get("status"),
         "errors": pred.get("errors"),
-        "spec": {"name": (pred.get("spec") or {}).get("name")},
+        "spec": {"name": (pred.get("spec") or {}).get("name"),
+                 "implementation": (pred.get("spec") or {}).get("implementation")},
+        "git": pred.get("git"),  # the gate never counts a dirty run (engine.gate.verdict.refusal)
+        "implementation": pred.get("implementation"),
         "environment": {"device": {"kind": ((pred.get("environment") or {}).get("device") or {}).get("kind")}},
         "passed": [[c, d, seeds] for (c, d), seeds in passed.items()],
         "other": other,

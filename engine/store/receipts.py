@@ -1,7 +1,8 @@
 """Receipts: immutable, source-bound records of one `contracts check` run.
 
-Layout is an in-toto Statement v1: `subject` lists every file whose change
-could change the result (the spec, the engine, the method's packages) with its
+Layout is an in-toto Statement v1: `subject` lists every file that measured
+(the spec, the checkout modules the measuring process imported, all of each
+imported method package, checkpoint files: engine/run/binding.py) with its
 sha256; `predicate` is the run. The receipt id is the sha256 of the canonical
 predicate (without the id itself), so any edited byte of the predicate shows.
 

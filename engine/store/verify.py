@@ -37,6 +37,7 @@ class Assessed:
     device: str | None = None
     changed: list[str] = field(default_factory=list)
     predicate: dict | None = field(default=None, repr=False)  # only for fresh and stale receipts
+    subject: list | None = field(default=None, repr=False)  # likewise: what the receipt binds
 
     def as_dict(self) -> dict:
         return {"file": self.file, "state": self.state, "method": self.method, "receipt_id": self.receipt_id,
@@ -79,6 +80,7 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
         return out
     out.device = pred["environment"]["device"]["kind"]
     out.predicate = pred
+    out.subject = data.get("subject")
     return out
 
 
