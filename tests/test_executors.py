@@ -214,12 +214,14 @@ def ray_local():
 
 
 def test_ray_receipt_equals_the_local_executors(ray_local, serial, tmp_path):
+    from engine.store.receipts import serialize
     from engine.run.executors import execute
     from engine.run.runner import plan_run
     from engine.spec.loader import load_spec
 
     spec = load_spec(ROOT / "specs" / f"{METHOD}.yaml", ROOT)
     (stmt,) = execute([plan_run(spec, SEEDS, ONLY)], "cpu", executor="ray")
+    stmt = json.loads(serialize(stmt))  # as a receipt file holds it (inf as "Infinity"), like `serial`
     pred = stmt["predicate"]
     assert pred["execution"]["executor"] == "ray" and {c["worker"] for c in pred["execution"]["cells"]} == {"ray"}
     # Ray sets OMP_NUM_THREADS for its workers; the receipt records what the worker ran with, and nothing else differs
