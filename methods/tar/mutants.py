@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.spec import registry
+from methods.common.rollout import sequence_logprobs
 from methods.tar.fps import TIE_TOL, _segment_fps, farthest_point_prototypes
+from methods.tar.harness import kl_to_base, trajectory_embeddings
 from methods.tar.impl import IMPL
 from methods.tar.replay import DENOM_EPS, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss
 
@@ -209,3 +211,47 @@ def fps_sorts_invalid():
         return _fps_loop(embeddings, correct, k, prompt_ids, normalise=True)
 
     return IMPL.replace("tar.fps_sorts_invalid", farthest_point_prototypes=fps)
+
+
+# --- harness steps the method decides (methods/tar/harness.py) -----------------------
+
+
+@registry.mutant("tar.bank_scored_by_policy", base="tar")
+def bank_scored_by_policy():
+    """The bank's reference log-probs are scored by the live policy, not the frozen base: delta = 0."""
+
+    def bank_logprobs(policy, base, prompts, responses):
+        logp_theta, _ = sequence_logprobs(policy, prompts, responses)
+        return logp_theta, logp_theta.detach()
+
+    return IMPL.replace("tar.bank_scored_by_policy", bank_logprobs=bank_logprobs)
+
+
+@registry.mutant("tar.kl_reversed", base="tar")
+def kl_reversed():
+    """The KL term in the other direction, KL(pi_base || pi_theta)."""
+
+    def kl(logdist, base_logdist, mask):
+        return kl_to_base(base_logdist, logdist, mask)
+
+    return IMPL.replace("tar.kl_reversed", kl_to_base=kl)
+
+
+@registry.mutant("tar.encoder_pools_padding", base="tar")
+def encoder_pools_padding():
+    """The declared encoder averages the hidden states over every response slot, padding included."""
+
+    def embeddings(base, prompts, responses, mask):
+        return trajectory_embeddings(base, prompts, responses, torch.ones_like(mask, dtype=torch.bool))
+
+    return IMPL.replace("tar.encoder_pools_padding", trajectory_embeddings=embeddings)
+
+
+@registry.mutant("tar.kl_sign_flipped", base="tar")
+def kl_sign_flipped():
+    """The KL term enters with the wrong sign: the regulariser pushes the policy away from the base."""
+
+    def kl(logdist, base_logdist, mask):
+        return -kl_to_base(logdist, base_logdist, mask)
+
+    return IMPL.replace("tar.kl_sign_flipped", kl_to_base=kl)
