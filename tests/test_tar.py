@@ -513,3 +513,26 @@ def test_mechanism_replay_fires_and_harness_matches_its_references(spec, seed):
     assert out["replay_fired_steps"] >= 1 and out["replay_fired_max_grad_norm"] > 0
     assert out["bank_base_logp_max_abs_err"] <= 1e-5 and out["kl_max_abs_err"] <= 1e-6
     assert out["encoder_max_abs_err"] <= 1e-12 and out["bank_fps_mismatch"] == 0 and out["padded_candidates"] >= 1
+
+
+def test_fps_source_mutants_are_edits_of_the_batched_fps():
+    from methods.tar import mutants
+
+    with pytest.raises(RuntimeError, match="expected once"):
+        mutants._fps_variant("x", [("_segment_fps", "no such text", "")])
+    same = mutants._fps_variant("same", [])
+    g = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        emb, correct, ids = tar_checks.fps_case(g)
+        assert torch.equal(same.farthest_point_prototypes(emb, correct, 3, ids),
+                           IMPL.farthest_point_prototypes(emb, correct, 3, ids))
+
+
+def test_fps_fast_path_inputs_take_each_branch():
+    from methods.tar import fastpath
+
+    g = torch.Generator().manual_seed(3)
+    emb, correct, ids = fastpath._wide_ids(g)
+    assert int(ids.max() - ids.min()) + 1 > 4 * ids.numel() + 4096 and len(set(ids[correct].tolist())) >= 3
+    emb, correct, ids = fastpath._many_rows(g, 64)
+    assert fastpath._blocks(correct, 64) > 1
