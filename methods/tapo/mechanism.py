@@ -9,6 +9,12 @@ validation accuracy is measured on the same fixed prompts with the same
 sampling stream. The comparison is recorded as a diagnostic (formal=False):
 three seeds of a 16-token toy model are not evidence of capability.
 
+Which behaviour log-probs each proximal update is measured against is the
+implementation's decision (`impl.proximal_logprobs`); every TAPO update is audited on
+the run's own tensors (methods/tapo/audit.py): old log-probs against the behaviour
+policy's re-scoring, R~_t, eps_t, loss and gradient against the float64 loops, and
+whether later updates were off-policy with the clip binding.
+
 A group whose rewards are all equal has all-zero advantages: the TAPO loss must
 reject it (counted: `zero_adv_not_rejected` must stay 0) and the group is resampled
 (up to `max_attempts` times, then skipped and counted). The control resamples on

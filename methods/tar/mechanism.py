@@ -9,6 +9,10 @@ answers). Each update the policy samples 2 groups of 6 responses and trains on
 GRPO + full-vocabulary KL(pi_theta || pi_base) + lambda_rep * TAR replay over
 the bank entries of the step's prompts, through the implementation under test.
 
+The encoder, the bank's reference scoring and the KL term are the implementation's
+(`impl.trajectory_embeddings`, `impl.bank_logprobs`, `impl.kl_to_base`: they carry the
+method's decisions) and each is audited on the run's own tensors (methods/tar/audit.py).
+
 The hidden state is a declared encoder, not a semantic one: it exercises the
 FPS definition and says nothing about the coverage of reasoning modes.
 """
