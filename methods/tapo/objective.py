@@ -368,7 +368,6 @@ def build_tapo_loss(
     if fused and not defaults:
         raise ValueError("the fused loss computes the default parts only")
     use_fused = defaults if fused is None else fused
-    fused_fn = fused_fn or _fused_tapo_loss
 
     def tapo_loss(
         logp: torch.Tensor,
@@ -406,7 +405,7 @@ def build_tapo_loss(
                 f"advantages must be [B] or [B, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}"
             )
         if use_fused and logp.shape[-1] > 0:
-            out = fused_fn(logp, old_logp, advantages if advantages.dim() == 1 else adv, m,
+            out = (fused_fn or _fused_tapo_loss)(logp, old_logp, advantages if advantages.dim() == 1 else adv, m,
                                    eps_min, eps_max, horizon, group_size)
             if out is not None:
                 return out
