@@ -220,7 +220,9 @@ def test_a_mutant_is_killed_on_the_checkpoint_too(ckpt, tmp_path):
                "--lora-rank", "4", "--receipts", str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     (run,) = json.loads(r.stdout)["runs"]
-    assert run["mutants"] == [{"id": "ratio_detached", "killed": True, "killed_by": ["mechanism"]}]
+    # every mutant the spec says the mechanism kills: no gradient, re-scored old log-probs, a fused-backward defect
+    assert run["mutants"] == [{"id": m, "killed": True, "killed_by": ["mechanism"]}
+                              for m in ("ratio_detached", "old_logp_recomputed", "fused_grad_no_ratio")]
 
 
 def test_the_spec_budget_binds_the_checkpoint_run(ckpt, tmp_path):

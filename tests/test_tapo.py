@@ -337,7 +337,8 @@ def test_property_on_policy_identity(shape):
 
 def test_static_names_match_runtime_registry():
     static = registry.static_names()
-    assert static.implementations["tapo"] == IMPL.functions == ("length_aware_clip", "tapo_loss", "trajectory_ratio")
+    assert static.implementations["tapo"] == IMPL.functions == (
+        "length_aware_clip", "proximal_logprobs", "tapo_loss", "trajectory_ratio")
     assert {n for n in static.checks if n.startswith("tapo.")} == set(CHECKS)
     assert {n for n, b in static.mutants.items() if b == "tapo"} == set(MUTANTS)
 
@@ -380,8 +381,16 @@ def test_mechanism_real_updates_every_seed(seed):
     assert ctx.meter.updates == 12 and ctx.meter.tokens == out["tokens"] > 0
     assert len(ctx.steps) == 12 and {s["arm"] for s in ctx.steps} == {"tapo", "grpo-control"}
     assert all(s["grad_norm"] > 0 and s["param_l2_change"] > 0 for s in ctx.steps)
-    (cmp,) = ctx.comparisons
+    cmp, page = ctx.comparisons
     assert cmp["formal"] is False and cmp["method"] == "tapo" and cmp["control"] == "grpo-control"
+    # the page's own A100 figures for this seed, beside the run's, never judged
+    want = {42: (0.50, 0.75), 43: (0.625, 0.50), 44: (0.50, 0.625)}[seed]
+    assert page["name"] == "page_validation_accuracy" and page["formal"] is False
+    assert (page["method_values"], page["control_values"]) == ([want[0]], [want[1]])
+    assert "0.5417" in page["note"] and "0.6250" in page["note"]
+    # the mechanism acted: later updates off-policy, the clip bound, responses longer than 6 tokens
+    assert out["later_update_ratio_max_dev"] > 1e-3 and out["later_update_clipped_tokens"] >= 1
+    assert out["max_response_tokens"] > 6 and out["audited_updates"] == 6
     assert 0.0 <= out["tapo_val_acc"] <= 1.0 and 0.0 <= out["control_val_acc"] <= 1.0
 
 
@@ -431,3 +440,48 @@ def test_real_impl_on_cuda(check):
     for dtype in contract["dtypes"]:
         out = REG.get_check(check)(IMPL, spec_ctx(contract, dtype, device="cuda"))
         assert violations(contract, dtype, out) == []
+
+
+def test_proximal_updates_pair_every_update_with_the_behaviour_logprobs():
+    """The pairing is the implementation's: the same old log-probs object for every update, and
+    the mutant that re-scores them from the current policy gives a ratio of exactly 1."""
+    from methods.common.policy import TinyGRUPolicy
+    from methods.common.rollout import sample
+
+    policy = TinyGRUPolicy.seeded(3)
+    ro = sample(policy, torch.randint(2, 16, (4, 4), generator=torch.Generator().manual_seed(0)), 8,
+                torch.Generator().manual_seed(1))
+    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+    olds = []
+    for k, logp, old in IMPL.proximal_logprobs(policy, ro, 3):
+        olds.append(old)
+        opt.zero_grad()
+        (-(logp * ro.mask).sum()).backward()
+        opt.step()
+    assert all(o is ro.old_logp for o in olds)
+    bad = REG.get_mutant("tapo.old_logp_recomputed").factory()
+    for k, logp, old in bad.proximal_logprobs(policy, ro, 2):
+        r = IMPL.trajectory_ratio(logp.detach(), old, ro.mask)
+        assert bool((r == 1).all())
+    with pytest.raises(ValueError, match="inner_updates"):
+        next(IMPL.proximal_logprobs(policy, ro, 0))
+
+
+def test_fused_mutants_are_edits_of_the_fused_source():
+    """Each fused-path mutant compiles the real fused source with one edit; an edit whose text is
+    gone must raise, not silently build the unmutated loss."""
+    from methods.tapo import mutants
+
+    for name in [n for n in MUTANTS if n.startswith("tapo.fused_")]:
+        assert REG.get_mutant(name).factory().tapo_loss is not IMPL.tapo_loss
+    with pytest.raises(RuntimeError, match="expected once"):
+        mutants._fused_variant("x", [("_fused_tapo_loss", "no such text", "")])
+    # with no edit the recompiled fused path is the default loss, number for number
+    same = mutants._fused_variant("same", [])
+    logp, old, adv, mask = random_inputs(5, 4, 12)
+    a = logp.clone().requires_grad_(True)
+    b = logp.clone().requires_grad_(True)
+    la, ma = tapo_loss(a, old, adv, mask, 0.1, 0.2)
+    lb, mb = same(b, old, adv, mask, 0.1, 0.2)
+    (ga,), (gb,) = torch.autograd.grad(la, a), torch.autograd.grad(lb, b)
+    assert la.item() == lb.item() and ma == mb and torch.equal(ga, gb)

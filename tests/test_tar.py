@@ -452,3 +452,87 @@ def test_replay_sends_no_gradient_to_the_base_logprobs():
     loss, _ = adaptive_replay_loss(x, b, mask)
     gx, gb = torch.autograd.grad(loss, (x, b), allow_unused=True)
     assert gb is None and gx is not None
+
+
+# --- harness steps the method decides (methods/tar/harness.py) ----------------------
+
+
+def test_kl_to_base_is_kl_theta_to_base_in_closed_form():
+    from methods.tar.harness import kl_to_base
+
+    # two positions, vocabulary 2; the second position is padding holding junk
+    p = torch.tensor([[[0.75, 0.25], [0.5, 0.5]]], dtype=torch.float64)
+    q = torch.tensor([[[0.5, 0.5], [0.9, 0.1]]], dtype=torch.float64)
+    mask = torch.tensor([[True, False]])
+    got = kl_to_base(p.log(), q.log(), mask)
+    want = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    reverse = 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25)
+    assert float(got) == pytest.approx(want, rel=1e-14) and abs(want - reverse) > 1e-2
+    assert float(kl_to_base(q.log(), q.log(), torch.ones(1, 2, dtype=torch.bool))) == 0.0
+    lp = p.log().requires_grad_(True)
+    (g,) = torch.autograd.grad(kl_to_base(lp, q.log(), mask), lp)
+    assert torch.equal(g[0, 1], torch.zeros(2, dtype=torch.float64))  # padding gets no gradient
+
+
+def test_encoder_pools_valid_tokens_only():
+    from methods.common.policy import TinyGRUPolicy
+    from methods.tar.harness import trajectory_embeddings
+
+    base = TinyGRUPolicy.seeded(5)
+    prompts = torch.tensor([[3, 4, 5, 6], [3, 4, 5, 6]])
+    responses = torch.tensor([[7, 1, 0, 0], [7, 1, 9, 12]])  # same valid tokens, different junk after EOS
+    mask = torch.tensor([[True, True, False, False]] * 2)
+    e = trajectory_embeddings(base, prompts, responses, mask)
+    assert e.dtype == torch.float64 and torch.equal(e[0], e[1])
+    _, hidden, _ = base(torch.cat([prompts, responses], 1))
+    torch.testing.assert_close(e[0], hidden[0, 4:6].double().mean(0), rtol=1e-15, atol=0)
+
+
+def test_bank_logprobs_come_from_the_frozen_base():
+    from methods.common import sequence_logprobs, snapshot
+    from methods.common.policy import TinyGRUPolicy
+    from methods.tar.harness import bank_logprobs
+
+    policy = TinyGRUPolicy.seeded(6)
+    base = snapshot(policy)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.3)
+    prompts, responses = torch.tensor([[3, 4, 5, 6]]), torch.tensor([[7, 8, 1]])
+    lt, lb = bank_logprobs(policy, base, prompts, responses)
+    assert lt.requires_grad and not lb.requires_grad
+    with torch.no_grad():
+        want, _ = sequence_logprobs(base, prompts, responses)
+    assert torch.equal(lb, want) and not torch.allclose(lt.detach(), lb)
+
+
+@pytest.mark.parametrize("seed", [42, 43, 44])
+def test_mechanism_replay_fires_and_harness_matches_its_references(spec, seed):
+    c = next(c for c in spec.data["contracts"] if c["kind"] == "mechanism")
+    out = registry.load().get_check(c["check"])(IMPL, _ctx(c, "float32", seed=seed))
+    assert out["replay_fired_steps"] >= 1 and out["replay_fired_max_grad_norm"] > 0
+    assert out["bank_base_logp_max_abs_err"] <= 1e-5 and out["kl_max_abs_err"] <= 1e-6
+    assert out["encoder_max_abs_err"] <= 1e-12 and out["bank_fps_mismatch"] == 0 and out["padded_candidates"] >= 1
+
+
+def test_fps_source_mutants_are_edits_of_the_batched_fps():
+    from methods.tar import mutants
+
+    with pytest.raises(RuntimeError, match="expected once"):
+        mutants._fps_variant("x", [("_segment_fps", "no such text", "")])
+    same = mutants._fps_variant("same", [])
+    g = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        emb, correct, ids = tar_checks.fps_case(g)
+        assert torch.equal(same.farthest_point_prototypes(emb, correct, 3, ids),
+                           IMPL.farthest_point_prototypes(emb, correct, 3, ids))
+
+
+def test_fps_fast_path_inputs_take_each_branch():
+    from methods.tar import fastpath
+
+    g = torch.Generator().manual_seed(3)
+    emb, correct, ids = fastpath._wide_ids(g)
+    assert int(ids.max() - ids.min()) + 1 > 4 * ids.numel() + 4096 and len(set(ids[correct].tolist())) >= 3
+    emb, correct, ids = fastpath._many_rows(g, 64)
+    assert fastpath._blocks(correct, 64) > 1

@@ -9,6 +9,12 @@ validation accuracy is measured on the same fixed prompts with the same
 sampling stream. The comparison is recorded as a diagnostic (formal=False):
 three seeds of a 16-token toy model are not evidence of capability.
 
+Which behaviour log-probs each proximal update is measured against is the
+implementation's decision (`impl.proximal_logprobs`); every TAPO update is audited on
+the run's own tensors (methods/tapo/audit.py): old log-probs against the behaviour
+policy's re-scoring, R~_t, eps_t, loss and gradient against the float64 loops, and
+whether later updates were off-policy with the clip binding.
+
 A group whose rewards are all equal has all-zero advantages: the TAPO loss must
 reject it (counted: `zero_adv_not_rejected` must stay 0) and the group is resampled
 (up to `max_attempts` times, then skipped and counted). The control resamples on
@@ -23,9 +29,10 @@ import torch
 
 from engine.spec import registry
 from methods.common.grpo import group_advantages, grpo_token_loss
-from methods.common.policy import make_policy, param_l2_change, state_copy
+from methods.common.policy import make_policy, param_l2_change, snapshot, state_copy
 from methods.common.rollout import sample, sequence_logprobs
 from methods.common.tasks import TargetTokenTask
+from methods.tapo.audit import ProximalAudit
 
 ARMS = ("tapo", "grpo-control")
 
@@ -44,6 +51,39 @@ def _accuracy(policy, task, prompts, samples, max_new_tokens, generator, meter) 
     ro = sample(policy, rep, max_new_tokens, generator)
     meter.add_tokens(ro.n_tokens)
     return float(task.verify(ro.prompts, ro.responses, ro.mask).mean())
+
+
+def _record_page_diagnostic(ctx, p: dict, acc: dict) -> None:
+    """The page's own local-protocol figures beside this run's, as a diagnostic comparison.
+
+    The page measured on an A100 (Qwen2.5-0.5B-Instruct with LoRA, 512-token responses):
+    per seed TAPO vs the GRPO control. This run's protocol differs (spec assumption
+    `page_protocol`), so the figures are recorded side by side and never judged.
+    """
+    seeds = [int(s) for s in p.get("page_seeds", [])]
+    page_m = [float(v) for v in p.get("page_accuracy", [])]
+    page_c = [float(v) for v in p.get("page_control_accuracy", [])]
+    if not seeds or len(page_m) != len(seeds) or len(page_c) != len(seeds):
+        return
+    if ctx.seed in seeds:
+        i = seeds.index(ctx.seed)
+        mv, cv, which = [page_m[i]], [page_c[i]], f"the page's seed {ctx.seed}"
+    else:
+        mv, cv, which = page_m, page_c, f"the page's seeds {'/'.join(map(str, seeds))} (this seed is not one of them)"
+    ctx.record_comparison(
+        name="page_validation_accuracy",
+        method="tapo (page, A100)",
+        control="grpo-control (page, A100)",
+        method_values=mv,
+        control_values=cv,
+        metric="accuracy",
+        formal=False,
+        note=(
+            f"page-reported, {which}: TAPO mean {sum(page_m) / len(page_m):.4f} vs GRPO control "
+            f"{sum(page_c) / len(page_c):.4f}; this run measured TAPO {acc['tapo']:.4f} vs control "
+            f"{acc['grpo-control']:.4f} on seed {ctx.seed} under a different protocol (spec assumption page_protocol)"
+        ),
+    )
 
 
 @registry.check("tapo.mechanism")
@@ -68,11 +108,13 @@ def mechanism(impl, ctx) -> dict:
     res = {arm: {"updates": 0, "grad": [], "change": [], "nonfinite": 0, "skipped": 0, "zero": 0} for arm in ARMS}
     zero_not_rejected = 0
     first_ratio_dev = 0.0
+    audit = ProximalAudit()
     acc = {}
     for arm in ARMS:
         r = res[arm]
         policy = make_policy(ctx)  # the tiny GRU, or the run's --policy (e.g. a checkpoint)
         opt = torch.optim.Adam(policy.parameters(), lr=lr)
+        behaviour = snapshot(policy) if arm == "tapo" else None
         sampling = ctx.generator(103)  # the same sampling stream for both arms
         for gi in range(groups):
             prompt = train_prompts[gi : gi + 1].expand(group_size, -1)
@@ -93,16 +135,18 @@ def mechanism(impl, ctx) -> dict:
             else:
                 r["skipped"] += 1
                 continue
-            for k in range(inner):
+            if arm == "tapo":  # the behaviour policy, kept to re-score what each update is measured against
+                behaviour.load_state_dict(policy.state_dict())
+            for k, logp, old_logp in impl.proximal_logprobs(policy, ro, inner):
                 before = state_copy(policy)
-                logp, _ = sequence_logprobs(policy, ro.prompts, ro.responses)
                 if arm == "tapo":
-                    loss, met = impl.tapo_loss(logp, ro.old_logp, adv, ro.mask, eps_min, eps_max, group_size=group_size)
+                    loss, met = impl.tapo_loss(logp, old_logp, adv, ro.mask, eps_min, eps_max, group_size=group_size)
                     rmin, rmax, clip = met["ratio_min"], met["ratio_max"], met["clip_fraction"]
+                    audit.update(impl, behaviour, ro, k, logp, old_logp, adv, loss, met, eps_min, eps_max)
                 else:
-                    loss, met = grpo_token_loss(logp, ro.old_logp, adv, ro.mask, clip_eps=control_eps)
+                    loss, met = grpo_token_loss(logp, old_logp, adv, ro.mask, clip_eps=control_eps)
                     with torch.no_grad():
-                        ratio = torch.exp(torch.where(ro.mask, logp - ro.old_logp, torch.zeros_like(logp)))
+                        ratio = torch.exp(torch.where(ro.mask, logp - old_logp, torch.zeros_like(logp)))
                         rmin = float(torch.where(ro.mask, ratio, torch.full_like(ratio, math.inf)).min())
                         rmax = float(torch.where(ro.mask, ratio, torch.full_like(ratio, -math.inf)).max())
                     clip = met["clip_fraction"]
@@ -131,6 +175,7 @@ def mechanism(impl, ctx) -> dict:
                     grad_norm=gnorm,
                     param_l2_change=change,
                     tokens=ro.n_tokens,
+                    response_tokens_max=int(ro.mask.sum(dim=1).max()),
                 )
         acc[arm] = _accuracy(policy, task, val_prompts, val_samples, max_new, ctx.generator(104), ctx.meter)
 
@@ -147,6 +192,7 @@ def mechanism(impl, ctx) -> dict:
             f"{groups} groups x {inner} proximal updates; not evidence of capability"
         ),
     )
+    _record_page_diagnostic(ctx, p, acc)
     t, c = res["tapo"], res["grpo-control"]
     return {
         "updates_made": t["updates"],
@@ -163,4 +209,5 @@ def mechanism(impl, ctx) -> dict:
         "tapo_val_acc": acc["tapo"],
         "control_val_acc": acc["grpo-control"],
         "tokens": ctx.meter.tokens,
+        **audit.measurements(),
     }

@@ -8,9 +8,14 @@ the same single defect consistently.
 
 from __future__ import annotations
 
+import inspect
+import textwrap
+
 import torch
 
 from engine.spec import registry
+from methods.common.rollout import sequence_logprobs
+from methods.tapo import objective
 from methods.tapo.impl import IMPL
 from methods.tapo.objective import (
     as_bool_mask,
@@ -203,3 +208,100 @@ def _surrogate_optimistic(ratio, adv, eps):
 @registry.mutant("tapo.surrogate_optimistic", base="tapo")
 def surrogate_optimistic():
     return IMPL.replace("tapo.surrogate_optimistic", tapo_loss=build_tapo_loss(surrogate_fn=_surrogate_optimistic))
+
+
+# --- proximal-update defects ---------------------------------------------------
+
+
+def _proximal_recomputed(policy, rollout, inner_updates):
+    """The old log-probs re-scored from the current policy before each proximal update."""
+    for k in range(inner_updates):
+        logp, _ = sequence_logprobs(policy, rollout.prompts, rollout.responses)
+        with torch.no_grad():
+            old, _ = sequence_logprobs(policy, rollout.prompts, rollout.responses)
+        yield k, logp, torch.where(rollout.mask, old, torch.zeros_like(old))
+
+
+@registry.mutant("tapo.old_logp_recomputed", base="tapo")
+def old_logp_recomputed():
+    return IMPL.replace("tapo.old_logp_recomputed", proximal_logprobs=_proximal_recomputed)
+
+
+# --- fused-path defects ----------------------------------------------------------
+# The default loss runs `_fused_tapo_loss` (and its autograd node `_FusedLoss`). These mutants
+# are that very source with one edit, compiled beside the module, so each is a defect of the code
+# the default run executes, not of a copy. An edit whose text is no longer found raises: a
+# refactor of the fused path must restate its mutants, never silently drop one.
+
+
+def _fused_variant(name: str, edits: list[tuple[str, str, str]]):
+    """A tapo_loss whose fused path has `edits` applied: (function or class name, old text, new text).
+
+    The fused node and the fused function are both recompiled into one namespace, so the
+    function calls the (possibly edited) node beside it, never the module's original.
+    """
+    namespace = dict(vars(objective))
+    for obj_name in ("_FusedLoss", "_fused_tapo_loss"):
+        source = textwrap.dedent(inspect.getsource(getattr(objective, obj_name)))
+        for target, old, new in edits:
+            if target != obj_name:
+                continue
+            if source.count(old) != 1:
+                raise RuntimeError(f"mutant {name}: {old!r} occurs {source.count(old)} times in {obj_name}, expected once")
+            source = source.replace(old, new)
+        exec(compile(source, f"<mutant {name}: {obj_name}>", "exec"), namespace)
+    return build_tapo_loss(fused_fn=namespace["_fused_tapo_loss"])
+
+
+def _fused_mutant(mutant_name: str, edits: list[tuple[str, str, str]]):
+    return IMPL.replace(mutant_name, tapo_loss=_fused_variant(mutant_name, edits))
+
+
+@registry.mutant("tapo.fused_no_overflow_fallback", base="tapo")
+def fused_no_overflow_fallback():
+    """The fused loss keeps its result when a ratio overflowed (inf * 0 = NaN at masked slots)."""
+    return _fused_mutant("tapo.fused_no_overflow_fallback", [(
+        "_fused_tapo_loss",
+        "if not (math.isfinite(stats[0]) and math.isfinite(stats[2])):\n        return None",
+        "pass",
+    )])
+
+
+@registry.mutant("tapo.fused_ignores_horizon", base="tapo")
+def fused_ignores_horizon():
+    """The fused loss checks `horizon` but schedules the clip with each response's own length."""
+    return _fused_mutant("tapo.fused_ignores_horizon", [(
+        "_fused_tapo_loss", "T = torch.full_like(count[:, :1], horizon)", "T = count[:, -1:]",
+    )])
+
+
+@registry.mutant("tapo.fused_grad_no_ratio", base="tapo")
+def fused_grad_no_ratio():
+    """The fused backward drops the R~_t factor: the gradient of an unclipped token is -A_t / N."""
+    return _fused_mutant("tapo.fused_grad_no_ratio", [
+        ("_FusedLoss", "g = torch.mul(coef, -(grad / n_valid)).mul_(r_tilde)", "g = torch.mul(coef, -(grad / n_valid))"),
+    ])
+
+
+@registry.mutant("tapo.fused_clip_side_flipped", base="tapo")
+def fused_clip_side_flipped():
+    """The fused loss zeroes the gradient on the wrong side of the clip (where A and the overshoot disagree)."""
+    return _fused_mutant("tapo.fused_clip_side_flipped", [(
+        "_fused_tapo_loss", "active = (side * adv_sign).relu_()", "active = (side * adv_sign).neg_().relu_()",
+    )])
+
+
+@registry.mutant("tapo.fused_side_unmasked", base="tapo")
+def fused_side_unmasked():
+    """The fused loss counts clip sides at masked slots too: clip_fraction reads prompt and padding."""
+    return _fused_mutant("tapo.fused_side_unmasked", [(
+        "_fused_tapo_loss", "side = torch.sub(r, c, out=c).sign_().mul_(mf)", "side = torch.sub(r, c, out=c).sign_()",
+    )])
+
+
+@registry.mutant("tapo.fused_empty_rows_count", base="tapo")
+def fused_empty_rows_count():
+    """[B] advantages: the fused zero-advantage guard counts a row with no valid token as signal."""
+    return _fused_mutant("tapo.fused_empty_rows_count", [(
+        "_fused_tapo_loss", "a = torch.where(has_tok, advantages.detach().to(cdt), zero)", "a = advantages.detach().to(cdt)",
+    )])

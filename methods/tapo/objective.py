@@ -354,12 +354,14 @@ def build_tapo_loss(
     surrogate_fn: Callable[..., torch.Tensor] = ppo_surrogate,
     *,
     fused: bool | None = None,
+    fused_fn: Callable[..., tuple | None] | None = None,
 ):
     """The TAPO loss assembled from its parts (ratio, clip schedule, zero-advantage guard,
     surrogate). The method uses the defaults; a mutant swaps exactly one part.
 
     With every part the default (and `fused` not False) the loss runs `_fused_tapo_loss`, the
     same numbers in fewer passes; a swapped part, or ``fused=False``, runs the parts as given.
+    `fused_fn` stands in for `_fused_tapo_loss` (how the fused-path mutants are built).
     """
     defaults = (ratio_fn, schedule_fn, guard_fn, surrogate_fn) == (
         trajectory_ratio, clip_schedule, reject_zero_advantage_groups, ppo_surrogate)
@@ -403,7 +405,7 @@ def build_tapo_loss(
                 f"advantages must be [B] or [B, T] = {tuple(logp.shape)}, got {tuple(advantages.shape)}"
             )
         if use_fused and logp.shape[-1] > 0:
-            out = _fused_tapo_loss(logp, old_logp, advantages if advantages.dim() == 1 else adv, m,
+            out = (fused_fn or _fused_tapo_loss)(logp, old_logp, advantages if advantages.dim() == 1 else adv, m,
                                    eps_min, eps_max, horizon, group_size)
             if out is not None:
                 return out

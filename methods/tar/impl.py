@@ -2,6 +2,7 @@
 
 from engine.spec import registry
 from methods.tar.fps import farthest_point_prototypes
+from methods.tar.harness import bank_logprobs, kl_to_base, trajectory_embeddings
 from methods.tar.replay import adaptive_replay_loss, soft_gate, tar_total_loss
 
 IMPL = registry.implementation(
@@ -10,4 +11,7 @@ IMPL = registry.implementation(
     farthest_point_prototypes=farthest_point_prototypes,
     adaptive_replay_loss=adaptive_replay_loss,
     tar_total_loss=tar_total_loss,
+    trajectory_embeddings=trajectory_embeddings,
+    bank_logprobs=bank_logprobs,
+    kl_to_base=kl_to_base,
 )

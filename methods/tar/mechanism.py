@@ -9,6 +9,10 @@ answers). Each update the policy samples 2 groups of 6 responses and trains on
 GRPO + full-vocabulary KL(pi_theta || pi_base) + lambda_rep * TAR replay over
 the bank entries of the step's prompts, through the implementation under test.
 
+The encoder, the bank's reference scoring and the KL term are the implementation's
+(`impl.trajectory_embeddings`, `impl.bank_logprobs`, `impl.kl_to_base`: they carry the
+method's decisions) and each is audited on the run's own tensors (methods/tar/audit.py).
+
 The hidden state is a declared encoder, not a semantic one: it exercises the
 FPS definition and says nothing about the coverage of reasoning modes.
 """
@@ -25,12 +29,12 @@ from methods.common import (
     group_advantages,
     grpo_token_loss,
     make_policy,
-    masked_mean,
     sample,
     sequence_logprobs,
     snapshot,
 )
 from methods.common.policy import param_l2_change, state_copy
+from methods.tar.audit import HarnessAudit
 
 DEFAULTS = {
     "updates": 3,
@@ -57,23 +61,13 @@ class Bank:
     correct_candidates: int  # of which the verifier marked correct
 
 
-@torch.no_grad()
-def trajectory_embeddings(base, prompts: torch.Tensor, responses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The declared encoder: mean of the base's hidden states after each valid response token."""
-    P = prompts.shape[1]
-    _, hidden, _ = base(torch.cat([prompts, responses], dim=1))
-    h = hidden[:, P:].double()
-    m = mask.bool()[..., None]
-    return torch.where(m, h, torch.zeros_like(h)).sum(1) / m.sum(1).clamp_min(1)
-
-
 def build_bank(impl, base, task, prompts, ctx, cfg) -> Bank:
     n = cfg["base_samples"]
     rep = prompts.repeat_interleave(n, dim=0)
     roll = sample(base, rep, cfg["max_new_tokens"], ctx.generator(2))
     ctx.meter.add_tokens(roll.n_tokens)
     correct = task.verify(rep, roll.responses, roll.mask).bool()
-    emb = trajectory_embeddings(base, rep, roll.responses, roll.mask)
+    emb = impl.trajectory_embeddings(base, rep, roll.responses, roll.mask)
     ids = torch.arange(prompts.shape[0], device=prompts.device).repeat_interleave(n)
     keep = impl.farthest_point_prototypes(emb, correct, k=cfg["bank_k"], prompt_ids=ids)
     keep = torch.as_tensor(keep, dtype=torch.long, device=prompts.device)
@@ -93,13 +87,7 @@ def build_bank(impl, base, task, prompts, ctx, cfg) -> Bank:
         mask=roll.mask[keep],
         candidates=int(rep.shape[0]),
         correct_candidates=int(correct.sum()),
-    ), roll, correct
-
-
-def full_vocab_kl(logdist: torch.Tensor, base_logdist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean over valid positions of KL(pi_theta || pi_base) summed over the whole vocabulary."""
-    kl_tok = (logdist.exp() * (logdist - base_logdist)).sum(-1)
-    return masked_mean(kl_tok, mask)
+    ), roll, correct, emb, keep
 
 
 def step_losses(impl, policy, base, roll, rewards, bank_sel: Bank, cfg):
@@ -109,17 +97,17 @@ def step_losses(impl, policy, base, roll, rewards, bank_sel: Bank, cfg):
     with torch.no_grad():
         _, _, base_logdist = sequence_logprobs(base, roll.prompts, roll.responses, full=True)
     grpo, _ = grpo_token_loss(logp, roll.old_logp, adv, roll.mask)
-    kl = full_vocab_kl(logdist, base_logdist, roll.mask)
+    kl = impl.kl_to_base(logdist, base_logdist, roll.mask)
+    lb = None
     if bank_sel.responses.shape[0] > 0:
-        lt, _ = sequence_logprobs(policy, bank_sel.prompts, bank_sel.responses)
-        with torch.no_grad():
-            lb, _ = sequence_logprobs(base, bank_sel.prompts, bank_sel.responses)
+        lt, lb = impl.bank_logprobs(policy, base, bank_sel.prompts, bank_sel.responses)
         rep, met = impl.adaptive_replay_loss(lt, lb, bank_sel.mask)
     else:
         rep = torch.zeros((), device=logp.device, dtype=logp.dtype)
         met = {"gates": torch.zeros(0), "token_weights": torch.zeros(0, 1), "active_fraction": 0.0, "mean_delta": torch.zeros(0)}
     total = impl.tar_total_loss(grpo + cfg["beta_kl"] * kl, rep, lambda_rep=cfg["lambda_rep"])
-    return total, {"grpo": grpo, "kl": kl, "replay": rep, "replay_metrics": met}
+    return total, {"grpo": grpo, "kl": kl, "replay": rep, "replay_metrics": met, "bank_base_logp": lb,
+                   "logdist": logdist.detach(), "base_logdist": base_logdist}
 
 
 def _grads(loss, params):
@@ -165,7 +153,10 @@ def run(impl, ctx, **overrides) -> dict:
 
     n_prompts = cfg["updates"] * cfg["prompts_per_step"]
     prompts = task.prompts(n_prompts, ctx.generator(1)).to(device)
-    bank, base_roll, base_correct = build_bank(impl, base, task, prompts, ctx, cfg)
+    bank, base_roll, base_correct, bank_emb, bank_keep = build_bank(impl, base, task, prompts, ctx, cfg)
+    audit = HarnessAudit()
+    audit.bank(base, prompts.repeat_interleave(cfg["base_samples"], dim=0), base_roll, base_correct, bank_emb,
+               bank_keep, cfg)
 
     # Bank audit: every entry re-verified, every entry one of the base's own samples.
     bank_incorrect = int((task.verify(bank.prompts, bank.responses, bank.mask) < 0.5).sum()) if bank.responses.shape[0] else 0
@@ -217,6 +208,7 @@ def run(impl, ctx, **overrides) -> dict:
         met = parts["replay_metrics"]
         g_rep = _grads(rep, params)
         rep_norm = _norm(g_rep)
+        audit.step(base, roll, bank_sel, parts, rep_norm)
         total_norm = _norm(g_total)
         min_total_grad = min(min_total_grad, total_norm)
         nonzero_grad_steps += int(total_norm > 0)
@@ -282,4 +274,5 @@ def run(impl, ctx, **overrides) -> dict:
         "active_steps_with_zero_replay_grad": active_zero_grad,
         "inactive_steps_with_nonzero_replay": inactive_nonzero_replay,
         "sampled_tokens": ctx.meter.tokens,
+        **audit.measurements(),
     }

@@ -8,11 +8,17 @@ mutant differs from the real implementation in exactly one place.
 
 from __future__ import annotations
 
+import inspect
+import textwrap
+
 import torch
 import torch.nn.functional as F
 
 from engine.spec import registry
+from methods.common.rollout import sequence_logprobs
+from methods.tar import fps as fps_module
 from methods.tar.fps import TIE_TOL, _segment_fps, farthest_point_prototypes
+from methods.tar.harness import kl_to_base, trajectory_embeddings
 from methods.tar.impl import IMPL
 from methods.tar.replay import DENOM_EPS, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss
 
@@ -209,3 +215,90 @@ def fps_sorts_invalid():
         return _fps_loop(embeddings, correct, k, prompt_ids, normalise=True)
 
     return IMPL.replace("tar.fps_sorts_invalid", farthest_point_prototypes=fps)
+
+
+# --- harness steps the method decides (methods/tar/harness.py) -----------------------
+
+
+@registry.mutant("tar.bank_scored_by_policy", base="tar")
+def bank_scored_by_policy():
+    """The bank's reference log-probs are scored by the live policy, not the frozen base: delta = 0."""
+
+    def bank_logprobs(policy, base, prompts, responses):
+        logp_theta, _ = sequence_logprobs(policy, prompts, responses)
+        return logp_theta, logp_theta.detach()
+
+    return IMPL.replace("tar.bank_scored_by_policy", bank_logprobs=bank_logprobs)
+
+
+@registry.mutant("tar.kl_reversed", base="tar")
+def kl_reversed():
+    """The KL term in the other direction, KL(pi_base || pi_theta)."""
+
+    def kl(logdist, base_logdist, mask):
+        return kl_to_base(base_logdist, logdist, mask)
+
+    return IMPL.replace("tar.kl_reversed", kl_to_base=kl)
+
+
+@registry.mutant("tar.encoder_pools_padding", base="tar")
+def encoder_pools_padding():
+    """The declared encoder averages the hidden states over every response slot, padding included."""
+
+    def embeddings(base, prompts, responses, mask):
+        return trajectory_embeddings(base, prompts, responses, torch.ones_like(mask, dtype=torch.bool))
+
+    return IMPL.replace("tar.encoder_pools_padding", trajectory_embeddings=embeddings)
+
+
+@registry.mutant("tar.kl_sign_flipped", base="tar")
+def kl_sign_flipped():
+    """The KL term enters with the wrong sign: the regulariser pushes the policy away from the base."""
+
+    def kl(logdist, base_logdist, mask):
+        return -kl_to_base(logdist, base_logdist, mask)
+
+    return IMPL.replace("tar.kl_sign_flipped", kl_to_base=kl)
+
+
+# --- batched-FPS defects -------------------------------------------------------------
+# The bank's FPS runs `_segment_fps` (and `_dense_prompt_ranks`). These mutants are that very
+# source with one edit, compiled beside the module; an edit whose text is gone raises.
+
+
+def _fps_variant(name: str, edits: list[tuple[str, str, str]]):
+    namespace = dict(vars(fps_module))
+    for obj_name in ("_dense_prompt_ranks", "_segment_fps"):
+        source = textwrap.dedent(inspect.getsource(getattr(fps_module, obj_name)))
+        for target, old, new in edits:
+            if target != obj_name:
+                continue
+            if source.count(old) != 1:
+                raise RuntimeError(f"mutant {name}: {old!r} occurs {source.count(old)} times in {obj_name}, expected once")
+            source = source.replace(old, new)
+        exec(compile(source, f"<mutant {name}: {obj_name}>", "exec"), namespace)
+    segment = namespace["_segment_fps"]
+
+    def fps(embeddings, correct, k=3, prompt_ids=None):
+        return segment(embeddings, correct, k, prompt_ids, TIE_TOL)
+
+    return IMPL.replace(name, farthest_point_prototypes=fps)
+
+
+@registry.mutant("tar.fps_wide_ids_descending", base="tar")
+def fps_wide_ids_descending():
+    """Wide-range prompt ids: the torch.unique branch ranks prompts in descending id order."""
+    return _fps_variant("tar.fps_wide_ids_descending", [(
+        "_dense_prompt_ranks",
+        "_, rank, counts = torch.unique(pid, return_inverse=True, return_counts=True)\n        return rank, counts",
+        "_, rank, counts = torch.unique(pid, return_inverse=True, return_counts=True)\n"
+        "        return counts.numel() - 1 - rank, counts.flip(0)",
+    )])
+
+
+@registry.mutant("tar.fps_block_group_offset", base="tar")
+def fps_block_group_offset():
+    """Blocked distances: every block reads the first block's prompt ranks (wrong pick rows past block 1)."""
+    return _fps_variant("tar.fps_block_group_offset", [(
+        "_segment_fps", "unit.index_select(0, group[lo:hi])", "unit.index_select(0, group[: hi - lo])",
+    )])

@@ -1,0 +1,114 @@
+"""Audit of every TAPO proximal update of the mechanism run, on the run's own tensors.
+
+Per update it checks what the formula-level contracts check on synthetic inputs, but on
+the rollouts the run really trained on: the behaviour log-probs the update is measured
+against are the behaviour policy's (re-scored from a copy kept at sampling time); the
+ratio R~_t, the clip bounds eps_t and the loss with its gradient equal the float64 loops
+of `reference.py`. It also records whether the mechanism acted: whether any later update
+was off-policy (R~_t != 1) and on how many tokens the clip bound (zeroed the gradient).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from methods.common.rollout import sequence_logprobs
+from methods.tapo import reference as ref
+
+# Relative distance to a clip bound inside which float32 may put a token on either side;
+# such tokens are left out of the gradient comparison (as in the loss_forward contract).
+_MARGIN = 1e-4
+
+
+def _rows(x: torch.Tensor) -> list:
+    return x.detach().to("cpu", torch.float64).tolist() if x.dtype != torch.bool else x.cpu().tolist()
+
+
+def _bad(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
+class ProximalAudit:
+    """Accumulates the worst errors and the mechanism's activity over a run's TAPO updates."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+        self.behaviour_err = 0.0
+        self.ratio_err = 0.0
+        self.loss_err = 0.0
+        self.grad_err = 0.0
+        self.eps_err = 0.0
+        self.later_ratio_dev = 0.0
+        self.later_updates = 0
+        self.clipped_tokens = 0
+        self.later_clipped_tokens = 0
+        self.max_response_tokens = 0
+
+    def update(self, impl, behaviour, ro, k, logp, old_logp, adv, loss, met, eps_min, eps_max) -> None:
+        mask = ro.mask
+        rows_m = _rows(mask)
+        with torch.no_grad():
+            behaviour_logp, _ = sequence_logprobs(behaviour, ro.prompts, ro.responses)
+        self.behaviour_err = max(self.behaviour_err, _bad(float(torch.where(
+            mask, (old_logp.double() - behaviour_logp.double()).abs(), torch.zeros((), dtype=torch.float64,
+                                                                                 device=mask.device)).max())))
+        rows_l, rows_o = _rows(logp), _rows(old_logp)
+        arow = _rows(adv)
+        adv_rows = [[a] * len(rows_m[0]) for a in arow]
+        want_r = ref.prefix_ratio(rows_l, rows_o, rows_m)
+        got_r = _rows(impl.trajectory_ratio(logp.detach(), old_logp, mask))
+        want_l, want_g, near, scale = ref.loss_and_grad(rows_l, rows_o, adv_rows, rows_m, eps_min, eps_max, None, _MARGIN)
+        (grad,) = torch.autograd.grad(loss, logp, retain_graph=True) if loss.requires_grad else (torch.zeros_like(logp),)
+        got_g = _rows(grad)
+        gscale = max(abs(x) for row in want_g for x in row) or 1.0
+        self.loss_err = max(self.loss_err, _bad(abs(float(loss.detach()) - want_l)) / max(scale, 1e-300))
+        for b, mrow in enumerate(rows_m):
+            T = sum(mrow)
+            self.max_response_tokens = max(self.max_response_tokens, T)
+            eps = ref.clip_eps(T, eps_min, eps_max) if T else []
+            if T:
+                got_eps = impl.length_aware_clip(T, eps_min, eps_max, dtype=logp.dtype, device=logp.device)
+                got_eps = got_eps.detach().to("cpu", torch.float64).tolist()
+                if len(got_eps) != T:
+                    self.eps_err = math.inf
+                else:
+                    self.eps_err = max(self.eps_err, max(_bad(abs(x - y)) for x, y in zip(got_eps, eps)))
+            t = 0
+            for i, valid in enumerate(mrow):
+                if not valid:
+                    continue
+                r = want_r[b][i]
+                self.ratio_err = max(self.ratio_err, _bad(abs(got_r[b][i] - r)) / r)
+                e = eps[t]
+                t += 1
+                binds = (arow[b] > 0 and r > 1.0 + e) or (arow[b] < 0 and r < 1.0 - e)
+                self.clipped_tokens += int(binds)
+                if k > 0:
+                    self.later_ratio_dev = max(self.later_ratio_dev, abs(r - 1.0))
+                    self.later_clipped_tokens += int(binds)
+                if not near[b][i]:
+                    self.grad_err = max(self.grad_err, _bad(abs(got_g[b][i] - want_g[b][i])) / gscale)
+        # The loss's own clip-bound metrics against the reference schedule of these rows.
+        lens = [sum(mrow) for mrow in rows_m if sum(mrow)]
+        lo_want = min(ref.clip_eps(T, eps_min, eps_max)[-1] for T in lens)
+        hi_want = max(ref.clip_eps(T, eps_min, eps_max)[0] for T in lens)
+        self.eps_err = max(self.eps_err, _bad(abs(met["eps_lo"] - lo_want)), _bad(abs(met["eps_hi"] - hi_want)))
+        self.updates += 1
+        self.later_updates += int(k > 0)
+
+    def measurements(self) -> dict:
+        return {
+            "audited_updates": self.updates,
+            "later_updates": self.later_updates,
+            "behaviour_logp_max_abs_err": self.behaviour_err,
+            "run_ratio_max_rel_err": self.ratio_err,
+            "run_loss_max_scaled_err": self.loss_err,
+            "run_grad_max_rel_err": self.grad_err,
+            "run_eps_max_abs_err": self.eps_err,
+            "later_update_ratio_max_dev": self.later_ratio_dev,
+            "clipped_tokens": self.clipped_tokens,
+            "later_update_clipped_tokens": self.later_clipped_tokens,
+            "max_response_tokens": self.max_response_tokens,
+        }
