@@ -94,7 +94,9 @@ class ProximalAudit:
         lens = [sum(mrow) for mrow in rows_m if sum(mrow)]
         lo_want = min(ref.clip_eps(T, eps_min, eps_max)[-1] for T in lens)
         hi_want = max(ref.clip_eps(T, eps_min, eps_max)[0] for T in lens)
-        self.eps_err = max(self.eps_err, _bad(abs(met["eps_lo"] - lo_want)), _bad(abs(met["eps_hi"] - hi_want)))
+        if "eps_lo" in met or "eps_hi" in met:  # optional in the interface; checked whenever reported
+            self.eps_err = max(self.eps_err, _bad(abs(met.get("eps_lo", math.nan) - lo_want)),
+                               _bad(abs(met.get("eps_hi", math.nan) - hi_want)))
         self.updates += 1
         self.later_updates += int(k > 0)
 
