@@ -20,6 +20,9 @@ from engine.spec.loader import display_path
 def _print_summary(pred: dict, receipt: str) -> None:
     from rich.table import Table
 
+    from engine.text import term_safe_deep
+
+    pred, receipt = term_safe_deep(pred), term_safe_deep(receipt)  # messages and names are data, never control codes
     con = _console()
     t = Table(title=f"{pred['method']} on {pred['environment']['device']['name']}: {pred['status'].upper()}",
               title_justify="left")

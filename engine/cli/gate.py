@@ -15,6 +15,7 @@ from engine.cli.common import (
     SpecsOpt,
     _dirs,
     _flags,
+    _out,
     _print_json,
     _spec_cache,
     app,
@@ -26,13 +27,16 @@ from engine.paths import spec_path
 def _print_gate(result: dict) -> None:
     """Plain lines (no wrapping, no markup): one per requirement; an unmet one ends with the command that meets it."""
     head = "PROMOTABLE" if result["promotable"] else "NOT PROMOTABLE"
-    typer.echo(f"{result['method']}: {head} (state {result['state']}, review {result['review']})")
+    _out(f"{result['method']}: {head} (state {result['state']}, review {result['review']})")
     for r in result["requirements"]:
         if r["required"]:
-            typer.echo(f"  {'met  ' if r['met'] else 'UNMET'} {r['id']}: {r['detail']}"
+            _out(f"  {'met  ' if r['met'] else 'UNMET'} {r['id']}: {r['detail']}"
                        + ("" if r["met"] else f" -> {r['fix']}"))
     for w in result["warnings"]:
-        typer.echo(f"  warning: {w}")
+        _out(f"  warning: {w}")
+    more = result.get("warnings_total", 0) - len(result["warnings"])
+    if more > 0:
+        _out(f"  warning: +{more} more (contracts verify {result['method']} lists every receipt)")
 
 
 @app.command()

@@ -375,7 +375,15 @@ def _schema_error(err, doc: Any, display: str) -> SpecError:
         fix = (f"use {json.dumps(near[0])} (the closest value); valid: " if near else "use one of: ") \
             + ", ".join(json.dumps(a) for a in allowed)
     elif validator == "pattern":
-        fix = f"match the pattern {err.validator_value}"
+        bad = (_CONTROL.search(err.instance) or _LINE_BREAK.search(err.instance)) \
+            if isinstance(err.instance, str) else None
+        if bad is not None:  # say which character, not a regex of the whole control range
+            message = f"holds the control character {ascii(bad.group(0))[1:-1]} at offset {bad.start()}"
+            fix = ("keep this field on one line" if bad.group(0) in "\t\n" else
+                   "remove it: spec text is shown on terminals, where control characters act instead of print "
+                   "(multi-line text may hold tabs and line feeds, nothing else)")
+        else:
+            fix = f"match the pattern {err.validator_value}"
     elif validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         fix = f"keep it within the {validator} {err.validator_value}"
     elif validator == "oneOf":
@@ -407,6 +415,12 @@ def _non_finite(data: Any, path: list) -> Iterable[list]:
     elif isinstance(data, list):
         for i, v in enumerate(data):
             yield from _non_finite(v, path + [i])
+
+
+# What the spec schema's text patterns refuse (C0, DEL, C1, bidi controls; multi-line text allows tab and line
+# feed, so a pattern error on a string that holds neither of the others is about those): named in errors.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_LINE_BREAK = re.compile("[\t\n]")
 
 
 @lru_cache(maxsize=None)

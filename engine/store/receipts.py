@@ -226,13 +226,23 @@ class ReceiptCheck:
 
 
 def load_receipt(path: Path, with_bytes: bool = False):
-    """Parse a receipt file; raises ValueError with a one-line reason."""
+    """Parse a receipt file; raises ValueError with a one-line reason.
+
+    Bounded (engine.store.bounded): a receipt is a regular file in a real method folder, at most
+    MAX_RECEIPT_BYTES, nested at most MAX_DEPTH deep; anything else is refused before it is parsed.
+    """
+    from engine.store import bounded
+
+    if Path(path).parent.is_symlink():
+        raise ValueError("its method folder is a symbolic link; receipts live in real folders of the store")
     try:
-        raw = Path(path).read_bytes()
+        raw = bounded.read_regular(path, bounded.MAX_RECEIPT_BYTES)
     except OSError as err:
         raise ValueError(f"cannot read: {err.strerror}") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        bounded.check_depth(raw)
+        data = json.loads(text)
     except UnicodeDecodeError:
         raise ValueError("not UTF-8") from None
     except json.JSONDecodeError as err:
@@ -303,13 +313,13 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         name = s.get("name", "")
         if is_external_subject(name):
             continue  # a checkpoint file: binds what ran, is not in the tree (see is_external_subject)
-        parts = Path(name).parts
-        target = (Path(specs_dir) / Path(*parts[1:])) if (specs_dir is not None and parts[:1] == ("specs",)
-                                                           and len(parts) > 1) else root / name
         if not name or Path(name).is_absolute() or ".." in Path(name).parts:
             changed.append(f"{name} (not a repository path)")
             continue
-        if not target.is_file():
+        target = subject_target(name, root, specs_dir)
+        if target is None:
+            changed.append(f"{name} (resolves outside the checkout)")
+        elif not target.is_file():
             changed.append(f"{name} (missing)")
         elif (cache.tree_sha256(target) if cache is not None else sha256_file(target)) != \
                 s.get("digest", {}).get("sha256") and not _same_but_state(target, s, pred, cache):
@@ -318,6 +328,19 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         rc.state, rc.changed = "stale", tuple(changed)
         rc.message = "changed since the run: " + ", ".join(changed)
     return rc
+
+
+def subject_target(name: str, root: Path, specs_dir: Path | None = None) -> Path | None:
+    """The working-tree file a subject names, or None when it resolves outside its folder (a symbolic link
+    out of the checkout): such a file is never read. `specs/...` resolves against specs_dir when given."""
+    parts = Path(name).parts
+    if specs_dir is not None and parts[:1] == ("specs",) and len(parts) > 1:
+        base, target = Path(specs_dir), Path(specs_dir) / Path(*parts[1:])
+    else:
+        base, target = Path(root), Path(root) / name
+    real_base = os.path.realpath(base)
+    real = os.path.realpath(target)
+    return target if real == real_base or real.startswith(real_base.rstrip(os.sep) + os.sep) else None
 
 
 # --- freshness across a promote/demote -----------------------------------------
