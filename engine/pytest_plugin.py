@@ -264,7 +264,8 @@ class MutantItem(_SpecItem):
                 lines.append(term_safe(record["error"]))
             for r in record["results"]:
                 why = "baseline did not pass, so it cannot count" if not r["baseline_passed"] else r["status"]
-                lines.append(f"  {r['contract']} {r['dtype']}: {why}" + (f": {term_safe(r['message'])}" if r["message"] else ""))
+                lines.append(f"  {r['contract']} {r['dtype']}: {why}"
+                             + (f": {term_safe(r['message'])}" if r["message"] else ""))
             if run.stopped:
                 lines.append(f"run stopped: {term_safe(run.stopped)}")
             raise ContractFailed("\n".join(lines))
@@ -384,7 +385,8 @@ class _SpecRun:
             # pytest must not say green where the receipt says failed.
             reasons = [f"contract {c} was not shown to fail by any selected mutant" for c in pred["unproven_contracts"]]
             reasons += pred["errors"]
-            pytest.fail(term_safe(f"receipt {shown} status {pred['status']}: " + "; ".join(reasons or ["see the receipt"])),
+            pytest.fail(term_safe(f"receipt {shown} status {pred['status']}: "
+                                  + "; ".join(reasons or ["see the receipt"])),
                         pytrace=False)
 
     def _any_item_failed(self) -> bool:

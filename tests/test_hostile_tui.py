@@ -126,3 +126,27 @@ def test_notifications_are_literal_text(click_store):
             assert note.markup is False
 
     asyncio.run(go())
+
+
+def test_contracts_tui_exits_3_when_the_app_stopped_on_an_error(monkeypatch):
+    """Textual prints the error and returns; the command must not then report success (exit 0)."""
+    import types
+
+    from typer.testing import CliRunner
+
+    import engine.cli as cli
+    import engine.cli.tui as tui_verb
+    import tui.app
+
+    class Crashed:
+        return_code = 1
+
+        def run(self):
+            return None
+
+    tty = types.SimpleNamespace(isatty=lambda: True)
+    monkeypatch.setattr(tui_verb, "sys", types.SimpleNamespace(stdin=tty, stdout=tty))
+    monkeypatch.setattr(tui.app, "create_app", lambda *a, **k: Crashed())
+    assert CliRunner().invoke(cli.app, ["tui"]).exit_code == 3
+    Crashed.return_code = 0
+    assert CliRunner().invoke(cli.app, ["tui"]).exit_code == 0

@@ -206,7 +206,8 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, pro
     created = utc_now()
     from rich.console import Console
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    progress = Progress(TextColumn("{task.description}", markup=False),  # names and failures are data
+                        BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), transient=True)
     with progress:
         task = progress.add_task(f"{plan.spec.key}", total=total)

@@ -15,6 +15,7 @@ from engine.cli.common import (
     _print_json,
 )
 from engine.spec.loader import display_path
+from engine.text import term_safe
 
 
 def _print_summary(pred: dict, receipt: str) -> None:
@@ -89,7 +90,8 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
         resolve_device(device)  # exit 4 here, before any worker starts; Ray workers resolve it on their node
     ensure_writable(receipts_dir)
     cells = sum(len(p.seeds) for p in plans)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    progress = Progress(TextColumn("{task.description}", markup=False),  # names and failures are data
+                        BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), transient=True)
     from engine.cli.check import _StopFlag
 
@@ -102,8 +104,8 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
             progress.update(task, description=f"{cell.method} seed {cell.seed}: {what} {r['status']}")
 
         def on_cell(o) -> None:
-            progress.update(task, advance=1, description=f"{o.cell.method} seed {o.cell.seed}: "
-                                                         f"{'done' if o.data is not None else o.failure}")
+            progress.update(task, advance=1, description=term_safe(f"{o.cell.method} seed {o.cell.seed}: "
+                                                                   f"{'done' if o.data is not None else o.failure}"))
 
         try:
             statements = execute(plans, device, executor=executor, jobs=jobs, address=address, threads=threads,

@@ -91,8 +91,14 @@ def read_regular(path: Path | str, max_bytes: int) -> bytes:
             raise ValueError("is not a regular file")
         if st.st_size > max_bytes:
             raise TooLarge(f"is {st.st_size} bytes, over the {max_bytes}-byte limit")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
         if len(data) > max_bytes:  # grew while being read
             raise TooLarge(f"is over the {max_bytes}-byte limit")
         return data

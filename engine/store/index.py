@@ -48,6 +48,10 @@ _STAMP_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})(\d{6})Z_")
 _SEP = b"\t"  # json.dumps never writes a raw tab, so it cannot occur inside either part
 
 
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -413,8 +417,7 @@ class ReceiptIndex:
         if not isinstance(pos, int):
             return None
         try:
-            fd = os.open(self.detail_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # never through a link
-            with os.fdopen(fd, "rb") as f:
+            with open(self.detail_path, "rb", opener=_no_follow) as f:  # never through a link
                 f.seek(pos)
                 line = f.readline(bounded.MAX_RECEIPT_BYTES).rstrip(b"\n")
         except OSError:
