@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import pytest
 
 from engine.errors import ContractsError
+from engine.text import term_safe
 
 _SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -167,7 +168,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     terminalreporter.section("contracts receipts")
     for method, status, path in opts.written:
-        terminalreporter.write_line(f"{method}: {status.upper()}  {path}")
+        terminalreporter.write_line(term_safe(f"{method}: {status.upper()}  {path}"))
 
 
 # --- collection -------------------------------------------------------------------
@@ -181,7 +182,7 @@ class SpecFile(pytest.File):
 
         spec, errors = validate_file(self.path, self.config.rootpath)
         if errors:  # a broken spec is an error, never skipped
-            raise self.CollectError("\n".join(e.line() for e in errors))
+            raise self.CollectError("\n".join(term_safe(e.line()) for e in errors))
         self.spec = spec
         self.run: _SpecRun | None = None
         for i, c in enumerate(spec.data["contracts"]):
@@ -215,7 +216,7 @@ class _SpecItem(pytest.Item):
             text = excinfo.value.args[0] if isinstance(excinfo.value, ContractFailed) else excinfo.value.line()
             shown = self.parent.spec.display
             where = f"{shown}:{self.line}" if self.line else shown
-            return f"{where}: {text}"
+            return term_safe(f"{where}: {text}", keep_newlines=True)  # receipt/spec text: data, never escapes
         return super().repr_failure(excinfo, style=style)
 
 
@@ -260,12 +261,13 @@ class MutantItem(_SpecItem):
             lines = [f"mutant {record['id']} survived ({record['description']}); expected killers: "
                      f"{', '.join(record['expected_killers'])}"]
             if record.get("error"):
-                lines.append(record["error"])
+                lines.append(term_safe(record["error"]))
             for r in record["results"]:
                 why = "baseline did not pass, so it cannot count" if not r["baseline_passed"] else r["status"]
-                lines.append(f"  {r['contract']} {r['dtype']}: {why}" + (f": {r['message']}" if r["message"] else ""))
+                lines.append(f"  {r['contract']} {r['dtype']}: {why}"
+                             + (f": {term_safe(r['message'])}" if r["message"] else ""))
             if run.stopped:
-                lines.append(f"run stopped: {run.stopped}")
+                lines.append(f"run stopped: {term_safe(run.stopped)}")
             raise ContractFailed("\n".join(lines))
 
 
@@ -382,7 +384,8 @@ class _SpecRun:
             # pytest must not say green where the receipt says failed.
             reasons = [f"contract {c} was not shown to fail by any selected mutant" for c in pred["unproven_contracts"]]
             reasons += pred["errors"]
-            pytest.fail(f"receipt {shown} status {pred['status']}: " + "; ".join(reasons or ["see the receipt"]),
+            pytest.fail(term_safe(f"receipt {shown} status {pred['status']}: "
+                                  + "; ".join(reasons or ["see the receipt"])),
                         pytrace=False)
 
     def _any_item_failed(self) -> bool:
@@ -398,7 +401,7 @@ def _result_line(r: dict) -> str:
     head = f"  seed {r['seed']} {r['dtype']}: {r['status']}"
     failed = [e for e in r["expectations"] if not e["passed"]]
     if not failed:
-        return head + (f": {r['message']}" if r["message"] else "")
+        return head + (f": {term_safe(r['message'])}" if r["message"] else "")
     from engine.run.expect import describe, format_headroom
 
     parts = []
@@ -407,7 +410,7 @@ def _result_line(r: dict) -> str:
         text = f"{describe(e)} (tolerance from {e['tolerance_source']}"
         text += f", headroom {format_headroom(e['headroom'])})" if e.get("headroom") is not None else ")"
         if e.get("message"):
-            text += f" [{e['message']}]"
+            text += f" [{term_safe(e['message'])}]"
         parts.append(text)
     return head + ": " + "; ".join(parts)
 

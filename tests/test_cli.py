@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from engine.cli import app
@@ -149,7 +150,9 @@ def test_validate_reports_a_broken_spec_with_exit_2(tmp_path):
     (tmp_path / "tapo-trajectory.yaml").write_text(text)
     r = invoke("validate", "--specs", str(tmp_path))
     assert r.exit_code == 2
-    assert "tapo-trajectory.yaml:" in r.stderr and "$.contracts[9].check" in r.stderr
+    at = [c["check"] for c in YAML(typ="safe").load((ROOT / "specs" / "tapo-trajectory.yaml").read_text())["contracts"]].index(
+        "tapo.mechanism")
+    assert "tapo-trajectory.yaml:" in r.stderr and f"$.contracts[{at}].check" in r.stderr
 
 
 def test_check_refuses_a_broken_spec_before_running(tmp_path):

@@ -410,11 +410,17 @@ def _related(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or a.startswith(b + "[") or b.startswith(a + ".") or b.startswith(a + "[")
 
 
+# Text a spec may hold, and the characters its schema refuses in text (engine/text.py shows them escaped).
+_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+PRINTABLE = st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters=_BIDI)
+CONTROLS = st.sampled_from([chr(c) for c in [*range(0x00, 0x20), *range(0x7f, 0xa0)]] + list(_BIDI))
+
+
 @st.composite
 def data_mutation(draw):
     """(mutated data, expectation) with expectation = (verdict or None, expected path or None, position or None)."""
     op = draw(st.sampled_from(["delete", "unknown_key", "wrong_type", "huge", "nonfinite", "deep", "path_trick",
-                               "quoted_number", "delete_optional", "param_ok", "whole_doc"]))
+                               "quoted_number", "delete_optional", "param_ok", "param_control", "whole_doc"]))
     if op == "delete":
         path = draw(st.sampled_from([p for p in PATHS if p and isinstance(p[-1], str)]))
         required = path[-1] in subschema(path[:-1]).get("required", [])
@@ -426,8 +432,15 @@ def data_mutation(draw):
     if op == "param_ok":
         name = draw(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True))
         assume(name not in BASE["contracts"][0]["params"])
-        value = draw(st.one_of(st.floats(-1e6, 1e6), st.integers(-1000, 1000), st.booleans(), st.text(max_size=20)))
+        value = draw(st.one_of(st.floats(-1e6, 1e6), st.integers(-1000, 1000), st.booleans(),
+                               st.text(PRINTABLE, max_size=20)))
         return op, _set(BASE, ("contracts", 0, "params", name), value), ("valid", None, None)
+    if op == "param_control":  # text is shown on terminals: a control character in it is refused, located
+        name = draw(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True))
+        assume(name not in BASE["contracts"][0]["params"])
+        value = draw(st.text(PRINTABLE, max_size=5)) + draw(CONTROLS) + draw(st.text(PRINTABLE, max_size=5))
+        path = ("contracts", 0, "params", name)
+        return op, _set(BASE, path, value), ("invalid", json_path(path), ("value", path))
     if op == "unknown_key":
         path = draw(st.sampled_from([p for p in DICT_PATHS if p[-1:] != ("params",)]))
         key = draw(st.one_of(st.sampled_from(["zz", "__class__", "!!python", "../x", "a b", "$ref", "<<", "é"]),

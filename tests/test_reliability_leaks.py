@@ -227,12 +227,98 @@ def test_the_scan_finds_what_it_looks_for():
     assert f"${CANARY_NAME}" in found
 
 
+def _parsed(p):
+    """A written receipt; a file other tests planted to be refused (100k-deep, not JSON) holds nothing to leak."""
+    try:
+        return json.loads(p.read_bytes())
+    except (RecursionError, ValueError):
+        return {}
+
+
 @pytest.mark.last
 def test_no_receipt_the_suite_wrote_leaks_anything(tmp_path_factory, leaky, tmp_path):
     """Runs after every other test: every receipt written this session, and the shipped ones."""
     CliRunner().invoke(app, ["check", "reliab-leaky", "--specs", str(leaky), "--receipts", str(tmp_path)])
     files = receipts_written(tmp_path_factory.getbasetemp())
     assert files, "no receipt found to scan"
-    problems = {str(p): found for p in files if (found := leaks(json.loads(p.read_bytes())))}
+    problems = {str(p): found for p in files if (found := leaks(_parsed(p)))}
     assert problems == {}, json.dumps(problems, indent=1)[:5000]
     print(f"scanned {len(files)} receipts")
+
+
+# --- keys and step records ------------------------------------------------------------------------------
+
+KEY_LEAK_PACKAGE = '''\
+"""Test-only: a check that leaks through dict keys and the free text of its step records."""
+
+import getpass
+import os
+import socket
+from pathlib import Path
+
+from engine.spec import registry
+
+IMPL = registry.implementation("reliab_keyleak", identity=lambda x: x)
+USER, HOST = getpass.getuser(), socket.gethostname()
+TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"
+
+
+@registry.check("reliab_keyleak.keys_and_steps")
+def keys_and_steps(impl, ctx):
+    ctx.record_step(**{f"loss@{HOST}": 1.0, str(Path.home() / "run" / "x.pt"): 2.0,
+                       os.environ["CONTRACTS_LEAK_CANARY"]: 3.0},
+                    text=f"ran as {USER} on {HOST} with token {TOKEN} and secret "
+                         f"{os.environ['CONTRACTS_LEAK_CANARY']}", host=HOST,
+                    nested={f"{USER}@{HOST}": {"note": f"api_key={TOKEN[4:]}"}})
+    return {"err": 0.0, f"{USER}@{HOST}": 1.0, os.environ["CONTRACTS_LEAK_CANARY"]: 2.0}
+
+
+@registry.mutant("reliab_keyleak.none", base="reliab_keyleak")
+def none():
+    return IMPL.replace("reliab_keyleak.none", identity=lambda x: x + 1)
+'''
+
+KEY_LEAK_SPEC = LEAKY_SPEC.replace("reliab-leaky", "reliab-keyleak").replace("reliab_leaky", "reliab_keyleak") \
+    .replace('"2601.00004"', '"2601.00005"')
+
+
+@pytest.fixture()
+def key_leaky(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "reliab_keyleak_pkg.py").write_text(KEY_LEAK_PACKAGE)
+    sys.path.insert(0, str(tmp_path / "pkg"))
+    reg = registry.load()
+    before = {t: set(getattr(reg, t)) for t in ("implementations", "checks", "mutants")}
+    importlib.import_module("reliab_keyleak_pkg")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    text = KEY_LEAK_SPEC
+    for cid in ("raises", "records"):  # both contracts run the one leaky check
+        text = text.replace(f"check: reliab_keyleak.{'raises_with_paths' if cid == 'raises' else 'records_paths'}",
+                            "check: reliab_keyleak.keys_and_steps")
+    (specs / "reliab-keyleak.yaml").write_text(text)
+    yield specs
+    for t, names in before.items():
+        table = getattr(reg, t)
+        for name in set(table) - names:
+            del table[name]
+    sys.modules.pop("reliab_keyleak_pkg", None)
+    sys.path.remove(str(tmp_path / "pkg"))
+
+
+def test_a_check_leaking_through_keys_and_step_text_leaves_nothing(key_leaky, tmp_path):
+    receipts = tmp_path / "receipts"
+    res = CliRunner().invoke(app, ["check", "reliab-keyleak", "--specs", str(key_leaky), "--receipts", str(receipts)])
+    assert res.exit_code in (0, 1), res.output
+    (path,) = (receipts / "reliab-keyleak").glob("*.json")
+    text = path.read_text()
+    stmt = json.loads(text)
+    assert leaks(stmt) == []
+    for secret in (CANARY, str(Path.home()) + "/", f"{USER}@{HOST}", "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"):
+        assert secret not in text, secret
+    step = next(m for m in stmt["predicate"]["mechanism"] if m["steps"])["steps"][0]
+    assert step["text"] == "ran as <user> on <host> with token <secret> and secret " + f"<env:{CANARY_NAME}>"
+    assert step["host"] == "<host>" and f"loss@<host>" in step and "<abs>/x.pt" in step
+    assert f"<env:{CANARY_NAME}>" in step and step["nested"] == {"<user>@<host>": {"note": "api_key=<secret>"}}
+    measured = stmt["predicate"]["results"][0]["measurements"]
+    assert "<user>@<host>" in measured and f"<env:{CANARY_NAME}>" in measured and measured["err"] == 0.0

@@ -49,6 +49,14 @@ class ContractsApp(App):
         if keymap:
             self.set_keymap(keymap)
 
+    def notify(self, message, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = True) -> None:
+        """Every notification is literal text: the messages name receipts, contracts and errors, which are
+        data (never Textual markup, never raw control characters), whatever a caller passes as `markup`."""
+        from engine.text import term_safe
+
+        super().notify(term_safe(message), title=term_safe(title), severity=severity, timeout=timeout, markup=False)
+
     def ui(self, callback, *args, **kwargs):
         """Run `callback` on the UI thread from a worker; nothing once the app is shutting down.
 

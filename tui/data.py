@@ -423,11 +423,17 @@ def load_detail(receipts_dir: Path, file: str) -> Detail:
     """Read one receipt in full; never raises (a broken file comes back with `error`)."""
     from engine.store.receipts import load_receipt
 
+    from engine.store import bounded
+
     path = Path(receipts_dir) / file
     try:
-        raw = path.read_bytes()
+        if path.parent.is_symlink():
+            raise ValueError("its method folder is a symbolic link; receipts live in real folders of the store")
+        raw = bounded.read_regular(path, bounded.MAX_RECEIPT_BYTES)
     except OSError as err:
         return Detail(file, None, "", f"cannot read: {err.strerror}")
+    except ValueError as err:  # a symbolic link, not a regular file, over the size limit
+        return Detail(file, None, "", str(err))
     text = raw.decode("utf-8", errors="replace")
     if len(text) > MAX_RAW_CHARS:
         text = text[:MAX_RAW_CHARS] + f"\n... ({len(raw)} bytes; the rest is not shown)"

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rich.console import Group
 from rich.text import Text
+
+from engine.text import term_safe
 
 STATUS_MARK = {"passed": "✓", "failed": "✗", "error": "!", "interrupted": "◌", None: "·"}
 STATUS_STYLE = {"passed": "green", "failed": "bold red", "error": "bold magenta", "interrupted": "yellow",
@@ -15,6 +18,55 @@ STATE_WORD = {"fresh": "fresh", "stale": "stale", "tampered": "TAMPERED", "inval
 GATE_MARK = {"open": "✓", "closed": "✗", "unknown": "…"}
 GATE_STYLE = {"open": "bold green", "closed": "bold red", "unknown": "dim"}
 OPS = {"le": "≤", "lt": "<", "ge": "≥", "gt": ">", "eq": "="}
+
+
+# --- text from specs, receipts and file names: data, never markup, never control sequences ---------
+
+
+def plain(value: Any, style: str = "") -> Text:
+    """`value` as literal text: no markup is parsed (`[@click=...]` stays those characters) and control
+    characters show escaped (engine/text.py), so nothing a spec or receipt holds can act on the app or the
+    terminal."""
+    return Text(term_safe(value if isinstance(value, str) else str(value)), style=style)
+
+
+def _clean_text(t: Text) -> Text:
+    """A Text with its control characters escaped, styles kept."""
+    if term_safe(t.plain, keep_newlines=True) == t.plain:
+        return t
+    out = Text(style=t.style, justify=t.justify, overflow=t.overflow, no_wrap=t.no_wrap, end=t.end)
+    for line_no, line in enumerate(t.split("\n", allow_blank=True)):
+        if line_no:
+            out.append("\n")
+        pos = 0
+        text = line.plain
+        for i, ch in enumerate(text):
+            safe = term_safe(ch)
+            if safe != ch:
+                out.append_text(line[pos:i])
+                out.append(safe, style="reverse")
+                pos = i + 1
+        out.append_text(line[pos:])
+    return out
+
+
+def clean(value: Any) -> Any:
+    """What a widget may be given: a str becomes `plain` Text; a Text (or the Texts of a Group) has its control
+    characters escaped; any other renderable is returned as it is."""
+    if isinstance(value, str):
+        return Text(term_safe(value, keep_newlines=True))
+    if isinstance(value, Text):
+        return _clean_text(value)
+    if isinstance(value, Group):
+        return Group(*(clean(r) for r in value.renderables), fit=value.fit)
+    return value
+
+
+def cell(value: Any) -> Any:
+    """A DataTable cell or label: a str as DataTable would show it (no line end), but never as markup."""
+    if isinstance(value, str):
+        return Text(term_safe(value), end="")
+    return clean(value)
 
 
 def status(value: str | None, extra: str = "") -> Text:

@@ -1,4 +1,11 @@
-"""Small widgets shared by the screens: a DataTable with vim keys and a filter bar."""
+"""Small widgets shared by the screens: a DataTable with vim keys, a filter bar, a Static for data.
+
+Every widget here that shows text from a spec, a receipt or a file name takes
+it as literal text (tui.fmt.plain / tui.fmt.clean): DataTable cells and column
+labels, Tree labels and Static content given as a str would otherwise be parsed
+as Textual markup, where `[@click=app.screenshot(...)]` is an action and `[/]`
+an error that stops the app.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ from textual.message import Message
 from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable, Input, Static, Tree
+
+from tui import fmt
 
 
 class VimTable(DataTable):
@@ -48,7 +57,10 @@ class VimTable(DataTable):
     def add_row(self, *cells, **kwargs):
         self._raw.append(self._pending_raw)
         self._pending_raw = None
-        return super().add_row(*cells, **kwargs)
+        return super().add_row(*(fmt.cell(c) for c in cells), **kwargs)
+
+    def add_column(self, label, *args, **kwargs):
+        return super().add_column(fmt.cell(label), *args, **kwargs)
 
     def add_raw_row(self, cells: list, raw: list | None, key: str | None = None):
         """A row shown as `cells`, copied as `raw`."""
@@ -62,8 +74,9 @@ class VimTable(DataTable):
         left to DataTable's measuring pass on idle: the picture is the same
         whenever it is taken, and no cell is measured twice.
         """
-        cols = [c if isinstance(c, tuple) else (c, None) for c in columns]
-        widths = [cell_len(label) for label, _ in cols]
+        cols = [(fmt.cell(label), key) for label, key in (c if isinstance(c, tuple) else (c, None) for c in columns)]
+        widths = [label.cell_len for label, _ in cols]
+        rows = [([fmt.cell(c) for c in cells], raw, key) for cells, raw, key in rows]
         for cells, _raw, _key in rows:
             for i, cell in enumerate(cells[:len(widths)]):
                 w = cell.cell_len if isinstance(cell, Text) else cell_len(str(cell))
@@ -120,11 +133,26 @@ class MethodTree(Tree):
         Binding("G", "scroll_end", "Bottom", show=False, id="table.bottom"),
     ]
 
+    def process_label(self, label) -> Text:
+        """A label is literal text, never markup (see the module docstring)."""
+        return super().process_label(fmt.clean(label))
+
     def action_scroll_home(self) -> None:
         self.move_cursor_to_line(0)
 
     def action_scroll_end(self) -> None:
         self.move_cursor_to_line(max(0, self.last_line))
+
+
+class DataStatic(Static):
+    """A Static for text from specs and receipts: a str is literal text, control characters show escaped."""
+
+    def __init__(self, content="", **kwargs) -> None:
+        kwargs.setdefault("markup", False)
+        super().__init__(fmt.clean(content), **kwargs)
+
+    def update(self, content="", **kwargs) -> None:
+        super().update(fmt.clean(content), **kwargs)
 
 
 class FilterBar(Input):

@@ -225,7 +225,7 @@ class _Progress:
         from engine.run.session import calls_in
 
         self.close()
-        self.current = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.current = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=Console(stderr=True), transient=True)
         self.current.start()
         return self.current, self.current.add_task(f"{plan.spec.key}", total=calls_in(plan))

@@ -16,6 +16,7 @@ from engine.cli.common import (
     _print_json,
 )
 from engine.spec.loader import display_path
+from engine.text import term_safe
 
 
 def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None:
@@ -28,7 +29,9 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
 
     from engine.cli.failure_report import failure_report
     from engine.run.expect import format_headroom, is_sanity, worst_expectation
+    from engine.text import term_safe_deep
 
+    pred, receipt = term_safe_deep(pred), term_safe_deep(receipt)  # messages and names are data, never control codes
     con = _console()
     t = Table(title=f"{pred['method']} on {pred['environment']['device']['name']}: {pred['status'].upper()}",
               title_justify="left")
@@ -47,7 +50,9 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
                   shown, ", ".join(pred["contracts_proven"].get(cid, [])) or "-")
     con.print(t)
     for line in failure_report(pred, spec, flags):
-        _err(line)
+        # pred is terminal-safe already and the spec's text fields refuse control characters; the only escape
+        # codes left are the report's own colours, which _err would print as text
+        typer.echo(line, err=True)
     ms = pred["summary"]["mutants"]
     con.print(f"mutants: {ms['killed']} killed, {ms['survived']} survived")
     for e in pred["errors"]:
@@ -90,7 +95,8 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
 
     session.check_cells_options(executor, jobs, address, policy)
     cells = sum(len(p.seeds) for p in plans)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    progress = Progress(TextColumn("{task.description}", markup=False),  # names and failures are data
+                        BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), transient=True)
     with progress, _StopFlag() as stop:
         task = progress.add_task(f"{cells} cells on {executor}", total=cells)
@@ -101,8 +107,8 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
             progress.update(task, description=f"{cell.method} seed {cell.seed}: {what} {r['status']}")
 
         def on_cell(o) -> None:
-            progress.update(task, advance=1, description=f"{o.cell.method} seed {o.cell.seed}: "
-                                                         f"{'done' if o.data is not None else o.failure}")
+            progress.update(task, advance=1, description=term_safe(f"{o.cell.method} seed {o.cell.seed}: "
+                                                                   f"{'done' if o.data is not None else o.failure}"))
 
         written = session.run_cells(plans, device, executor, jobs, address, receipts_dir, threads=threads, stop=stop,
                                     on_progress=on_progress, on_cell=on_cell)

@@ -14,6 +14,7 @@ from engine import errors as E
 from engine import paths as _paths
 from engine.paths import default_receipts_dir, default_specs_dir
 from engine.spec.loader import SpecError, display_path, spec_files
+from engine.text import json_term_safe, term_safe
 
 app = typer.Typer(
     name="contracts",
@@ -36,7 +37,29 @@ LoraRankOpt = Annotated[Optional[int], typer.Option(
 
 
 def _err(text: str) -> None:
-    typer.echo(text, err=True)
+    """A message on stderr; whatever a spec, receipt or file name put into it shows escaped (engine/text.py)."""
+    typer.echo(term_safe(text), err=True)
+
+
+def _out(text: str) -> None:
+    """A line of human-readable output on stdout, made terminal-safe like `_err`."""
+    typer.echo(term_safe(text))
+
+
+def quiet_broken_pipe() -> None:
+    """The reader of stdout went away (`contracts list | head -1`): stop quietly.
+
+    As Python's documentation recommends (signal module, "Note on SIGPIPE"):
+    point stdout at devnull so the interpreter's final flush cannot raise again.
+    """
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no file descriptor (captured in tests): nothing to flush into
+        pass
 
 
 def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -57,6 +80,9 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             _err("interrupted")
             raise typer.Exit(E.EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            quiet_broken_pipe()
+            raise typer.Exit(E.EXIT_FAILED) from None
         except Exception as exc:  # a bug of ours: still one line, with where to look
             _err(f"internal error: {type(exc).__name__}: {exc} (please report this; rerun with "
                  "CONTRACTS_DEBUG=1 for the traceback)")
@@ -80,7 +106,7 @@ def _dirs(specs: Optional[Path], receipts: Optional[Path]) -> tuple[Path, Path]:
 def _print_json(data: Any) -> None:
     from engine.store.receipts import _json_safe
 
-    typer.echo(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
+    typer.echo(json_term_safe(json.dumps(_json_safe(data), indent=2, ensure_ascii=False)))
 
 
 def _console():

@@ -16,12 +16,14 @@ from engine.cli.common import (
     SpecsOpt,
     _dirs,
     _flags,
+    _out,
     _print_json,
     _spec_cache,
     app,
     handles_errors,
 )
 from engine.paths import spec_path
+from engine.text import term_safe
 
 
 def _print_gate(result: dict) -> None:
@@ -29,13 +31,17 @@ def _print_gate(result: dict) -> None:
     head = "PROMOTABLE" if result["promotable"] else "NOT PROMOTABLE"
     unit = "" if result.get("implementation", "default") == "default" else \
         f" (implementation id {result['implementation'][5:17]})"
-    typer.echo(f"{result['method']}{unit}: {head} (state {result['state']}, review {result['review']})")
+    _out(f"{result['method']}{unit}: {head} (state {result['state']}, review {result['review']})")
     for r in result["requirements"]:
         if r["required"]:
-            typer.echo(f"  {'met  ' if r['met'] else bad('UNMET')} {r['id']}: {r['detail']}"
-                       + ("" if r["met"] else f" -> {r['fix']}"))
+            # the colour codes are ours; everything after the word is data, made terminal-safe
+            typer.echo(f"  {'met  ' if r['met'] else bad('UNMET')} " + term_safe(f"{r['id']}: {r['detail']}"
+                       + ("" if r["met"] else f" -> {r['fix']}")))
     for w in result["warnings"]:
-        typer.echo(f"  warning: {w}")
+        _out(f"  warning: {w}")
+    more = result.get("warnings_total", 0) - len(result["warnings"])
+    if more > 0:
+        _out(f"  warning: +{more} more (contracts verify {result['method']} lists every receipt)")
 
 
 @app.command()

@@ -84,7 +84,9 @@ def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOp
         t = Table(title=f"{len(rows)} method(s)", title_justify="left")
         for col in ("method", "level", "review", "promotion", "contracts", "mutants", "latest receipt", "gate"):
             t.add_column(col)
-        for r in rows:
+        from engine.text import term_safe_deep
+
+        for r in term_safe_deep(rows):  # titles, file names: data, shown escaped if they hold control characters
             lr = r["latest_receipt"]
             latest = "none" if lr is None else f"{lr['status']} ({lr['state']}) {lr['created_at'][:19]}Z"
             g = r["gate"]

@@ -12,6 +12,7 @@ from engine import errors as E
 from engine.cli import check as check_mod
 from engine.cli.common import (
     app,
+    quiet_broken_pipe,
 )
 from engine.cli.gate import gate
 from engine.cli.list import list_
@@ -78,8 +79,13 @@ def main() -> None:
             try:
                 fn(**kwargs)
             except typer.Exit as exc:  # what typer's standalone mode does with it
+                _flush_stdout()
                 sys.exit(exc.exit_code)
+            _flush_stdout()
             sys.exit(E.EXIT_OK)
+    except BrokenPipeError:  # the reader of stdout went away (`contracts list | head -1`): no traceback
+        quiet_broken_pipe()
+        sys.exit(E.EXIT_FAILED)
     except SystemExit as exc:
         if exc.code == E.EXIT_INTERRUPTED:
             _exit_now(E.EXIT_INTERRUPTED)
@@ -89,6 +95,11 @@ def main() -> None:
             # workers stopped. Ray's atexit shutdown must run, so not with Ray loaded.
             _exit_now(exc.code)
         raise
+
+
+def _flush_stdout() -> None:
+    """Flush now, inside main's handlers, so a closed pipe is met here and not in interpreter finalisation."""
+    sys.stdout.flush()
 
 
 def _exit_now(code: int) -> None:

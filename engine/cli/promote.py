@@ -17,6 +17,7 @@ from engine.cli.common import (
     _dirs,
     _err,
     _flags,
+    _out,
     _print_json,
     app,
     handles_errors,
@@ -81,7 +82,7 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
     if json_out:
         _print_json(out)
     else:
-        typer.echo(f"{spec.key}: promotion.state {old_state} -> {new_state} in {spec.display}; ledger entry "
+        _out(f"{spec.key}: promotion.state {old_state} -> {new_state} in {spec.display}; ledger entry "
                    f"{entry['seq']}" + (f" (receipts {', '.join(r[:12] for r in entry['receipts'])})"
                                         if entry["receipts"] else ""))
 

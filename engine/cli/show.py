@@ -51,6 +51,9 @@ def show(
         return
     from rich.table import Table
 
+    from engine.text import term_safe_deep
+
+    d, recent = term_safe_deep(d), term_safe_deep(recent)  # spec text is data: no control sequence reaches the terminal
     con = _console()
     p = d["paper"]
     con.print(f"{spec.key}: {d['title']}", style="bold")

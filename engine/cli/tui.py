@@ -58,4 +58,7 @@ def tui(
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise E.EnvironmentProblem("contracts tui needs an interactive terminal; for scripts use "
                                    "contracts tui --json or contracts list --json")
-    create_app(specs_dir, receipts_dir, _paths.project_root(), poll_seconds=poll or None, keymap=keymap).run()
+    browser = create_app(specs_dir, receipts_dir, _paths.project_root(), poll_seconds=poll or None, keymap=keymap)
+    browser.run()
+    if browser.return_code:  # the app stopped on an error (Textual printed it): not a clean exit
+        raise typer.Exit(E.EXIT_INTERNAL)

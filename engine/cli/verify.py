@@ -15,6 +15,7 @@ from engine.cli.common import (
     SpecsOpt,
     _dirs,
     _err,
+    _out,
     _print_json,
     _spec_cache,
     _spec_states,
@@ -58,14 +59,14 @@ def verify(
     else:
         for r in report.receipts:
             tail = f"  {r.message}" if r.message else ""
-            typer.echo(f"{r.state:<8} {r.file}  {r.status or '-'}{tail}")
+            _out(f"{r.state:<8} {r.file}  {r.status or '-'}{tail}")
         for f in report.leftovers:
-            typer.echo(f"leftover {f}  temporary file of an interrupted write; never a receipt, safe to delete")
+            _out(f"leftover {f}  temporary file of an interrupted write; never a receipt, safe to delete")
         led = report.ledger
-        typer.echo(f"ledger   {led.file}  {len(led.entries)} entr{'y' if len(led.entries) == 1 else 'ies'}, "
+        _out(f"ledger   {led.file}  {len(led.entries)} entr{'y' if len(led.entries) == 1 else 'ies'}, "
                    + ("ok" if not led.problems else f"{len(led.problems)} problem(s)"))
         for p in led.problems:
-            typer.echo(f"  {p}")
+            _out(f"  {p}")
         _err(f"{len(report.receipts)} receipt(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
              + ("; OK" if ok else "; PROBLEMS FOUND"))
     raise typer.Exit(E.EXIT_OK if ok else E.EXIT_FAILED)

@@ -40,6 +40,7 @@ CI_METHOD = (
     "over the n >= 2 budget seeds; the method is ahead when the interval's lower bound is above zero"
 )
 _SHOW = 6  # items shown per text line before "+N more"
+MAX_WARNINGS = 20  # warnings listed in a verdict; warnings_total counts every one
 
 
 def _more(items: list[str], n: int = _SHOW) -> str:
@@ -375,7 +376,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
         "requires": dict(requires),
         "requirements": requirements,
         "reasons": reasons,
-        "warnings": warnings,
+        "warnings": warnings[:MAX_WARNINGS],  # a store full of junk files must not make the verdict megabytes long
+        "warnings_total": len(warnings),
         "receipts": {
             "fresh": [a.receipt_id for a in fresh],
             "stale": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "changed": a.changed}

@@ -378,13 +378,20 @@ def _schema_error(err, doc: Any, display: str) -> SpecError:
         fix = (f"use {json.dumps(near[0])} (the closest value); valid: " if near else "use one of: ") \
             + ", ".join(json.dumps(a) for a in allowed)
     elif validator == "pattern":
-        fix = f"match the pattern {err.validator_value}"
+        control = _control_problem(err.instance)
+        if control is not None:  # say which character, not a regex of the whole control range
+            message, fix = control
+        else:
+            fix = f"match the pattern {err.validator_value}"
     elif validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         fix = f"keep it within the {validator} {err.validator_value}"
     elif validator == "oneOf":
         # The nested errors say what each alternative wanted; report the deepest.
         best = max(err.context, key=lambda e: len(e.absolute_path), default=None) if err.context else None
-        if best is not None and isinstance(err.instance, str):
+        control = _control_problem(err.instance) if any(e.validator == "pattern" for e in err.context or ()) else None
+        if control is not None:  # a text parameter holding a control character
+            message, fix = control
+        elif best is not None and isinstance(err.instance, str):
             message = f"{err.instance!r} is a string, not a number"
             fix = "write the number without quotes"
         elif best is not None:
@@ -410,6 +417,23 @@ def _non_finite(data: Any, path: list) -> Iterable[list]:
     elif isinstance(data, list):
         for i, v in enumerate(data):
             yield from _non_finite(v, path + [i])
+
+
+# What the spec schema's text patterns refuse (C0, DEL, C1, bidi controls; multi-line text allows tab and line
+# feed, so a pattern error on a string that holds neither of the others is about those): named in errors.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_LINE_BREAK = re.compile("[\t\n]")
+
+
+def _control_problem(value: Any) -> tuple[str, str] | None:
+    """(message, fix) when a string holds a character the spec schema's text patterns refuse; else None."""
+    bad = (_CONTROL.search(value) or _LINE_BREAK.search(value)) if isinstance(value, str) else None
+    if bad is None:
+        return None
+    fix = ("keep this field on one line" if bad.group(0) in "\t\n" else
+           "remove it: spec text is shown on terminals, where control characters act instead of print "
+           "(multi-line text may hold tabs and line feeds, nothing else)")
+    return f"holds the control character {ascii(bad.group(0))[1:-1]} at offset {bad.start()}", fix
 
 
 @lru_cache(maxsize=None)

@@ -143,8 +143,10 @@ class ValidationCache:
     def _read_file(self) -> dict:
         if self.path is None:
             return {}
-        try:
-            doc = json.loads(self.path.read_bytes())
+        from engine.store import bounded
+
+        try:  # a cache too big, too deep, or a symbolic link is ignored (and rewritten): it is never evidence
+            doc = bounded.loads(bounded.read_regular(self.path, bounded.MAX_CACHE_BYTES))
         except (OSError, ValueError):
             return {}
         if not isinstance(doc, dict) or doc.get("v") != CACHE_VERSION or not isinstance(doc.get("sections"), dict):

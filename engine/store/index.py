@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from engine.store import bounded
 from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_receipt, receipt_id, serialize
 from engine.spec.loader import KEY_RE
 from engine.run.expect import headroom, worst_expectation
@@ -46,6 +47,10 @@ FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
 _STAMP_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})(\d{6})Z_")
 _SEP = b"\t"  # json.dumps never writes a raw tab, so it cannot occur inside either part
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
 
 
 def _finite(x: Any) -> bool:
@@ -296,13 +301,12 @@ class ReceiptIndex:
     @staticmethod
     def _read_lines(path: Path) -> list[bytes] | None:
         """The lines after a header of this version, or None (missing, foreign or unreadable)."""
-        try:
-            with open(path, "rb") as f:
-                lines = f.read().split(b"\n")
-        except OSError:
+        try:  # a symbolic link, or a file over the cap, is not this cache: rebuilt from the receipts
+            lines = bounded.read_regular(path, bounded.MAX_INDEX_BYTES).split(b"\n")
+        except (OSError, ValueError):
             return None
         try:
-            head = json.loads(lines[0])
+            head = bounded.loads(lines[0])
         except ValueError:
             return None
         if not isinstance(head, dict) or head.get("k") != "h" or head.get("v") != INDEX_VERSION:
@@ -314,7 +318,7 @@ class ReceiptIndex:
         lines = self._read_lines(self.path)
         if not lines:
             return
-        loads = json.loads
+        loads = bounded.loads  # a line nested too deep is a ValueError like a cut one: that file is parsed again
         for line in lines:
             try:
                 rec = loads(line)
@@ -335,7 +339,7 @@ class ReceiptIndex:
         for line in self._read_lines(self.detail_path) or []:
             key, _, heavy = line.partition(_SEP)
             try:
-                rel, size, mtime = json.loads(key)
+                rel, size, mtime = bounded.loads(key)
             except (ValueError, TypeError):
                 continue
             e = self._entries.get(rel)
@@ -420,14 +424,14 @@ class ReceiptIndex:
         if not isinstance(pos, int):
             return None
         try:
-            with open(self.detail_path, "rb") as f:
+            with open(self.detail_path, "rb", opener=_no_follow) as f:  # never through a link
                 f.seek(pos)
-                line = f.readline().rstrip(b"\n")
+                line = f.readline(bounded.MAX_RECEIPT_BYTES).rstrip(b"\n")
         except OSError:
             return None
         key, _, heavy = line.partition(_SEP)
         try:
-            if json.loads(key) != [rel, e["size"], e["mtime_ns"]]:
+            if bounded.loads(key) != [rel, e["size"], e["mtime_ns"]]:
                 return None
         except (ValueError, TypeError):
             return None
@@ -452,9 +456,10 @@ class ReceiptIndex:
                         continue
                     folder_method = name if KEY_RE.match(name) else None
                     for f in os.scandir(e.path):
-                        if f.name.startswith(".") or not f.is_file():
+                        # a symbolic link is listed (and refused as invalid when read), never skipped unseen
+                        if f.name.startswith(".") or not (f.is_file() or f.is_symlink()):
                             continue
-                        st = f.stat()
+                        st = f.stat(follow_symlinks=False)
                         found[f"{name}/{f.name}"] = (f.path, st.st_size, st.st_mtime_ns, folder_method)
                 elif name.endswith(RECEIPT_SUFFIX) and e.is_file():
                     st = e.stat()
@@ -585,7 +590,7 @@ class ReceiptIndex:
             return None
         if isinstance(parts[i], bytes):
             try:
-                parts[i] = json.loads(parts[i])
+                parts[i] = bounded.loads(parts[i])
             except ValueError:
                 parts[i] = None
         return parts[i]
@@ -623,14 +628,16 @@ class Freshness:
         self._files: dict[str, tuple[int, int, str]] = {}
         self._verdicts: dict[tuple, tuple[str, ...]] = {}
 
-    def _target(self, name: str) -> Path:
-        p = Path(name)
-        if self.specs_dir is not None and p.parts[:1] == ("specs",) and len(p.parts) > 1:
-            return self.specs_dir / Path(*p.parts[1:])
-        return self.root / name
+    def _target(self, name: str) -> Path | None:
+        """The file, or None when it resolves outside the checkout (never read; see subject_target)."""
+        from engine.store.receipts import subject_target
+
+        return subject_target(name, self.root, self.specs_dir)
 
     def file_sha(self, name: str) -> str | None:
         target = self._target(name)
+        if target is None:
+            return None
         try:
             st = target.stat()
         except OSError:
@@ -653,8 +660,11 @@ class Freshness:
             return False
         from engine.gate.promote import digest_with_state
 
+        target = self._target(name)
+        if target is None:
+            return False
         try:
-            return digest_with_state(self._target(name).read_bytes(), state) == sha
+            return digest_with_state(target.read_bytes(), state) == sha
         except OSError:
             return False
 
@@ -671,7 +681,8 @@ class Freshness:
                 continue
             now = self.file_sha(name)
             if now is None:
-                out.append(f"{name} (missing)")
+                out.append(f"{name} (resolves outside the checkout)" if self._target(name) is None
+                           else f"{name} (missing)")
             elif now != sha and not self._same_but_state(name, sha, spec_state):
                 out.append(name)
         self._verdicts[key] = tuple(out)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EnvironmentProblem
+from engine.store import bounded
 from engine.store.receipts import canonical, utc_now
 
 LEDGER_NAME = "ledger.jsonl"
@@ -48,7 +49,8 @@ def append(receipts_dir: Path, **fields: Any) -> dict:
     path = ledger_path(receipts_dir)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a ledger that is a symbolic link would have us append outside the store
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError as err:
         raise EnvironmentProblem(f"cannot open the ledger {path.name} for appending: {err.strerror or err}") from None
     try:
@@ -82,12 +84,15 @@ def read(receipts_dir: Path) -> LedgerReport:
     """Parse the ledger and check each line's digest and the chain; missing file = empty ledger."""
     path = ledger_path(receipts_dir)
     report = LedgerReport(file=LEDGER_NAME)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a dangling link is reported below, not taken as empty
         return report
     try:
-        raw = path.read_bytes()
+        raw = bounded.read_regular(path, bounded.MAX_LEDGER_BYTES)
     except OSError as err:
         report.problems.append(f"{LEDGER_NAME}: cannot read: {err.strerror}")
+        return report
+    except ValueError as err:  # a symbolic link, not a regular file, over the size limit
+        report.problems.append(f"{LEDGER_NAME}: {err}")
         return report
     if raw and not raw.endswith(b"\n"):
         report.problems.append(f"{LEDGER_NAME}: last line is incomplete (an interrupted append?)")
@@ -97,7 +102,11 @@ def read(receipts_dir: Path) -> LedgerReport:
             continue
         where = f"{LEDGER_NAME}:{n}"
         try:
-            entry = json.loads(line.decode("utf-8"))
+            entry = bounded.loads(line.decode("utf-8"))
+        except bounded.TooDeep as err:
+            report.problems.append(f"{where}: {err}")
+            prev = _line_digest(line)
+            continue
         except (UnicodeDecodeError, json.JSONDecodeError):
             report.problems.append(f"{where}: not a JSON line")
             prev = _line_digest(line)

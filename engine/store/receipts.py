@@ -19,6 +19,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -230,13 +231,23 @@ class ReceiptCheck:
 
 
 def load_receipt(path: Path, with_bytes: bool = False):
-    """Parse a receipt file; raises ValueError with a one-line reason."""
+    """Parse a receipt file; raises ValueError with a one-line reason.
+
+    Bounded (engine.store.bounded): a receipt is a regular file in a real method folder, at most
+    MAX_RECEIPT_BYTES, nested at most MAX_DEPTH deep; anything else is refused before it is parsed.
+    """
+    from engine.store import bounded
+
+    if Path(path).parent.is_symlink():
+        raise ValueError("its method folder is a symbolic link; receipts live in real folders of the store")
     try:
-        raw = Path(path).read_bytes()
+        raw = bounded.read_regular(path, bounded.MAX_RECEIPT_BYTES)
     except OSError as err:
         raise ValueError(f"cannot read: {err.strerror}") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        bounded.check_depth(raw)
+        data = json.loads(text)
     except UnicodeDecodeError:
         raise ValueError("not UTF-8") from None
     except json.JSONDecodeError as err:
@@ -307,13 +318,13 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         name = s.get("name", "")
         if is_external_subject(name):
             continue  # a checkpoint file: binds what ran, is not in the tree (see is_external_subject)
-        parts = Path(name).parts
-        target = (Path(specs_dir) / Path(*parts[1:])) if (specs_dir is not None and parts[:1] == ("specs",)
-                                                           and len(parts) > 1) else root / name
         if not name or Path(name).is_absolute() or ".." in Path(name).parts:
             changed.append(f"{name} (not a repository path)")
             continue
-        if not target.is_file():
+        target = subject_target(name, root, specs_dir)
+        if target is None:
+            changed.append(f"{name} (resolves outside the checkout)")
+        elif not target.is_file():
             changed.append(f"{name} (missing)")
         elif (cache.tree_sha256(target) if cache is not None else sha256_file(target)) != \
                 s.get("digest", {}).get("sha256") and not _same_but_state(target, s, pred, cache):
@@ -322,6 +333,39 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         rc.state, rc.changed = "stale", tuple(changed)
         rc.message = "changed since the run: " + ", ".join(changed)
     return rc
+
+
+def subject_target(name: str, root: Path, specs_dir: Path | None = None) -> Path | None:
+    """The working-tree file a subject names, or None when it resolves outside its folder (`..`, or a symbolic
+    link out of the checkout): such a file is never read. `specs/...` resolves against specs_dir when given.
+
+    Each component is lstat'ed (a few microseconds); only a path through a link is resolved in full.
+    """
+    if name.startswith(("/", "\\")):
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if specs_dir is not None and parts[:1] == ["specs"] and len(parts) > 1:
+        base, rel = os.fspath(specs_dir), parts[1:]
+    else:
+        base, rel = os.fspath(root), parts
+    if not rel or ".." in rel:
+        return None
+    target = Path(base, *rel)
+    here = base
+    try:
+        for part in rel:
+            here = os.path.join(here, part)
+            try:
+                mode = os.lstat(here).st_mode
+            except FileNotFoundError:
+                return target  # missing: nothing to read, and the caller says so
+            if stat.S_ISLNK(mode):
+                real, real_base = os.path.realpath(target), os.path.realpath(base)
+                inside = real == real_base or real.startswith(real_base.rstrip(os.sep) + os.sep)
+                return target if inside else None
+    except (ValueError, OSError):  # a NUL byte, a name too long: no file this names can be read
+        return None
+    return target
 
 
 # --- freshness across a promote/demote -----------------------------------------

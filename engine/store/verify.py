@@ -112,7 +112,7 @@ def store_files(receipts_dir: Path, method: str | None = None) -> tuple[list[tup
             continue
         folder_method = folder.name if KEY_RE.match(folder.name) else None
         for p in sorted(folder.iterdir(), key=lambda q: q.name):
-            if not p.is_file():
+            if not (p.is_file() or p.is_symlink()):  # a link is assessed (and refused as invalid), never skipped
                 continue
             if p.name.startswith(TMP_PREFIX):
                 leftovers.append(f"{folder.name}/{p.name}")

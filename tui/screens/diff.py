@@ -14,7 +14,7 @@ from textual.widgets import Header, Static
 from tui import fmt
 from tui.data import ReceiptRow, load_detail
 from tui.diff import DiffRow, diff_predicates
-from tui.widgets import FilterBar, KeyBar, VimTable
+from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable
 
 KIND_STYLE = {"status": "bold red", "mutant": "bold magenta", "run": "cyan", "added": "green", "removed": "yellow",
               "measurement": ""}
@@ -41,7 +41,7 @@ class DiffScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
-        yield Static(Text(f"old {self.old.file}  ({fmt.when(self.old.created_at)})\n"
+        yield DataStatic(Text(f"old {self.old.file}  ({fmt.when(self.old.created_at)})\n"
                           f"new {self.new.file}  ({fmt.when(self.new.created_at)})\ncomparing ...", style="bold"),
                      id="diff-header")
         yield VimTable(id="diff-table", cursor_type="cell")

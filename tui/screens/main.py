@@ -13,7 +13,7 @@ from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
 
 from tui import fmt
 from tui.data import MethodModel, Model
-from tui.widgets import FilterBar, KeyBar, MethodTree, VimTable
+from tui.widgets import DataStatic, FilterBar, KeyBar, MethodTree, VimTable
 
 MAX_RECEIPT_ROWS = 300  # a DataTable measures every cell; the store can hold 10,000+ receipts
 TABS = ("contracts", "receipts", "spec", "paper", "gate")
@@ -55,22 +55,22 @@ class MainScreen(Screen):
                 yield Static(Text("gate ✓ open ✗ closed … pending\ncontract ✓ pass ✗ fail ! error · none",
                                   style="dim"), id="legend")
             with Vertical(id="right"):
-                yield Static("loading specs and the receipt index ...", id="status")
+                yield DataStatic("loading specs and the receipt index ...", id="status")
                 with TabbedContent(id="tabs", initial="contracts"):
                     with TabPane("Contracts", id="contracts"):
                         yield VimTable(id="contracts-table", cursor_type="cell")
                     with TabPane("Receipts", id="receipts"):
-                        yield Static("", id="receipts-note")
+                        yield DataStatic("", id="receipts-note")
                         yield VimTable(id="receipts-table")
                     with TabPane("Spec", id="spec"):
                         with VerticalScroll():
-                            yield Static("", id="spec-view")
+                            yield DataStatic("", id="spec-view")
                     with TabPane("Paper", id="paper"):
                         with VerticalScroll():
-                            yield Static("", id="paper-view")
+                            yield DataStatic("", id="paper-view")
                     with TabPane("Gate", id="gate"):
                         with VerticalScroll():
-                            yield Static("", id="gate-view")
+                            yield DataStatic("", id="gate-view")
         yield FilterBar(placeholder="filter (enter: keep, escape: clear)", id="filter")
         yield KeyBar()
 
@@ -267,12 +267,12 @@ class MainScreen(Screen):
         t = Table(title="formulas (LaTeX source)", title_justify="left", expand=True, show_lines=True)
         t.add_column("id", no_wrap=True), t.add_column("LaTeX"), t.add_column("implements", no_wrap=True)
         for f in d["formulas"]:
-            t.add_row(f["id"], Text(f["latex"]), f["implements"])
+            t.add_row(fmt.plain(f["id"]), fmt.clean(f["latex"]), fmt.plain(f["implements"]))
         parts.append(t)
         t = Table(title="assumptions", title_justify="left", expand=True, show_header=False)
         t.add_column("id", no_wrap=True), t.add_column("text")
         for a in d["assumptions"]:
-            t.add_row(a["id"], Text(a["text"]))
+            t.add_row(fmt.plain(a["id"]), fmt.clean(a["text"]))
         parts.append(t)
         b = d["budget"]
         parts.append(Text(f"budget: seeds {b['seeds']} (max {b['max_seeds']}), <= {b['max_updates_per_seed']} updates "
@@ -283,7 +283,7 @@ class MainScreen(Screen):
         for mu in m.mutants:
             killed = {True: Text("✓ killed", style="green"), False: Text("✗ SURVIVED", style="bold red"),
                       None: Text("· not run", style="dim")}[mu.killed]
-            t.add_row(mu.id, killed, Text(mu.description), ", ".join(mu.killed_by))
+            t.add_row(fmt.plain(mu.id), killed, fmt.clean(mu.description), fmt.plain(", ".join(mu.killed_by)))
         parts.append(t)
         view.update(Group(*parts))
 
@@ -303,9 +303,10 @@ class MainScreen(Screen):
         for col in ("id", "source", "model", "benchmark", "metric", "baseline", "method"):
             t.add_column(col)
         for r in pr["results"]:
-            t.add_row(r["id"], r["source"], r["model"], r["benchmark"], r["metric"],
-                      f"{r.get('baseline', '')} {fmt.num(r.get('baseline_value', '')) if 'baseline_value' in r else ''}"
-                      .strip(), fmt.num(r["value"]) if not isinstance(r["value"], list) else str(r["value"]))
+            t.add_row(*map(fmt.plain, (
+                r["id"], r["source"], r["model"], r["benchmark"], r["metric"],
+                f"{r.get('baseline', '')} {fmt.num(r.get('baseline_value', '')) if 'baseline_value' in r else ''}"
+                .strip(), fmt.num(r["value"]) if not isinstance(r["value"], list) else str(r["value"]))))
         view.update(Group(head, t))
 
     def _fill_gate(self, m: MethodModel) -> None:

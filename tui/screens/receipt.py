@@ -14,9 +14,10 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Header, Log, Static, TabbedContent, TabPane
 
+from engine.text import term_safe
 from tui import fmt
 from tui.data import Detail, ReceiptRow, load_detail
-from tui.widgets import FilterBar, KeyBar, VimTable
+from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable
 
 MAX_STEP_COLUMNS = 8
 
@@ -49,16 +50,16 @@ class ReceiptScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
-        yield Static(self._header_text(), id="receipt-header")
+        yield DataStatic(self._header_text(), id="receipt-header")
         with TabbedContent(id="receipt-tabs", initial="results"):
             with TabPane("Results", id="results"):
-                yield Static("", id="results-note")
+                yield DataStatic("", id="results-note")
                 yield VimTable(id="results-table", cursor_type="cell")
             with TabPane("Mutants", id="mutants"):
                 yield VimTable(id="mutants-table")
             with TabPane("Mechanism", id="mechanism"):
                 yield VimTable(id="steps-table", cursor_type="cell")
-                yield Static("", id="comparisons")
+                yield DataStatic("", id="comparisons")
             with TabPane("Raw JSON", id="raw"):
                 # Log draws only the visible lines; a TextArea spent 0.5 s on a 300 KB receipt.
                 yield Log(id="raw-text", highlight=False, auto_scroll=False)
@@ -74,7 +75,7 @@ class ReceiptScreen(Screen):
         self.row, self.filter_text, self.failures_only = row, contract or "", False
         self.detail, self._results, self._result_rows, self._raw_shown = None, [], [], False
         self._opened += 1
-        self.sub_title = row.file
+        self.sub_title = fmt.plain(row.file).plain  # a file name is data: control characters escaped
         bar = self.query_one("#filter", FilterBar)
         bar.value = self.filter_text
         bar.display = bool(self.filter_text)
@@ -127,7 +128,7 @@ class ReceiptScreen(Screen):
         self._raw_shown = True
         log = self.query_one("#raw-text", Log)
         log.clear()
-        log.write_lines(self.detail.text.splitlines())
+        log.write_lines([term_safe(line) for line in self.detail.text.splitlines()])  # raw bytes: never raw
         log.scroll_home(animate=False)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
@@ -331,7 +332,7 @@ class ResultScreen(ModalScreen):
                 lines.append(Text(f"message: {r['message']}", style="magenta"))
             lines.append(Text("measurements (full precision):", style="bold"))
             lines.append(Pretty(r.get("measurements") or {}))
-            yield Static(Group(*lines))
+            yield DataStatic(Group(*lines))
 
     def action_dismiss(self) -> None:
         self.app.pop_screen()

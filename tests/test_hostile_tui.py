@@ -1,0 +1,152 @@
+"""The TUI shows text from specs and receipts as text: never Textual markup, never raw control codes.
+
+A receipt is written by whoever runs a check, and a self-consistent one needs no key:
+its strings (contract names, metric names, messages, step record keys) reach tables,
+labels and notifications. Markup in them would be live (`[@click=app.screenshot(...)]`
+runs an action when clicked; `[/]` is an error that stops the app at start-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import engine.spec.registry as registry
+from benchmarks.synthetic_store import build_fixture_store, demo_static_names, predicate, stamp, subject_for
+from engine.spec.loader import load_spec
+from engine.store.receipts import statement, write_receipt
+from tui.app import create_app
+from tui.screens.main import MainScreen
+from tui.screens.receipt import ReceiptScreen
+from tui.widgets import VimTable
+
+SIZE = (130, 36)
+OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"
+
+
+def _store(tmp_path, monkeypatch, closing_tags: bool) -> dict:
+    """The fixture store plus one newest, intact, schema-valid receipt whose strings are markup and controls."""
+    monkeypatch.setattr(registry, "_STATIC", demo_static_names())
+    root = tmp_path / "proj"
+    store = build_fixture_store(root)
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    monkeypatch.chdir(tmp_path)  # the action's folder is relative: receipts hold no absolute path
+    spec = load_spec(store["specs"] / "demo-method.yaml", root).data
+    pred = predicate(spec, stamp(30))
+    click = "[@click=app.screenshot('x.svg','shots')]CLICK-ME-CLICK-ME[/]"
+    pred["results"][0]["contract"] = click
+    pred["results"][0]["message"] = f"bare [@click=app.screenshot('x.svg','shots')] and {OSC52}"
+    if closing_tags:
+        for r in pred["results"]:
+            for e in r["expectations"]:
+                e["metric"] = "[/]"  # a closing tag with nothing to close: a MarkupError if parsed
+        for m in pred["mechanism"]:
+            for st in m["steps"]:
+                st["[/]"] = 1.0  # a step record key becomes a column label
+    path = write_receipt(store["receipts"], statement(subject_for(root, "demo-method"), pred))
+    return {**store, "root": root, "hostile": path, "shots": shots, "click": click}
+
+
+@pytest.fixture()
+def hostile_store(tmp_path, monkeypatch):
+    return _store(tmp_path, monkeypatch, closing_tags=True)
+
+
+@pytest.fixture()
+def click_store(tmp_path, monkeypatch):
+    return _store(tmp_path, monkeypatch, closing_tags=False)
+
+
+def _app(store):
+    return create_app(store["specs"], store["receipts"], store["root"], poll_seconds=None)
+
+
+async def _settle(app, pilot):
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def _cells(t: VimTable) -> list[list[str]]:
+    return [[c.plain if hasattr(c, "plain") else str(c) for c in t.get_row_at(r)] for r in range(t.row_count)]
+
+
+def test_a_metric_named_closing_tag_starts_the_app_and_shows_literally(hostile_store):
+    async def go():
+        app = _app(hostile_store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await _settle(app, pilot)
+            assert app.is_running and isinstance(app.screen, MainScreen)
+            latest = [row[-2] for row in _cells(app.screen.query_one("#contracts-table", VimTable))]
+            assert any("[/]" in cell for cell in latest), latest  # shown as written
+            app.open_receipt(f"demo-method/{hostile_store['hostile'].name}")
+            await _settle(app, pilot)
+            assert isinstance(app.screen, ReceiptScreen)
+            steps = app.screen.query_one("#steps-table", VimTable)
+            assert "[/]" in [c.label.plain for c in steps.columns.values()]
+            message = next(r[-1] for r in _cells(app.screen.query_one("#results-table", VimTable)) if "bare" in r[-1])
+            assert "\x1b" not in message and "\\x1b]52;c;" in message  # the control sequence is shown escaped
+        assert app.return_code in (0, None)
+
+    asyncio.run(go())
+
+
+def test_a_click_action_in_a_receipt_cell_does_nothing(click_store):
+    hostile_store = click_store
+
+    async def go():
+        app = _app(hostile_store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            app.open_receipt(f"demo-method/{hostile_store['hostile'].name}")
+            await _settle(app, pilot)
+            t = app.screen.query_one("#results-table", VimTable)
+            assert _cells(t)[0][0] == hostile_store["click"]  # the literal characters, markup and all
+            for x in range(2, 20):  # anywhere over the cell's text
+                await pilot.click("#results-table", offset=(x, 1))
+                await _settle(app, pilot)
+            assert app.is_running
+        assert list(hostile_store["shots"].iterdir()) == []  # no screenshot was written
+
+    asyncio.run(go())
+
+
+def test_notifications_are_literal_text(click_store):
+    async def go():
+        app = _app(click_store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            app.open_receipt(f"demo-method/[/]{OSC52}.json")  # not in the index: a warning naming it
+            await _settle(app, pilot)
+            assert app.is_running
+            (note,) = list(app._notifications)
+            assert "[/]" in note.message and "\x1b" not in note.message and "\\x1b" in note.message
+            assert note.markup is False
+
+    asyncio.run(go())
+
+
+def test_contracts_tui_exits_3_when_the_app_stopped_on_an_error(monkeypatch):
+    """Textual prints the error and returns; the command must not then report success (exit 0)."""
+    import types
+
+    from typer.testing import CliRunner
+
+    import engine.cli as cli
+    import engine.cli.tui as tui_verb
+    import tui.app
+
+    class Crashed:
+        return_code = 1
+
+        def run(self):
+            return None
+
+    tty = types.SimpleNamespace(isatty=lambda: True)
+    monkeypatch.setattr(tui_verb, "sys", types.SimpleNamespace(stdin=tty, stdout=tty))
+    monkeypatch.setattr(tui.app, "create_app", lambda *a, **k: Crashed())
+    assert CliRunner().invoke(cli.app, ["tui"]).exit_code == 3
+    Crashed.return_code = 0
+    assert CliRunner().invoke(cli.app, ["tui"]).exit_code == 0
