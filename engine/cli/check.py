@@ -119,6 +119,9 @@ def check(
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per process (default: 1 on "
                                                                       "cpu, torch's own on cuda; with --jobs N at "
                                                                       "most cores / N).")] = None,
+    sign_key: Annotated[Optional[Path], typer.Option(
+        "--sign-key", help="Sign each receipt (DSSE, ed25519) with this private key (default: "
+                           "$CONTRACTS_SIGNING_KEY). Only a separate signing process reads it, after the checks.")] = None,
 ) -> None:
     """Run a method's contracts and mutants on a device; write one receipt per method."""
     global _CHECK_RAN
@@ -139,6 +142,7 @@ def check(
         raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
     if threads is not None and threads < 1:
         raise E.UsageError(f"--threads {threads}: give 1 or more")
+    sign_key = _signing_key(sign_key)
     if all_:
         paths = spec_files(specs_dir)
         if not paths:
@@ -160,7 +164,8 @@ def check(
     plans = [plan_run(s, seed_list, only, mutants=not no_mutants) for s in loaded]
     threads = default_threads(device, threads)
     if jobs != 1 or executor != "local" or address:
-        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads)  # exits
+        _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads,
+                     sign_key)  # exits
     import torch
 
     from engine.run.devices import resolve_device
@@ -175,7 +180,7 @@ def check(
         torch.set_num_threads(threads)
     try:
         for plan in plans:
-            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider))
+            outcomes.append(_run_one(plan, dev, receipts_dir, stop, json_out, provider, sign_key))
             if outcomes[-1]["status"] == "interrupted" or stop.stopped:
                 break
     finally:
@@ -188,7 +193,32 @@ def check(
     raise typer.Exit(code)
 
 
-def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None) -> dict:
+def _signing_key(option: Optional[Path]) -> Optional[Path]:
+    """--sign-key or $CONTRACTS_SIGNING_KEY, proven usable before any check runs.
+
+    The proof is a signature over nothing, made by the signing process (engine.store.signing): this process,
+    which is about to run method code, never opens the key file itself.
+    """
+    import os
+
+    from engine.store.signing import KeyProblem, sign_in_subprocess
+
+    if option is None:
+        env = os.environ.get("CONTRACTS_SIGNING_KEY", "")
+        if not env:
+            return None
+        option = Path(env)
+    if not option.is_file():
+        raise E.UsageError(f"--sign-key {option}: no such file; make a key with contracts keys generate PATH")
+    try:
+        sign_in_subprocess(b"", option)
+    except KeyProblem as err:
+        raise E.UsageError(f"--sign-key: {err}") from None
+    return option.resolve()
+
+
+def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None,
+             sign_key: Optional[Path] = None) -> dict:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -223,7 +253,7 @@ def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, pro
             stop.hold = True  # from here a signal is only noted: the receipt is written whole, or not at all
     try:
         stmt = build_statement(runner, created)
-        path = write_receipt(receipts_dir, stmt)
+        path = write_receipt(receipts_dir, stmt, sign_key=sign_key)  # every check has finished by now
     finally:
         stop.hold = False
     pred = stmt["predicate"]

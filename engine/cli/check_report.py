@@ -56,7 +56,8 @@ def _print_summary(pred: dict, receipt: str) -> None:
 
 
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
-                 json_out: bool, policy: Optional[str] = None, threads: Optional[int] = None) -> None:
+                 json_out: bool, policy: Optional[str] = None, threads: Optional[int] = None,
+                 sign_key: Optional[Path] = None) -> None:
     """Run every (method, seed) cell on the executor, write one merged receipt per method, exit like check."""
     from rich.console import Console
     from rich.progress import (
@@ -107,7 +108,7 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
                                  on_progress=on_progress, on_cell=on_cell, should_stop=lambda: stop.stopped)
         except KeyboardInterrupt as exc:
             statements = getattr(exc, "statements", [])
-    outcomes = [_write_merged(stmt, receipts_dir, json_out) for stmt in statements]
+    outcomes = [_write_merged(stmt, receipts_dir, json_out, sign_key) for stmt in statements]
     if json_out:
         _print_json({"runs": outcomes})
     statuses = {o["status"] for o in outcomes}
@@ -116,10 +117,10 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
     raise typer.Exit(code)
 
 
-def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool) -> dict:
+def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool, sign_key: Optional[Path] = None) -> dict:
     from engine.store.receipts import write_receipt
 
-    path = write_receipt(receipts_dir, stmt)
+    path = write_receipt(receipts_dir, stmt, sign_key=sign_key)  # after every cell finished
     pred = stmt["predicate"]
     shown = display_path(path, _paths.project_root())
     if not json_out:

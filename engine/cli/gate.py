@@ -13,10 +13,12 @@ from engine.cli.common import (
     NoCacheOpt,
     ReceiptsOpt,
     SpecsOpt,
+    TrustOpt,
     _dirs,
     _flags,
     _print_json,
-    _spec_cache,
+    _store_name,
+    _trust_policy,
     app,
     handles_errors,
 )
@@ -43,14 +45,22 @@ def gate(
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
+    trust: TrustOpt = None,
 ) -> None:
-    """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not."""
-    from engine.gate.verdict import evaluate
+    """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not.
 
+    The verdict is derived from the files alone (the spec, every receipt's bytes, the working tree): the
+    validation cache and the index, which anyone who can write the store can edit, are never read here.
+    """
+    from engine.gate.verdict import evaluate
+    from engine.spec.loader import load_spec
+
+    del no_cache  # accepted so scripts keep working: a verdict never reads the cache
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    cache = _spec_cache(receipts_dir, use=not no_cache)
-    spec = cache.load_spec(spec_path(specs_dir, method), _paths.project_root())
-    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts), cache=cache)
+    policy = _trust_policy(trust, receipts_dir)
+    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())
+    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts, trust),
+                      policy=policy, store=_store_name(receipts_dir))
     if json_out:
         _print_json(result)
     else:

@@ -12,6 +12,10 @@ would produce it:
   mutants_killed      every mutant of the spec killed, and every contract shown
                       able to fail (killed some mutant), in a fresh receipt on a
                       required device.
+  signed              (when requires.signed is true) a trust policy was given. Under
+                      a policy, whatever the spec says, only receipts whose DSSE
+                      signature verifies against a key trusted for their device
+                      kind count anywhere below; the rest are listed with why.
   formal_comparison   a fresh receipt on a required device holds at least one
                       comparison recorded with formal: true, over the budget's
                       seeds, and every such comparison shows the method ahead:
@@ -74,7 +78,21 @@ def _review(spec: Spec) -> dict:
                 f"finish the review, then set promotion.review: DONE in {spec.display}")
 
 
-def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: str) -> dict:
+def _signed(spec: Spec, policy, untrusted: list[Assessed], flags: str) -> dict:
+    required = bool(spec.data["promotion"]["requires"].get("signed", False))
+    if policy is None:
+        return _req("signed", not required, "the spec requires signed receipts and no trust policy was given"
+                    if required else "not required by the spec", f"contracts gate {spec.key} --trust POLICY.yaml"
+                    f"{flags} (or set CONTRACTS_TRUST): the policy names the runner keys trusted per device kind",
+                    required=required)
+    detail = f"only receipts signed by a key {policy.file} trusts for their device kind count"
+    if untrusted:
+        detail += f" ({len(untrusted)} receipt(s) not counted)"
+    return _req("signed", True, detail, required=required)
+
+
+def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: str,
+            untrusted: list[Assessed] = ()) -> dict:
     data = spec.data
     all_seeds = data["promotion"]["requires"]["all_budget_seeds"]
     seeds = list(data["budget"]["seeds"])
@@ -112,8 +130,13 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
     total = sum(len(c["dtypes"]) * (len(seeds) if all_seeds else 1) for c in data["contracts"])
     met = bool(on_dev) and not missing and not failed and not run_errors
     seed_text = f"budget seeds {','.join(map(str, seeds))}" if all_seeds else "at least one seed"
+    untrusted_dev = [a for a in untrusted if a.device == device and a.state == "fresh"]
     if not on_dev:
         detail = f"no fresh {device} receipt"
+        if untrusted_dev:
+            whys = sorted({a.trust for a in untrusted_dev})
+            detail = (f"no fresh trusted {device} receipt ({len(untrusted_dev)} fresh {device} receipt(s) not "
+                      f"counted: {', '.join(whys)})")
         if stale_dev:
             detail += f" ({len(stale_dev)} stale {device} receipt(s) no longer count)"
     elif met:
@@ -260,20 +283,27 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) 
 
 
 def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
-             assessed: list[Assessed] | None = None, cache=None) -> dict:
+             assessed: list[Assessed] | None = None, cache=None, policy=None, store: str | None = None) -> dict:
     """The gate verdict for one valid spec (see GATE_SCHEMA); never imports torch.
 
     `flags` are appended to every suggested command (e.g. ' --receipts DIR')
     so the fix works for the store that was evaluated. `cache` (engine.store.cache)
-    is passed on to `assess_receipts`.
+    is passed on to `assess_receipts`: only `list` passes one, for display; the
+    verbs that decide (gate, promote, verify) and the TUI's Gate tab pass none, so
+    every verdict comes from the bytes on disk. `policy` (engine.store.trust)
+    counts only receipts signed by a key it trusts for their device kind; `store`
+    is how the receipts folder is named in the output.
     """
     key = spec.key
     promo = spec.data["promotion"]
     requires = promo["requires"]
     if assessed is None:
-        assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key, cache=cache)
+        assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key, cache=cache, policy=policy)
     spec_name = f"specs/{spec.path.name}"
     usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name]
+    # Under a policy a receipt that is not trusted counts nowhere, not even as stale evidence.
+    untrusted = [a for a in usable if policy is not None and a.trust != "trusted"]
+    usable = [a for a in usable if a not in untrusted]
     fresh = [a for a in usable if a.state == "fresh"]
     stale = [a for a in usable if a.state == "stale"]
     broken = [a for a in assessed if a.state in ("tampered", "invalid")]
@@ -282,9 +312,10 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     relevant = [a for a in fresh if a.device in devices]
 
     requirements = [_review(spec)]
-    requirements += [_device(spec, dev, fresh, stale, cmd) for dev in devices]
+    requirements += [_device(spec, dev, fresh, stale, cmd, untrusted) for dev in devices]
     requirements.append(_mutants(spec, relevant, devices, cmd))
     requirements.append(_formal(spec, relevant, devices, cmd))
+    requirements.append(_signed(spec, policy, untrusted, flags))
     promotable = all(r["met"] for r in requirements)
 
     reasons = [f"{r['id']}: {r['detail']} -> {r['fix']}" for r in requirements if not r["met"]]
@@ -294,6 +325,10 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
                         f"{_more(a.changed, 4)}")
     if len(stale) > _SHOW:
         warnings.append(f"+{len(stale) - _SHOW} more stale receipt(s)")
+    for a in untrusted[:_SHOW]:
+        warnings.append(f"{a.trust} receipt {a.file} ({a.device}, {a.state}) is not counted: {a.trust_message}")
+    if len(untrusted) > _SHOW:
+        warnings.append(f"+{len(untrusted) - _SHOW} more receipt(s) not counted under {policy.file}")
     for a in broken:
         warnings.append(f"{a.state} receipt {a.file} is ignored: {a.message} (see contracts verify {key}{flags})")
     if promo["state"] == "promoted" and not promotable:
@@ -304,6 +339,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
         "schema": GATE_SCHEMA,
         "method": key,
         "spec": {"file": spec.display, "sha256": spec.sha256},
+        "store": store if store is not None else str(receipts_dir),
+        "trust": policy.as_dict() if policy is not None else None,
         "verdict": "promotable" if promotable else "not promotable",
         "promotable": promotable,
         "state": promo["state"],
@@ -318,6 +355,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
                       for a in stale],
             "tampered": [{"file": a.file, "message": a.message} for a in broken if a.state == "tampered"],
             "invalid": [{"file": a.file, "message": a.message} for a in broken if a.state == "invalid"],
+            "untrusted": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "state": a.state,
+                           "why": a.trust, "message": a.trust_message} for a in untrusted],
         },
         "justified_by": justified if promotable else [],
         "ci_method": CI_METHOD,

@@ -135,14 +135,26 @@ def receipt_filename(method: str, created_at: str, rid: str) -> str:
     return f"{stamp}_{method}_{rid[:12]}{RECEIPT_SUFFIX}"
 
 
-def write_receipt(receipts_dir: Path, stmt: dict) -> Path:
-    """Write one receipt atomically under receipts_dir/<method>/; never overwrite."""
+def write_receipt(receipts_dir: Path, stmt: dict, sign_key: Path | None = None) -> Path:
+    """Write one receipt atomically under receipts_dir/<method>/; never overwrite.
+
+    With `sign_key`, the file is a DSSE envelope of the Statement's bytes, signed by a process of its own
+    that reads the key (engine.store.signing); this process only names the key's path.
+    """
     from engine.spec.loader import check_key
 
     pred = stmt["predicate"]
     folder = Path(receipts_dir) / check_key(pred["method"])  # the method names a folder: no "..", no "/"
     folder.mkdir(parents=True, exist_ok=True)
     data = serialize(stmt)
+    if sign_key is not None:
+        from engine.errors import UsageError
+        from engine.store.signing import KeyProblem, sign_in_subprocess
+
+        try:
+            data = sign_in_subprocess(data, Path(sign_key))
+        except KeyProblem as err:
+            raise UsageError(f"receipt not written: {err}") from None
     tmp = folder / f"{TMP_PREFIX}{secrets.token_hex(8)}"
     name = receipt_filename(pred["method"], pred["created_at"], pred["receipt_id"])
     try:
@@ -225,21 +237,38 @@ class ReceiptCheck:
     message: str = ""
 
 
-def load_receipt(path: Path, with_bytes: bool = False):
-    """Parse a receipt file; raises ValueError with a one-line reason."""
+def load_receipt(path: Path, with_bytes: bool = False, with_signatures: bool = False):
+    """Parse a receipt file, unsigned (a Statement) or signed (a DSSE envelope of one); ValueError with a one-line
+    reason when it is neither.
+
+    `with_bytes` adds the Statement's bytes (the file's, or the envelope's payload): integrity and the receipt id
+    are judged on those, in both forms. `with_signatures` adds the envelope's signatures (None when unsigned).
+    """
     try:
         raw = Path(path).read_bytes()
     except OSError as err:
         raise ValueError(f"cannot read: {err.strerror}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"not JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
+    data = _json_document(raw)
+    signatures = None
+    from engine.store.signing import is_envelope, open_envelope
+
+    if is_envelope(data):
+        raw, signatures = open_envelope(data)
+        data = _json_document(raw, "DSSE payload ")
     if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE or not isinstance(data.get("predicate"), dict):
         raise ValueError("not a paper-contracts receipt (no in-toto Statement with a predicate)")
+    if with_signatures:
+        return data, raw, signatures
     return (data, raw) if with_bytes else data
+
+
+def _json_document(raw: bytes, what: str = ""):
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{what}not UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}not JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
 
 
 def integrity_problem(data: dict, raw: bytes) -> tuple[str, str] | None:
