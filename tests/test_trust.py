@@ -482,3 +482,72 @@ def test_a_poisoned_cache_and_index_change_no_tui_gate_verdict(layout):
     asyncio.run(go())
     res = _invoke("tui", "--json", "--specs", str(specs), "--receipts", str(receipts))
     assert res.exit_code == 0, res.output
+
+
+# --- end to end: the real runner signs; the real CLI judges ------------------------------------------
+
+
+@pytest.mark.slow
+def test_check_sign_key_then_gate_trust_counts_exactly_the_signed_run(tmp_path):
+    from tests.test_gate import _contracts, _copy_project
+
+    proj = _copy_project(tmp_path / "proj")
+    keys = tmp_path / "runner-keys"
+    keys.mkdir()
+    made = _contracts(proj, "keys", "generate", str(keys / "K"))
+    assert made.returncode == 0, made.stderr
+    kid = made.stdout.strip()
+    _contracts(proj, "keys", "generate", str(keys / "other"))
+    store = tmp_path / "R"
+    run = _contracts(proj, "check", "toy", "--device", "cpu", "--sign-key", str(keys / "K"), "--receipts", str(store))
+    assert run.returncode == 0, run.stderr
+    (signed,) = store.glob("toy/*.json")
+    assert S.is_envelope(json.loads(signed.read_bytes()))
+    pipeline = tmp_path / "pipeline"
+    pipeline.mkdir()
+    trusted = _policy(pipeline / "P.yaml", [(str(keys / "K.pub"), ["cpu"])])
+    other = _policy(pipeline / "other.yaml", [(str(keys / "other.pub"), ["cpu", "cuda"])])
+    gate = _contracts(proj, "gate", "toy", "--trust", str(trusted), "--receipts", str(store), "--json")
+    doc = json.loads(gate.stdout)
+    assert gate.returncode == 0 and doc["promotable"] and _req(doc, "device:cpu")["met"], gate.stdout
+    assert doc["trust"]["keys"] == [{"keyid": kid, "devices": ["cpu"]}]
+    gate = _contracts(proj, "gate", "toy", "--trust", str(other), "--receipts", str(store), "--json")
+    doc = json.loads(gate.stdout)
+    assert gate.returncode == 1 and not _req(doc, "device:cpu")["met"]
+    assert [u["why"] for u in doc["receipts"]["untrusted"]] == ["untrusted key"]
+    # an unsigned run of the same code is not counted under the policy
+    unsigned_store = tmp_path / "U"
+    assert _contracts(proj, "check", "toy", "--device", "cpu", "--receipts", str(unsigned_store)).returncode == 0
+    gate = _contracts(proj, "gate", "toy", "--trust", str(trusted), "--receipts", str(unsigned_store), "--json")
+    doc = json.loads(gate.stdout)
+    assert gate.returncode == 1 and [u["why"] for u in doc["receipts"]["untrusted"]] == ["unsigned"]
+
+
+def test_read_only_verbs_with_a_policy_never_import_torch(layout, tmp_path):
+    import subprocess
+    import sys
+
+    root, specs, receipts = layout
+    key, _ = _keys(tmp_path / "pipeline")
+    policy = _policy(tmp_path / "pipeline" / "trust.yaml", [("runner.pub", ["cpu"])])
+    G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), sign_key=key)
+    script = f"""
+import sys
+from pathlib import Path
+from typer.testing import CliRunner
+from engine.spec import registry
+from tests import gate_support as G
+import engine.cli as cli
+import engine.paths
+registry._STATIC = G.TOY_NAMES
+engine.paths.project_root = lambda: Path({str(root)!r})
+store = ["--specs", {str(specs)!r}, "--receipts", {str(receipts)!r}, "--trust", {str(policy)!r}]
+for args in (["verify", *store], ["gate", "toy", *store, "--json"], ["list", *store], ["tui", "--json", *store]):
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 0, (args, res.output)
+    assert "torch" not in sys.modules, args
+print("ok")
+"""
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -194,27 +194,14 @@ def check(
 
 
 def _signing_key(option: Optional[Path]) -> Optional[Path]:
-    """--sign-key or $CONTRACTS_SIGNING_KEY, proven usable before any check runs.
+    """--sign-key or $CONTRACTS_SIGNING_KEY, proven usable before any check runs (engine.store.signing.usable_key:
+    this process never opens the key file)."""
+    from engine.store.signing import KeyProblem, usable_key
 
-    The proof is a signature over nothing, made by the signing process (engine.store.signing): this process,
-    which is about to run method code, never opens the key file itself.
-    """
-    import os
-
-    from engine.store.signing import KeyProblem, sign_in_subprocess
-
-    if option is None:
-        env = os.environ.get("CONTRACTS_SIGNING_KEY", "")
-        if not env:
-            return None
-        option = Path(env)
-    if not option.is_file():
-        raise E.UsageError(f"--sign-key {option}: no such file; make a key with contracts keys generate PATH")
     try:
-        sign_in_subprocess(b"", option)
+        return usable_key(option)
     except KeyProblem as err:
         raise E.UsageError(f"--sign-key: {err}") from None
-    return option.resolve()
 
 
 def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None,

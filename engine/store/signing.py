@@ -205,6 +205,26 @@ def sign_in_subprocess(statement_bytes: bytes, key_path: Path, timeout: float = 
     return done.stdout
 
 
+SIGNING_KEY_ENV = "CONTRACTS_SIGNING_KEY"
+
+
+def usable_key(option: Path | None) -> Path | None:
+    """The signing key named by an option, else by $CONTRACTS_SIGNING_KEY, else None; proven usable first.
+
+    The proof is a signature over nothing made by the signing process: the caller, which is about to run
+    method code, never opens the key file itself. KeyProblem (one line) when it is not usable.
+    """
+    if option is None:
+        env = os.environ.get(SIGNING_KEY_ENV, "")
+        if not env:
+            return None
+        option = Path(env)
+    if not Path(option).is_file():
+        raise KeyProblem(f"signing key {option}: no such file; make one with contracts keys generate PATH")
+    sign_in_subprocess(b"", Path(option))
+    return Path(option).resolve()
+
+
 def main(argv: list[str]) -> int:
     """`sign KEY`: Statement bytes on stdin, the envelope's bytes on stdout. Exit 2 on a bad key."""
     if len(argv) != 2 or argv[0] != "sign":
