@@ -71,11 +71,11 @@ class _Options:
             from engine.run.policy import check_policy
 
             check_policy(self.policy_text)
-        from engine.store.signing import KeyProblem, usable_key
+        from engine.store.signing import KeyProblem, usable_signer
 
         try:  # before any check runs, in a process of its own (this one will run method code)
             key = opt.contracts_sign_key
-            self.sign_key = usable_key(Path(key) if key else None)
+            self.sign_key = usable_signer(Path(key) if key else None)
         except KeyProblem as err:
             raise ContractsError(f"--contracts-sign-key: {err}") from None
         self._device = None

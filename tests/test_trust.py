@@ -162,7 +162,7 @@ def test_under_a_policy_only_receipts_signed_by_a_key_trusted_for_their_device_c
     assert sorted(u["why"] for u in doc["receipts"]["untrusted"]) == ["unsigned", "untrusted key"]
     assert doc["receipts"]["fresh"] == []
     assert "no fresh trusted cpu receipt" in _req(doc, "device:cpu")["detail"]
-    assert any(w.startswith("unsigned receipt") for w in doc["warnings"])
+    assert any("is not counted: unsigned" in w for w in doc["warnings"])
     # without a policy the same receipts count (unsigned receipts stay valid for local use)
     assert _gate_json(specs, receipts)[1]["promotable"]
     # a receipt signed by the trusted key counts for device:cpu
@@ -551,3 +551,34 @@ print("ok")
     repo = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_signing_command_signs_and_is_held_to_the_receipt_it_was_given(layout, tmp_path, monkeypatch):
+    """--sign-command (e.g. the signing module run as another OS user who alone can read the key): the receipt
+    is its envelope, and only an envelope of exactly the bytes handed over is accepted."""
+    import shlex
+    import sys
+
+    root, specs, receipts = layout
+    key, kid = _keys(tmp_path / "k")
+    top = str(Path(S.__file__).resolve().parent.parent.parent)
+    command = f"{shlex.quote(sys.executable)} -m engine.store.signing sign {shlex.quote(str(key))}"
+    monkeypatch.setenv("PYTHONPATH", top)
+    signer = S.usable_signer(None, command)
+    path = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), sign_key=signer)
+    assert [s["keyid"] for s in json.loads(path.read_bytes())["signatures"]] == [kid]
+    policy = _policy(tmp_path / "k" / "trust.yaml", [("runner.pub", ["cpu"])])
+    assert _gate_json(specs, receipts, "--trust", str(policy))[0] == 0
+    # a command that signs something else (here: always the empty document) is refused
+    other = tmp_path / "other.py"
+    other.write_text("import sys, json\nsys.stdin.buffer.read()\n"
+                     f"sys.path.insert(0, {top!r})\nfrom engine.store import signing as S\n"
+                     f"k = S._load_private(__import__('pathlib').Path({str(key)!r}))\n"
+                     "sys.stdout.buffer.write(S.envelope_bytes(S.envelope(b'{}', k)))\n")
+    with pytest.raises(S.KeyProblem, match="of the receipt it was given"):
+        S.sign_in_subprocess(b"{\"x\": 1}", (sys.executable, str(other)))
+    for args, why in ((["--sign-command", "false"], "signing"),
+                      (["--sign-command", command, "--sign-key", str(key)], "not both")):
+        res = _invoke("check", "toy", "--specs", str(specs), "--receipts", str(tmp_path / "none"), *args)
+        assert res.exit_code == 2 and why in res.output, res.output
+    assert not (tmp_path / "none").exists()

@@ -122,6 +122,10 @@ def check(
     sign_key: Annotated[Optional[Path], typer.Option(
         "--sign-key", help="Sign each receipt (DSSE, ed25519) with this private key (default: "
                            "$CONTRACTS_SIGNING_KEY). Only a separate signing process reads it, after the checks.")] = None,
+    sign_command: Annotated[Optional[str], typer.Option(
+        "--sign-command", help="Sign each receipt with this command instead (default: $CONTRACTS_SIGN_COMMAND): it "
+                               "reads the receipt on stdin and prints its DSSE envelope, e.g. the signing module "
+                               "run as another user who alone can read the key (docs/trust.md).")] = None,
 ) -> None:
     """Run a method's contracts and mutants on a device; write one receipt per method."""
     global _CHECK_RAN
@@ -142,7 +146,7 @@ def check(
         raise E.UsageError("--only selects contracts of one method; name the method instead of --all")
     if threads is not None and threads < 1:
         raise E.UsageError(f"--threads {threads}: give 1 or more")
-    sign_key = _signing_key(sign_key)
+    sign_key = _signer(sign_key, sign_command)
     if all_:
         paths = spec_files(specs_dir)
         if not paths:
@@ -193,19 +197,19 @@ def check(
     raise typer.Exit(code)
 
 
-def _signing_key(option: Optional[Path]) -> Optional[Path]:
-    """--sign-key or $CONTRACTS_SIGNING_KEY, proven usable before any check runs (engine.store.signing.usable_key:
-    this process never opens the key file)."""
-    from engine.store.signing import KeyProblem, usable_key
+def _signer(key: Optional[Path], command: Optional[str]):
+    """--sign-key / --sign-command (or their environment variables), proven to work before any check runs
+    (engine.store.signing.usable_signer: this process never opens the key file)."""
+    from engine.store.signing import KeyProblem, usable_signer
 
     try:
-        return usable_key(option)
+        return usable_signer(key, command)
     except KeyProblem as err:
-        raise E.UsageError(f"--sign-key: {err}") from None
+        raise E.UsageError(f"signing: {err}") from None
 
 
 def _run_one(plan, dev, receipts_dir: Path, stop: _StopFlag, json_out: bool, provider=None,
-             sign_key: Optional[Path] = None) -> dict:
+             sign_key=None) -> dict:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,

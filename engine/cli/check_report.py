@@ -57,7 +57,7 @@ def _print_summary(pred: dict, receipt: str) -> None:
 
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
                  json_out: bool, policy: Optional[str] = None, threads: Optional[int] = None,
-                 sign_key: Optional[Path] = None) -> None:
+                 sign_key=None) -> None:
     """Run every (method, seed) cell on the executor, write one merged receipt per method, exit like check."""
     from rich.console import Console
     from rich.progress import (
@@ -117,7 +117,7 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
     raise typer.Exit(code)
 
 
-def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool, sign_key: Optional[Path] = None) -> dict:
+def _write_merged(stmt: dict, receipts_dir: Path, json_out: bool, sign_key=None) -> dict:
     from engine.store.receipts import write_receipt
 
     path = write_receipt(receipts_dir, stmt, sign_key=sign_key)  # after every cell finished

@@ -326,7 +326,7 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     if len(stale) > _SHOW:
         warnings.append(f"+{len(stale) - _SHOW} more stale receipt(s)")
     for a in untrusted[:_SHOW]:
-        warnings.append(f"{a.trust} receipt {a.file} ({a.device}, {a.state}) is not counted: {a.trust_message}")
+        warnings.append(f"receipt {a.file} ({a.device}, {a.state}) is not counted: {a.trust_message}")
     if len(untrusted) > _SHOW:
         warnings.append(f"+{len(untrusted) - _SHOW} more receipt(s) not counted under {policy.file}")
     for a in broken:

@@ -135,11 +135,12 @@ def receipt_filename(method: str, created_at: str, rid: str) -> str:
     return f"{stamp}_{method}_{rid[:12]}{RECEIPT_SUFFIX}"
 
 
-def write_receipt(receipts_dir: Path, stmt: dict, sign_key: Path | None = None) -> Path:
+def write_receipt(receipts_dir: Path, stmt: dict, sign_key=None) -> Path:
     """Write one receipt atomically under receipts_dir/<method>/; never overwrite.
 
-    With `sign_key`, the file is a DSSE envelope of the Statement's bytes, signed by a process of its own
-    that reads the key (engine.store.signing); this process only names the key's path.
+    With `sign_key` (a key path, or a signing command: engine.store.signing.usable_signer), the file is a
+    DSSE envelope of the Statement's bytes, signed by a process of its own that reads the key; this process
+    only names the key's path.
     """
     from engine.spec.loader import check_key
 
@@ -152,7 +153,7 @@ def write_receipt(receipts_dir: Path, stmt: dict, sign_key: Path | None = None) 
         from engine.store.signing import KeyProblem, sign_in_subprocess
 
         try:
-            data = sign_in_subprocess(data, Path(sign_key))
+            data = sign_in_subprocess(data, sign_key)
         except KeyProblem as err:
             raise UsageError(f"receipt not written: {err}") from None
     tmp = folder / f"{TMP_PREFIX}{secrets.token_hex(8)}"

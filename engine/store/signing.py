@@ -189,40 +189,68 @@ def _signer_command(key_path: Path) -> list[str]:
     return [sys.executable, "-I", "-c", code, "sign", str(Path(key_path).resolve())]
 
 
-def sign_in_subprocess(statement_bytes: bytes, key_path: Path, timeout: float = 60.0) -> bytes:
-    """The signed receipt bytes, produced by a process of its own that reads the key (see the module text).
+def sign_in_subprocess(statement_bytes: bytes, signer, timeout: float = 60.0) -> bytes:
+    """The signed receipt bytes, made by a process of its own (see the module text).
 
-    Raises KeyProblem with the signer's one-line reason when it fails.
+    `signer` is a key path (this module's `sign KEY`, run as `_signer_command` says) or a command line
+    (`--sign-command`: e.g. the same module run as another OS user, who alone can read the key). Either gets
+    the Statement bytes on stdin and must print a DSSE envelope of exactly those bytes. KeyProblem with the
+    signer's one-line reason when it fails.
     """
+    if isinstance(signer, (str, os.PathLike)):
+        cmd = _signer_command(Path(signer))
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT")}
+    else:
+        cmd, env = list(signer), None
     try:
-        done = subprocess.run(_signer_command(key_path), input=statement_bytes, capture_output=True,
-                              timeout=timeout, env={k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT")})
+        done = subprocess.run(cmd, input=statement_bytes, capture_output=True, timeout=timeout, env=env)
     except (OSError, subprocess.SubprocessError) as err:
         raise KeyProblem(f"the signing process did not run: {err}") from None
     if done.returncode != 0:
         why = done.stderr.decode("utf-8", "replace").strip().splitlines()
         raise KeyProblem(why[-1] if why else f"the signing process exited {done.returncode}")
-    return done.stdout
+    try:
+        env_doc = json.loads(done.stdout.decode("utf-8"))
+        payload = open_envelope(env_doc)[0] if is_envelope(env_doc) else None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise KeyProblem(f"the signing process printed no DSSE envelope ({str(err)[:120]})") from None
+    if payload != statement_bytes:
+        raise KeyProblem("the signing process printed no DSSE envelope of the receipt it was given")
+    return envelope_bytes(env_doc)
 
 
 SIGNING_KEY_ENV = "CONTRACTS_SIGNING_KEY"
+SIGN_COMMAND_ENV = "CONTRACTS_SIGN_COMMAND"
 
 
-def usable_key(option: Path | None) -> Path | None:
-    """The signing key named by an option, else by $CONTRACTS_SIGNING_KEY, else None; proven usable first.
+def usable_signer(key: Path | None, command: str | None = None):
+    """What signs receipts: --sign-key (else $CONTRACTS_SIGNING_KEY) as a resolved Path, --sign-command (else
+    $CONTRACTS_SIGN_COMMAND) as a tuple of arguments, or None; proven to work first.
 
     The proof is a signature over nothing made by the signing process: the caller, which is about to run
-    method code, never opens the key file itself. KeyProblem (one line) when it is not usable.
+    method code, never opens a key file itself. KeyProblem (one line) when it does not work or both are given.
     """
-    if option is None:
-        env = os.environ.get(SIGNING_KEY_ENV, "")
-        if not env:
-            return None
-        option = Path(env)
-    if not Path(option).is_file():
-        raise KeyProblem(f"signing key {option}: no such file; make one with contracts keys generate PATH")
-    sign_in_subprocess(b"", Path(option))
-    return Path(option).resolve()
+    import shlex
+
+    key = key if key is not None else (Path(os.environ[SIGNING_KEY_ENV]) if os.environ.get(SIGNING_KEY_ENV) else None)
+    command = command if command is not None else (os.environ.get(SIGN_COMMAND_ENV) or None)
+    if key is not None and command is not None:
+        raise KeyProblem("give a signing key or a signing command, not both")
+    if command is not None:
+        try:
+            signer = tuple(shlex.split(command))
+        except ValueError as err:
+            raise KeyProblem(f"signing command: {err}") from None
+        if not signer:
+            raise KeyProblem("signing command is empty")
+    elif key is not None:
+        if not Path(key).is_file():
+            raise KeyProblem(f"signing key {key}: no such file; make one with contracts keys generate PATH")
+        signer = Path(key).resolve()
+    else:
+        return None
+    sign_in_subprocess(b"", signer)
+    return signer
 
 
 def main(argv: list[str]) -> int:
