@@ -359,10 +359,6 @@ def gate_for(key: str, receipts_dir: Path, root: Path, specs_dir: Path, trust: P
     from engine.store.trust import load_policy
 
     flags = gate_flags(receipts_dir, specs_dir, root)
-    if trust is not None:
-        import shlex
-
-        flags += f" --trust {shlex.quote(str(trust))}"
     try:
         policy = load_policy(Path(trust), Path(receipts_dir)) if trust is not None else None
         spec = load_spec(spec_path(Path(specs_dir), key), Path(root))

@@ -131,8 +131,8 @@ def _load_valid_specs(specs_dir: Path, receipts_dir: Path) -> tuple[list, list[S
     return good, bad
 
 
-def _flags(specs: Optional[Path], receipts: Optional[Path], trust: Optional[Path] = None) -> str:
-    """The folder (and --trust) options exactly as given, so a suggested command works on the same store."""
+def _flags(specs: Optional[Path], receipts: Optional[Path]) -> str:
+    """The folder options exactly as given, so a suggested command works on the same store."""
     import shlex
 
     out = ""
@@ -140,8 +140,6 @@ def _flags(specs: Optional[Path], receipts: Optional[Path], trust: Optional[Path
         out += f" --specs {shlex.quote(str(specs))}"
     if receipts is not None:
         out += f" --receipts {shlex.quote(str(receipts))}"
-    if trust is not None:
-        out += f" --trust {shlex.quote(str(trust))}"
     return out
 
 

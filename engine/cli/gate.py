@@ -59,7 +59,7 @@ def gate(
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
     spec = load_spec(spec_path(specs_dir, method), _paths.project_root())
-    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts, trust),
+    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts),
                       policy=policy, store=_store_name(receipts_dir))
     if json_out:
         _print_json(result)

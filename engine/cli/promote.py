@@ -51,7 +51,7 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
     policy = _trust_policy(trust, receipts_dir)
     path = spec_path(specs_dir, method)
     spec = load_spec(path, _paths.project_root())  # from the file, as the gate reads it; never the cache
-    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts, trust),
+    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts),
                       policy=policy, store=_store_name(receipts_dir))
     old_state = spec.data["promotion"]["state"]
     out = {"method": spec.key, "action": action, "changed": False, "old_state": old_state, "new_state": new_state,

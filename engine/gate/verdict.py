@@ -308,7 +308,12 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     stale = [a for a in usable if a.state == "stale"]
     broken = [a for a in assessed if a.state in ("tampered", "invalid")]
     devices = list(requires["devices"])
-    cmd = f"contracts check {key} --device {{device}}{flags}"
+    def literal(text: str) -> str:  # cmd is a format string: a brace in a path must stay a brace
+        return text.replace("{", "{{").replace("}", "}}")
+
+    cmd = f"contracts check {key} --device {{device}}{literal(flags)}"
+    if policy is not None:  # only a signed run counts: say with what
+        cmd += f" --sign-key KEY (a key {literal(policy.file)} trusts for {{device}})"
     relevant = [a for a in fresh if a.device in devices]
 
     requirements = [_review(spec)]
