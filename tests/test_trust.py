@@ -582,3 +582,14 @@ def test_a_signing_command_signs_and_is_held_to_the_receipt_it_was_given(layout,
         res = _invoke("check", "toy", "--specs", str(specs), "--receipts", str(tmp_path / "none"), *args)
         assert res.exit_code == 2 and why in res.output, res.output
     assert not (tmp_path / "none").exists()
+
+
+def test_the_tui_opens_a_signed_receipt_as_its_statement(layout, tmp_path):
+    from tui.data import load_detail
+
+    root, specs, receipts = layout
+    key, _ = _keys(tmp_path / "k")
+    path = G.write(root, receipts, specs / "toy.yaml", sign_key=key)
+    detail = load_detail(receipts, f"toy/{path.name}")
+    assert detail.error == "" and detail.data["_type"] == R.STATEMENT_TYPE
+    assert detail.text.startswith('{\n "_type": "https://in-toto.io/Statement/v1"')

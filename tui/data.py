@@ -398,14 +398,17 @@ def load_detail(receipts_dir: Path, file: str) -> Detail:
         raw = path.read_bytes()
     except OSError as err:
         return Detail(file, None, "", f"cannot read: {err.strerror}")
-    text = raw.decode("utf-8", errors="replace")
-    if len(text) > MAX_RAW_CHARS:
-        text = text[:MAX_RAW_CHARS] + f"\n... ({len(raw)} bytes; the rest is not shown)"
+    def shown(b: bytes) -> str:
+        text = b.decode("utf-8", errors="replace")
+        if len(text) > MAX_RAW_CHARS:
+            text = text[:MAX_RAW_CHARS] + f"\n... ({len(b)} bytes; the rest is not shown)"
+        return text
+
     try:
-        data = load_receipt(path)
+        data, statement = load_receipt(path, with_bytes=True)
     except ValueError as err:
-        return Detail(file, None, text, str(err))
-    return Detail(file, data, text)
+        return Detail(file, None, shown(raw), str(err))
+    return Detail(file, data, shown(statement))  # a signed receipt shows its Statement, not base64
 
 
 def previous_receipt(model: Model, file: str) -> ReceiptRow | None:
