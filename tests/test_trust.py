@@ -141,6 +141,7 @@ def test_a_malformed_envelope_is_invalid_not_a_crash(layout, tmp_path):
     for broken, why in (({**env, "payloadType": "text/plain"}, "payloadType"),
                         ({**env, "payload": "%%%"}, "base64"),
                         ({**env, "signatures": []}, "signatures"),
+                        ({**env, "signatures": [{"keyid": "\x1b]52;c;aGk=\x07", "sig": "AA=="}]}, "printable"),
                         ({**env, "extra": 1}, "unexpected field")):
         path.write_bytes(json.dumps(broken).encode())
         res = _invoke("verify", "--specs", str(specs), "--receipts", str(receipts))

@@ -146,11 +146,16 @@ def open_envelope(data: dict) -> tuple[bytes, list[dict]]:
     except (ValueError, UnicodeEncodeError):
         raise ValueError("DSSE payload is not valid base64") from None
     sigs = data["signatures"]
-    if not isinstance(sigs, list) or not sigs or not all(
+    # Key ids are shown on terminals: printable ASCII only (ours are 64 hex digits), so none carries a control.
+    if not isinstance(sigs, list) or not sigs or len(sigs) > 16 or not all(
             isinstance(s, dict) and set(s) == {"keyid", "sig"} and isinstance(s["keyid"], str)
-            and isinstance(s["sig"], str) for s in sigs):
-        raise ValueError("DSSE signatures is not a non-empty list of {keyid, sig} strings")
+            and isinstance(s["sig"], str) and _printable(s["keyid"], 256) and _printable(s["sig"], 1024) for s in sigs):
+        raise ValueError("DSSE signatures is not a list of 1 to 16 {keyid, sig} entries of printable ASCII")
     return payload, sigs
+
+
+def _printable(text: str, limit: int) -> bool:
+    return 0 < len(text) <= limit and text.isascii() and text.isprintable()
 
 
 def verify_signatures(payload: bytes, sigs: list[dict], keys: dict) -> tuple[str | None, str]:
