@@ -384,7 +384,8 @@ def test_check_refuses_a_bad_key_before_running_anything(layout, tmp_path):
 def _poisoned_store(layout):
     """Spec on disk: IN-REVIEW, requires cpu and cuda. Receipts: a passing cpu run, a cpu run with a failure,
     and an edited receipt. Then the cache is poisoned (the spec's parsed data says DONE and cpu only; the edited
-    receipt's sha256 is filed as intact) and the index (the failing run's gate slice shows no failure)."""
+    receipt's sha256 is filed as intact) and the index (the failing run shows no failure; the edited receipt,
+    same size and mtime, stays indexed as intact)."""
     root, specs, receipts = layout
     text = (specs / "toy.yaml").read_text()
     (specs / "toy.yaml").write_text(text.replace("  review: DONE   # reviewed by hand", "  review: IN-REVIEW")
@@ -430,11 +431,11 @@ def _poisoned_store(layout):
             lines.append(line)
             continue
         head, cm, g = line.split(b"\t")
-        if failing.name.encode() in head:
-            slice_ = json.loads(g)
-            slice_["other"], slice_["status"] = [], "passed"
-            slice_["passed"] = [[c, d, [1, 2, 3]] for c, d, _ in slice_["passed"]]
-            g = json.dumps(slice_, separators=(",", ":")).encode()
+        if failing.name.encode() in head:  # its contract digest: every contract passed
+            digest = json.loads(cm)
+            for row in digest["c"].values():
+                row[0] = "passed"
+            cm = json.dumps(digest, separators=(",", ":")).encode()
         lines.append(b"\t".join((head, cm, g)))
     detail.write_bytes(b"\n".join(lines) + b"\n")
     # the poison is in place: the cache and the index now say what the files do not
@@ -444,7 +445,8 @@ def _poisoned_store(layout):
     assert poisoned.integrity_problem({}, edited.read_bytes()) is None
     idx = ReceiptIndex(receipts)
     idx.refresh()
-    assert idx.gate_slice(f"toy/{failing.name}")["other"] == []
+    assert {row[0] for row in idx.heavy(f"toy/{failing.name}")["c"].values()} == {"passed"}
+    assert next(e for e in idx.entries() if e["file"] == f"toy/{edited.name}")["state"] == "ok"
     return expected, with_tui_flags
 
 
