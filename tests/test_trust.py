@@ -596,3 +596,12 @@ def test_the_tui_opens_a_signed_receipt_as_its_statement(layout, tmp_path):
     detail = load_detail(receipts, f"toy/{path.name}")
     assert detail.error == "" and detail.data["_type"] == R.STATEMENT_TYPE
     assert detail.text.startswith('{\n "_type": "https://in-toto.io/Statement/v1"')
+
+
+def test_braces_in_a_policy_path_stay_braces_in_the_fix_lines(layout, tmp_path):
+    root, specs, receipts = layout
+    folder = tmp_path / "{device}{0}"
+    _keys(folder)
+    policy = _policy(folder / "trust.yaml", [("runner.pub", ["cpu"])])
+    code, doc = _gate_json(specs, receipts, "--trust", str(policy))
+    assert code == 1 and f"--sign-key KEY (a key {policy} trusts for cpu)" in _req(doc, "device:cpu")["fix"]

@@ -12,15 +12,15 @@ would produce it:
   mutants_killed      every mutant of the spec killed, and every contract shown
                       able to fail (killed some mutant), in a fresh receipt on a
                       required device.
-  signed              (when requires.signed is true) a trust policy was given. Under
-                      a policy, whatever the spec says, only receipts whose DSSE
-                      signature verifies against a key trusted for their device
-                      kind count anywhere below; the rest are listed with why.
   formal_comparison   a fresh receipt on a required device holds at least one
                       comparison recorded with formal: true, over the budget's
                       seeds, and every such comparison shows the method ahead:
                       the CI_METHOD interval of the per-seed difference lies
                       above zero. Diagnostic comparisons (formal: false) never count.
+  signed              (when requires.signed is true) a trust policy was given. Under
+                      a policy, whatever the spec says, only receipts whose DSSE
+                      signature verifies against a key trusted for their device
+                      kind count for any requirement; the rest are listed with why.
 
 The output shape (GATE_SCHEMA, engine/schemas/gate.schema.json) is what evolve
 reads; keep it stable.
@@ -63,6 +63,11 @@ def _cells(cells: list[dict]) -> str:
     if len(cells) == len(seeds) * len(dtypes):
         return f"seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))} x {','.join(dtypes)}"
     return _more([f"seed {c['seed']} {c['dtype']}" for c in cells], 3)
+
+
+def _literal(text: str) -> str:
+    """`text` inside a str.format template: a brace in a path must stay a brace."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def _req(rid: str, met: bool, detail: str, fix: str = "", required: bool = True, **extra) -> dict:
@@ -308,12 +313,9 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     stale = [a for a in usable if a.state == "stale"]
     broken = [a for a in assessed if a.state in ("tampered", "invalid")]
     devices = list(requires["devices"])
-    def literal(text: str) -> str:  # cmd is a format string: a brace in a path must stay a brace
-        return text.replace("{", "{{").replace("}", "}}")
-
-    cmd = f"contracts check {key} --device {{device}}{literal(flags)}"
+    cmd = f"contracts check {key} --device {{device}}{_literal(flags)}"
     if policy is not None:  # only a signed run counts: say with what
-        cmd += f" --sign-key KEY (a key {literal(policy.file)} trusts for {{device}})"
+        cmd += f" --sign-key KEY (a key {_literal(policy.file)} trusts for {{device}})"
     relevant = [a for a in fresh if a.device in devices]
 
     requirements = [_review(spec)]
