@@ -605,3 +605,22 @@ def test_braces_in_a_policy_path_stay_braces_in_the_fix_lines(layout, tmp_path):
     policy = _policy(folder / "trust.yaml", [("runner.pub", ["cpu"])])
     code, doc = _gate_json(specs, receipts, "--trust", str(policy))
     assert code == 1 and f"--sign-key KEY (a key {policy} trusts for cpu)" in _req(doc, "device:cpu")["fix"]
+
+
+def test_the_tui_gate_under_a_policy_is_contracts_gate_under_it(layout, tmp_path):
+    from engine.store.index import Freshness, ReceiptIndex
+    from tui.data import build_model
+
+    root, specs, receipts = layout
+    key, _ = _keys(tmp_path / "pipeline")
+    policy = _policy(tmp_path / "pipeline" / "trust.yaml", [("runner.pub", ["cpu"])])
+    G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())  # unsigned: opens the gate without a policy
+    model = build_model(specs, receipts, root, ReceiptIndex(receipts), Freshness(root, specs), gates=True, trust=policy)
+    view = model.method("toy").gate
+    _, doc = _gate_json(specs, receipts, "--trust", str(policy))
+    assert view.verdict == "closed" and not doc["promotable"]
+    assert [u.split(": ")[0] for u, _ in view.unmet] == [r["id"] for r in doc["requirements"] if not r["met"]]
+    assert any("is not counted: unsigned" in w for w in view.warnings)
+    G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), sign_key=key)
+    model = build_model(specs, receipts, root, ReceiptIndex(receipts), Freshness(root, specs), gates=True, trust=policy)
+    assert model.method("toy").gate.verdict == "open" and _gate_json(specs, receipts, "--trust", str(policy))[0] == 0
