@@ -185,7 +185,7 @@ def in_process(store: dict) -> dict:
     from tui.data import gate_for
 
     t = time.perf_counter()
-    verdicts = {m.key: gate_for(m, idx, store["receipts"], store["root"], store["specs"]).verdict
+    verdicts = {m.key: gate_for(m.key, store["receipts"], store["root"], store["specs"]).verdict
                 for m in model.methods if m.spec_obj is not None}
     gate_s = time.perf_counter() - t
     return {"warm_refresh_s": refresh_s, "warm_parsed": r.parsed, "build_model_s": model_s, "gates_s": gate_s,

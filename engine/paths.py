@@ -34,10 +34,14 @@ def spec_path(specs_dir: Path, key: str) -> Path:
     try:
         check_key(key)
     except UsageError as err:
-        hint = did_you_mean(key, valid()) if isinstance(key, str) else ""
-        if not hint:
-            raise
-        raise UsageError(f"{err.args[0]}; {hint}valid methods: {', '.join(valid())}") from None
+        # Refused before any file is touched (a path trick must not even list the specs folder): the hint is
+        # the key normalised (case, underscores), offered only when that is a well-formed key itself.
+        guess = key.strip().lower().replace("_", "-") if isinstance(key, str) else ""
+        try:
+            check_key(guess)
+        except UsageError:
+            raise err from None
+        raise UsageError(f"{err.args[0]}; did you mean {guess!r}?") from None
     path = Path(specs_dir) / f"{key}.yaml"
     if not path.is_file():
         names = valid()

@@ -46,6 +46,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="train mechanism runs on a local Hugging Face checkpoint (as contracts check --policy)")
     group.addoption("--contracts-lora-rank", default=None, type=int, metavar="RANK",
                     help="LoRA rank for --contracts-policy (default 8; 0 trains every weight)")
+    group.addoption("--contracts-sign-key", default=None, metavar="KEY",
+                    help="sign each receipt with this ed25519 key (default: $CONTRACTS_SIGNING_KEY; as contracts "
+                         "check --sign-key: only a separate signing process reads it)")
 
 
 class _Options:
@@ -68,6 +71,13 @@ class _Options:
             from engine.run.policy import check_policy
 
             check_policy(self.policy_text)
+        from engine.store.signing import KeyProblem, usable_signer
+
+        try:  # before any check runs, in a process of its own (this one will run method code)
+            key = opt.contracts_sign_key
+            self.sign_key = usable_signer(Path(key) if key else None)
+        except KeyProblem as err:
+            raise ContractsError(f"--contracts-sign-key: {err}") from None
         self._device = None
         self._policy = None
         self.written: list[tuple[str, str, str]] = []  # (method, status, receipt path)
@@ -371,7 +381,7 @@ class _SpecRun:
         if missing:
             self.runner.errors.append(f"interrupted: pytest ended before {len(missing)} selected item(s) ran; "
                                       "results finished so far are kept")
-        stmt, path = session.write(self.runner, self.created, self.opts.receipts)
+        stmt, path = session.write(self.runner, self.created, self.opts.receipts, self.opts.sign_key)
         pred = stmt["predicate"]
         shown = display_path(path, project_root())
         self.opts.written.append((pred["method"], pred["status"], shown))

@@ -203,12 +203,15 @@ def ahead(seeds=(1, 2, 3)) -> dict:
     return {s: [comparison(0.8 + 0.01 * s, 0.5)] for s in seeds}
 
 
-def write(root: Path, receipts: Path, spec_path: Path, extra: tuple[str, ...] = (), **kw) -> Path:
-    """Write one genuine receipt binding src/toy.py, the spec and any `extra` repository files."""
+def write(root: Path, receipts: Path, spec_path: Path, extra: tuple[str, ...] = (), sign_key: Path | None = None,
+          **kw) -> Path:
+    """Write one genuine receipt binding src/toy.py, the spec and any `extra` repository files (signed with
+    `sign_key` when given)."""
     names = ["src/toy.py", *extra]
     subject = [{"name": n, "digest": {"sha256": R.sha256_file(root / n)}} for n in names]
     subject.append({"name": f"specs/{spec_path.name}", "digest": {"sha256": R.sha256_file(spec_path)}})
-    return R.write_receipt(receipts, R.statement(sorted(subject, key=lambda s: s["name"]), predicate(spec_path, **kw)))
+    return R.write_receipt(receipts, R.statement(sorted(subject, key=lambda s: s["name"]), predicate(spec_path, **kw)),
+                           sign_key=sign_key)
 
 
 def sha(path: Path) -> str:

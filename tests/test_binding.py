@@ -81,7 +81,7 @@ def test_a_clean_run_binds_its_modules_and_environment_but_no_front_door(project
     assert {p.relative_to(proj).as_posix() for p in (proj / "methods" / "tapo").glob("*.py")} <= names
     assert not [n for n in names if n.startswith(("engine/cli/", "engine/gate/", "tui/"))
                 or n in ("engine/store/cache.py", "engine/store/index.py", "engine/store/verify.py", "README.md")]
-    assert pred["implementation"] == {"name": "tapo", "files": ["methods/tapo/objective.py"]}
+    assert pred["implementation"] == {"name": "tapo", "files": ["methods/tapo/objective.py", "methods/tapo/proximal.py"]}
     env = pred["environment"]
     assert {"cuda_build", "cudnn", "determinism", "env"} <= set(env)
     assert env["determinism"]["deterministic_algorithms"] in (True, False) and env["torch_threads"] >= 1

@@ -190,7 +190,7 @@ def test_the_direct_table_matches_the_commands_signatures():
 
     import engine.cli as cli
 
-    for verb, (fn, fewest, most, flags) in cli._DIRECT.items():
+    for verb, (fn, fewest, most, flags, options) in cli._DIRECT.items():
         seen_flags, seen_opts, method = set(), set(), None
         for name, p in inspect.signature(fn).parameters.items():
             annotation = typing.get_type_hints(fn, include_extras=True)[name]
@@ -210,7 +210,7 @@ def test_the_direct_table_matches_the_commands_signatures():
             else:
                 assert base == typing.Optional[Path] and cli._DIRECT_OPTIONS[decl] == name and p.default is None
                 seen_opts.add(decl)
-        assert seen_flags == set(flags) and seen_opts == set(cli._DIRECT_OPTIONS), verb
+        assert seen_flags == set(flags) and seen_opts == set(options), verb
         required = method is not None and method.default is inspect.Parameter.empty
         assert (fewest, most) == ((1, 1) if required else (0, 1) if method is not None else (0, 0)), verb
 

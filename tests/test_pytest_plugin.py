@@ -215,3 +215,26 @@ def test_contracts_alone_collects_the_specs_folder(project, monkeypatch):
     r, _ = run(project, "--contracts", "--collect-only", "-q")
     ids = [line for line in r.outlines if "::" in line]
     assert ids and all(i.startswith(f"specs/{SPEC.name}::") for i in ids)
+
+
+def test_contracts_sign_key_writes_a_signed_receipt_and_a_bad_key_stops_before_any_check(project, tmp_path):
+    from engine.store import signing
+    from engine.store.receipts import load_receipt
+
+    key = tmp_path / "keys" / "runner"
+    key.parent.mkdir()
+    kid = signing.generate(key)
+    r, receipts = run(project, "--contracts", "specs/", "-k", FAST, "--contracts-seeds", "42",
+                      "--contracts-sign-key", str(key))
+    r.assert_outcomes(passed=3)
+    (path,) = receipt_files(receipts, "tapo-trajectory")
+    env = json.loads(path.read_text())
+    assert signing.is_envelope(env) and [s["keyid"] for s in env["signatures"]] == [kid]
+    stmt, raw, sigs = load_receipt(path, with_signatures=True)
+    pub = signing.load_public_pem(key.with_name("runner.pub").read_bytes(), "runner.pub")
+    assert signing.verify_signatures(raw, sigs, {kid: pub}) == (kid, "")
+    bad = tmp_path / "keys" / "bad"
+    bad.write_text("not a key\n")
+    r, receipts = run(project, "--contracts", "specs/", "-k", FAST, "--contracts-sign-key", str(bad))
+    assert r.ret != 0 and "--contracts-sign-key" in "\n".join(r.errlines + r.outlines)
+    assert len(receipt_files(receipts, "tapo-trajectory")) == 1  # nothing new written

@@ -34,9 +34,10 @@ class ContractsApp(App):
 
     def __init__(self, specs_dir: Path, receipts_dir: Path, root: Path,
                  poll_seconds: float | None = DEFAULT_POLL_SECONDS,
-                 keymap: dict[str, str] | None = None, persist_index: bool = True) -> None:
+                 keymap: dict[str, str] | None = None, persist_index: bool = True, trust: Path | None = None) -> None:
         super().__init__()
         self.specs_dir, self.receipts_dir, self.root = Path(specs_dir), Path(receipts_dir), Path(root)
+        self.trust = Path(trust) if trust is not None else None  # the trust policy file the Gate tab reads
         self.poll_seconds = poll_seconds
         self.model: Model | None = None
         self.generation = 0  # models applied so far; tests and the benchmark wait on it
@@ -138,17 +139,18 @@ class ContractsApp(App):
     # description: otherwise @work builds one from repr(model), 10,000 rows long (0.3 s on a big store)
     @work(thread=True, group="gate", exclusive=True, description="gate verdicts")
     def refine_gates(self, model: Model) -> None:
-        """engine.gate.verdict's verdict per method, after the first paint.
+        """engine.gate.verdict's verdict per method, after the first paint, from the files as `contracts gate`
+        derives it (tui.data.gate_for): never from the index or the validation cache.
 
-        The gate reads every receipt's slice (seconds for 10,000 receipts), so on a
-        big store it runs in another process: this thread only waits, and the UI
+        The gate reads every receipt file (seconds for a big store), so on a big
+        store it runs in another process: this thread only waits, and the UI
         keeps the GIL. Small stores are evaluated here, which is quicker than a spawn.
         """
         keys = [m.key for m in model.methods if m.spec_obj is not None]
         views: dict = {}
         if model.receipts_total > GATE_PROCESS_THRESHOLD and self.index.persist:
             try:
-                views = self._gates_elsewhere()
+                views = self._gates_elsewhere(keys)
             except Exception:  # no worker process here: evaluate in this thread instead
                 views = {}
         for m in model.methods:
@@ -157,14 +159,13 @@ class ContractsApp(App):
             view = views.get(m.key)
             if view is None:
                 try:
-                    with self._build_lock:  # the index decodes lazily; a reload must not refresh it meanwhile
-                        view = gate_for(m, self.index, self.receipts_dir, self.root, self.specs_dir)
+                    view = gate_for(m.key, self.receipts_dir, self.root, self.specs_dir, self.trust)
                 except Exception as err:  # a bug here must not take the browser down: say so on the Gate tab
                     view = GateView("unknown", [(f"engine.gate raised {type(err).__name__}: {err}",
                                                  f"contracts gate {m.key}")], "engine.gate (failed)")
             self.ui(self._apply_gate, model, m.key, view)
 
-    def _gates_elsewhere(self) -> dict:
+    def _gates_elsewhere(self, keys: list[str]) -> dict:
         from engine.store.index import spawn_pool
 
         from engine.store.cache import names_doc
@@ -172,8 +173,8 @@ class ContractsApp(App):
 
         # The other process checks specs against this process's registered names, so both agree on validity.
         with spawn_pool(1) as pool:
-            return pool.submit(gate_views, self.specs_dir, self.receipts_dir, self.root,
-                               names_doc(known_names())).result()
+            return pool.submit(gate_views, keys, self.specs_dir, self.receipts_dir, self.root,
+                               names_doc(known_names()), self.trust).result()
 
     def _apply_gate(self, model: Model, key: str, view) -> None:
         if model is not self.model:
@@ -322,10 +323,10 @@ def parse_keys(text: str | None) -> dict[str, str]:
 
 def create_app(specs_dir: Path | None = None, receipts_dir: Path | None = None, root: Path | None = None,
                poll_seconds: float | None = DEFAULT_POLL_SECONDS, keymap: dict[str, str] | None = None,
-               persist_index: bool = True) -> ContractsApp:
+               persist_index: bool = True, trust: Path | None = None) -> ContractsApp:
     """The app `contracts tui` runs and the tests drive (defaults: the project's specs/ and receipts/)."""
     from engine.paths import default_receipts_dir, default_specs_dir, project_root
 
     return ContractsApp(specs_dir=specs_dir or default_specs_dir(), receipts_dir=receipts_dir or default_receipts_dir(),
                         root=root or project_root(), poll_seconds=poll_seconds, keymap=keymap,
-                        persist_index=persist_index)
+                        persist_index=persist_index, trust=trust)

@@ -5,9 +5,10 @@ receipt index incrementally, works out freshness, and condenses everything
 into per-method rows the screens only have to draw.
 
 The gate verdict comes from `gate_for` below, the one place the TUI asks for
-it: engine.gate.verdict.evaluate, fed with the index's receipt states and predicate
-slices instead of re-reading every receipt, so it gives `contracts gate`'s
-verdict at any store size (tests/test_tui.py checks the two agree).
+it: engine.gate.verdict.evaluate on the spec file and every receipt file, exactly
+as `contracts gate` derives it. The index and the validation cache live in the
+store, which whoever writes receipts can edit, so they only speed up what the
+browser lists; the Gate tab never reads them (tests/test_tui.py poisons both).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.store.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of, gate_predicate
+from engine.store.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of
 from engine.spec.loader import display_path
 from engine.run.expect import describe, format_headroom, is_sanity, worst_expectation
 from tui.specs import load_specs
@@ -270,11 +271,12 @@ PENDING = GateView("unknown", [], "engine.gate (evaluating ...)")
 
 
 def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptIndex,
-                fresh: Freshness, progress=None, gates: bool = False) -> Model:
+                fresh: Freshness, progress=None, gates: bool = False, trust: Path | None = None) -> Model:
     """Validate specs, refresh the index (parsing only new receipts), condense per method.
 
-    With `gates`, evaluate every gate now; otherwise verdicts are PENDING until
-    `evaluate_gates` runs (the app does that in a worker after the first paint).
+    With `gates`, evaluate every gate now (from the files, under the trust policy
+    file `trust`); otherwise verdicts are PENDING until the app evaluates them in a
+    worker after the first paint.
     """
     specs_dir, receipts_dir = Path(specs_dir), Path(receipts_dir)
     problems: list[str] = []
@@ -327,7 +329,7 @@ def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptI
     if gates:
         for m in model.methods:
             if m.spec_obj is not None:
-                m.gate = gate_for(m, index, receipts_dir, root, specs_dir)
+                m.gate = gate_for(m.key, receipts_dir, root, specs_dir, trust)
     return model
 
 
@@ -348,53 +350,37 @@ def gate_flags(receipts_dir: Path, specs_dir: Path, root: Path) -> str:
     return out
 
 
-def assessed_from_index(m: MethodModel, index: ReceiptIndex) -> list:
-    """engine.store.verify.Assessed records built from the index, as engine.gate.verdict.evaluate takes them.
-
-    The same states and messages `contracts verify` gives (the index applies its
-    rules), and for fresh and stale receipts the slice of the predicate the gate
-    reads: no receipt file is opened.
-    """
-    from engine.store.verify import Assessed
-
-    index.load_all()
-    out = []
-    for r in reversed(m.receipts):  # oldest first, as assess_receipts lists them
-        e = r.entry
-        usable = r.freshness in (FRESH, STALE)
-        g = index.gate_slice(r.file) if usable else None
-        out.append(Assessed(file=r.file, state=r.freshness if g is not None or not usable else "invalid",
-                            message=r.problem if g is not None or not usable else "index holds no gate data",
-                            method=e.get("method"), receipt_id=e.get("receipt_id"), status=e.get("status"),
-                            created_at=e.get("created_at"), device=e.get("device") if g is not None else None,
-                            changed=list(r.changed), predicate=gate_predicate(g) if g is not None else None,
-                            subject=[{"name": n, "digest": {"sha256": d}} for n, d in index.subjects(e.get("subjects"))
-                                     or []] if g is not None else None))
-    return out
-
-
-def gate_views(specs_dir: Path, receipts_dir: Path, root: Path, names: dict | None = None) -> dict[str, GateView]:
-    """Every method's verdict, computed from scratch (run in another process for big stores).
+def gate_views(keys: list[str], specs_dir: Path, receipts_dir: Path, root: Path, names: dict | None = None,
+               trust: Path | None = None) -> dict[str, GateView]:
+    """`gate_for` of every key (run in another process for big stores).
 
     `names` (engine.store.cache.names_doc) are the registered names to validate specs against: the calling
-    process's, so both processes agree on which specs are valid.
+    process's own scan, so both processes agree on which specs are valid.
     """
     if names is not None:
         from engine.spec import registry
         from engine.store.cache import names_from
 
         registry._STATIC = names_from(names)
-    model = build_model(specs_dir, receipts_dir, root, ReceiptIndex(receipts_dir, persist=False),
-                        Freshness(root, specs_dir), gates=True)
-    return {m.key: m.gate for m in model.methods if m.spec_obj is not None}
+    return {key: gate_for(key, receipts_dir, root, specs_dir, trust) for key in keys}
 
 
-def gate_for(m: MethodModel, index: ReceiptIndex, receipts_dir: Path, root: Path, specs_dir: Path) -> GateView:
-    """engine.gate.verdict's verdict for one method, fed from the index (the same verdict `contracts gate` gives)."""
+def gate_for(key: str, receipts_dir: Path, root: Path, specs_dir: Path, trust: Path | None = None) -> GateView:
+    """`contracts gate KEY [--trust TRUST]`'s verdict, derived the same way: the spec file, every receipt file and
+    the trust policy file are read afresh; the index and the validation cache are not consulted."""
+    from engine.errors import ContractsError
     from engine.gate import verdict as engine_gate
+    from engine.paths import spec_path
+    from engine.spec.loader import load_spec
+    from engine.store.trust import load_policy
 
-    result = engine_gate.evaluate(m.spec_obj, Path(receipts_dir), Path(root), Path(specs_dir),
-                                  gate_flags(receipts_dir, specs_dir, root), assessed=assessed_from_index(m, index))
+    flags = gate_flags(receipts_dir, specs_dir, root)
+    try:
+        policy = load_policy(Path(trust), Path(receipts_dir)) if trust is not None else None
+        spec = load_spec(spec_path(Path(specs_dir), key), Path(root))
+    except ContractsError as err:
+        return GateView("closed", [(err.line(), f"contracts gate {key}{flags}")], "engine.gate")
+    result = engine_gate.evaluate(spec, Path(receipts_dir), Path(root), Path(specs_dir), flags, policy=policy)
     reqs = [r for r in result.get("requirements") or [] if isinstance(r, dict)]
     unmet = [(f"{r.get('id')}: {r.get('detail')}", r.get("fix") or "") for r in reqs
              if r.get("required", True) and not r.get("met")]
@@ -434,14 +420,18 @@ def load_detail(receipts_dir: Path, file: str) -> Detail:
         return Detail(file, None, "", f"cannot read: {err.strerror}")
     except ValueError as err:  # a symbolic link, not a regular file, over the size limit
         return Detail(file, None, "", str(err))
-    text = raw.decode("utf-8", errors="replace")
-    if len(text) > MAX_RAW_CHARS:
-        text = text[:MAX_RAW_CHARS] + f"\n... ({len(raw)} bytes; the rest is not shown)"
+
+    def shown(b: bytes) -> str:
+        text = b.decode("utf-8", errors="replace")
+        if len(text) > MAX_RAW_CHARS:
+            text = text[:MAX_RAW_CHARS] + f"\n... ({len(b)} bytes; the rest is not shown)"
+        return text
+
     try:
-        data = load_receipt(path)
+        data, statement = load_receipt(path, with_bytes=True)
     except ValueError as err:
-        return Detail(file, None, text, str(err))
-    return Detail(file, data, text)
+        return Detail(file, None, shown(raw), str(err))
+    return Detail(file, data, shown(statement))  # a signed receipt shows its Statement, not base64
 
 
 def previous_receipt(model: Model, file: str) -> ReceiptRow | None:

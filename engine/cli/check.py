@@ -135,6 +135,13 @@ def check(
                                                                                   "may add after its imports, in MiB "
                                                                                   "(cpu only; 0: no limit; default "
                                                                                   "4096).")] = None,
+    sign_key: Annotated[Optional[Path], typer.Option(
+        "--sign-key", help="Sign each receipt (DSSE, ed25519) with this private key (default: "
+                           "$CONTRACTS_SIGNING_KEY). Only a separate signing process reads it, after the checks.")] = None,
+    sign_command: Annotated[Optional[str], typer.Option(
+        "--sign-command", help="Sign each receipt with this command instead (default: $CONTRACTS_SIGN_COMMAND): it "
+                               "reads the receipt on stdin and prints its DSSE envelope, e.g. the signing module "
+                               "run as another user who alone can read the key (docs/trust.md).")] = None,
 ) -> None:
     """Run a method's contracts and mutants on a device; write one receipt per method."""
     global _CHECK_RAN
@@ -156,6 +163,7 @@ def check(
     from engine.run.isolation import check_options  # [impl] hook
 
     check_options(impl, all_, jobs, executor, address, policy)
+    sign_key = _signer(sign_key, sign_command)
     if all_:
         paths = spec_files(specs_dir)
         if not paths:
@@ -176,10 +184,10 @@ def check(
         from engine.cli.check_impl import run_impl_check
 
         run_impl_check(plans[0], impl, device, threads, receipts_dir, _STOP, json_out, impl_timeout, impl_memory_mb,
-                       flags=_flags(specs, receipts))
+                       flags=_flags(specs, receipts), sign_key=sign_key)
     if jobs != 1 or executor != "local" or address:
         _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads,
-                     flags=_flags(specs, receipts), all_summary=all_)  # exits
+                     flags=_flags(specs, receipts), all_summary=all_, sign_key=sign_key)  # exits
     stop = _STOP
     outcomes: list[dict] = []
     bars = _Progress()
@@ -194,7 +202,7 @@ def check(
     try:
         session.run_serial(plans, device, receipts_dir, stop, load_provider=lambda: _load_policy(policy, lora_rank),
                            threads=threads, on_result=functools.partial(_progress_for, progress=bars),
-                           on_receipt=report)
+                           on_receipt=report, sign_key=sign_key)
     finally:
         bars.close()
     if json_out:
@@ -205,6 +213,17 @@ def check(
     code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or stop.stopped else E.EXIT_INTERNAL if "error" in statuses
             else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
+
+
+def _signer(key: Optional[Path], command: Optional[str]):
+    """--sign-key / --sign-command (or their environment variables), proven to work before any check runs
+    (engine.store.signing.usable_signer: this process never opens the key file)."""
+    from engine.store.signing import KeyProblem, usable_signer
+
+    try:
+        return usable_signer(key, command)
+    except KeyProblem as err:
+        raise E.UsageError(f"signing: {err}") from None
 
 
 class _Progress:

@@ -19,7 +19,8 @@ from engine.spec.loader import display_path
 
 
 def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipts_dir: Path, stop, json_out: bool,
-                   timeout_s: Optional[float], memory_mb: Optional[int], flags: str = "") -> None:
+                   timeout_s: Optional[float], memory_mb: Optional[int], flags: str = "",
+                   sign_key=None) -> None:
     """Check `plan` against the --impl target, write the receipt, exit like `check` (0/1/3/130)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -65,7 +66,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             stop.hold = True  # the receipt is written whole, or not at all
     try:
         stmt = build_statement(runner, created)
-        path = write_receipt(receipts_dir, stmt)
+        path = write_receipt(receipts_dir, stmt, sign_key=sign_key)  # the workers have finished
     finally:
         stop.hold = False
     pred = stmt["predicate"]

@@ -79,7 +79,7 @@ def print_all_summary(outcomes: list[dict], planned: int) -> None:
 
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
                  json_out: bool, policy: Optional[str] = None, threads: Optional[int] = None, flags: str = "",
-                 all_summary: bool = False) -> None:
+                 all_summary: bool = False, sign_key=None) -> None:
     """Run every (method, seed) cell on the executor (engine.run.session), print each merged receipt, exit like check."""
     from rich.console import Console
     from rich.progress import (
@@ -111,7 +111,7 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
                                                                    f"{'done' if o.data is not None else o.failure}"))
 
         written = session.run_cells(plans, device, executor, jobs, address, receipts_dir, threads=threads, stop=stop,
-                                    on_progress=on_progress, on_cell=on_cell)
+                                    on_progress=on_progress, on_cell=on_cell, sign_key=sign_key)
     specs = {p.spec.key: p.spec for p in plans}
     outcomes = [_merged_outcome(stmt, path, json_out, specs.get(stmt["predicate"]["method"]), flags)
                 for stmt, path in written]

@@ -28,7 +28,11 @@ SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", help="Folder of spe
 ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", help="Receipt store (default: receipts/).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
 NoCacheOpt = Annotated[bool, typer.Option(
-    "--no-cache", help="Decide everything from the files: read and write no <receipts>/.validation-cache.json.")]
+    "--no-cache", help="Kept for scripts: verdicts are always decided from the files, never from "
+                       "<receipts>/.validation-cache.json.")]
+TrustOpt = Annotated[Optional[Path], typer.Option(
+    "--trust", help="Trust policy YAML (default: $CONTRACTS_TRUST): count only receipts signed by a key it trusts "
+                    "for their device kind. Keep it outside the receipt store.")]
 PolicyOpt = Annotated[Optional[str], typer.Option(
     "--policy", help="Train the mechanism runs on this instead of the tiny policies: hf:PATH, a local Hugging Face "
                      "causal-LM checkpoint folder (needs the 'hf' extra; never downloads).")]
@@ -123,6 +127,22 @@ def _spec_cache(receipts_dir: Path, use: bool = True):
     from engine.store.cache import ValidationCache, for_store
 
     return for_store(receipts_dir) if use else ValidationCache(None)
+
+
+def _trust_policy(trust: Optional[Path], receipts_dir: Path):
+    """The policy of --trust or $CONTRACTS_TRUST (engine.store.trust), or None; a bad one is a usage error."""
+    from engine.store.trust import policy_from_option
+
+    return policy_from_option(trust, receipts_dir)
+
+
+def _store_name(receipts_dir: Path) -> str:
+    """How gate --json names the store it read: relative to the checkout when inside it, else its full path."""
+    full = Path(receipts_dir).resolve()
+    try:
+        return full.relative_to(_paths.project_root().resolve()).as_posix()
+    except ValueError:
+        return full.as_posix()
 
 
 def _load_valid_specs(specs_dir: Path, receipts_dir: Path) -> tuple[list, list[SpecError]]:

@@ -14,11 +14,13 @@ from engine.cli.common import (
     NoCacheOpt,
     ReceiptsOpt,
     SpecsOpt,
+    TrustOpt,
     _dirs,
     _flags,
     _out,
     _print_json,
-    _spec_cache,
+    _store_name,
+    _trust_policy,
     app,
     handles_errors,
 )
@@ -56,13 +58,20 @@ def gate(
                                                                 "package.module or module:attribute) instead of the "
                                                                 "registered one: only receipts of its exact files "
                                                                 "count.")] = None,
+    trust: TrustOpt = None,
 ) -> None:
-    """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not."""
-    from engine.gate.verdict import evaluate
+    """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not.
 
+    The verdict is derived from the files alone (the spec, every receipt's bytes, the working tree): the
+    validation cache and the index, which anyone who can write the store can edit, are never read here.
+    """
+    from engine.gate.verdict import evaluate
+    from engine.spec.loader import load_spec
+
+    del no_cache  # accepted so scripts keep working: a verdict never reads the cache
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    cache = _spec_cache(receipts_dir, use=not no_cache)
-    spec = cache.load_spec(spec_path(specs_dir, method), _paths.project_root())
+    policy = _trust_policy(trust, receipts_dir)
+    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())  # from the file: never a cached spec
     unit, flags = "default", _flags(specs, receipts)
     if impl is not None:  # [impl] hook: (method, implementation) is the unit; the target is hashed, never run
         import shlex
@@ -71,7 +80,8 @@ def gate(
 
         unit = SUBJECT_PREFIX + identity(parse_target(impl))["digest"]
         flags += f" --impl {shlex.quote(impl)}"
-    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, flags, cache=cache, implementation=unit)
+    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, flags, implementation=unit,
+                      policy=policy, store=_store_name(receipts_dir))
     if json_out:
         _print_json(result)
     else:

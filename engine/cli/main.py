@@ -26,15 +26,16 @@ from engine.cli.verify import verify
 # anything else (--help, an unknown, repeated or valueless option, a wrong number of arguments) goes to
 # typer, which also says what is wrong. tests/test_cli.py keeps this table equal to the signatures.
 
-_DIRECT_OPTIONS = {"--specs": "specs", "--receipts": "receipts"}  # take a path
+_DIRECT_OPTIONS = {"--specs": "specs", "--receipts": "receipts", "--trust": "trust"}  # take a path
 _DIRECT_FLAGS = {"--json": "json_out", "--strict": "strict", "--no-cache": "no_cache"}
 # [impl] options the direct parse does not take: argv with one goes to typer (e.g. gate --impl TARGET).
 _TYPER_ONLY_OPTIONS = {"--impl"}
-_DIRECT = {  # verb -> (function, fewest and most METHOD arguments, flags it takes)
-    "list": (list_, 0, 0, ("--json",)),
-    "show": (show, 1, 1, ("--json",)),
-    "gate": (gate, 1, 1, ("--json", "--no-cache")),
-    "verify": (verify, 0, 1, ("--json", "--strict", "--no-cache")),
+_FOLDERS = ("--specs", "--receipts")
+_DIRECT = {  # verb -> (function, fewest and most METHOD arguments, flags it takes, path options it takes)
+    "list": (list_, 0, 0, ("--json",), _FOLDERS + ("--trust",)),
+    "show": (show, 1, 1, ("--json",), _FOLDERS),
+    "gate": (gate, 1, 1, ("--json", "--no-cache"), _FOLDERS + ("--trust",)),
+    "verify": (verify, 0, 1, ("--json", "--strict", "--no-cache"), _FOLDERS + ("--trust",)),
 }
 
 
@@ -42,7 +43,7 @@ def _direct_call(argv: list[str]) -> Optional[tuple[Callable[..., Any], dict]]:
     """(function, keyword arguments) for argv that typer would parse into exactly that; else None."""
     if not argv or argv[0] not in _DIRECT:
         return None
-    fn, fewest, most, flags = _DIRECT[argv[0]]
+    fn, fewest, most, flags, options = _DIRECT[argv[0]]
     kwargs: dict[str, Any] = {}
     methods: list[str] = []
     rest = iter(argv[1:])
@@ -55,7 +56,7 @@ def _direct_call(argv: list[str]) -> Optional[tuple[Callable[..., Any], dict]]:
         name, eq, value = tok.partition("=")
         if tok in flags and _DIRECT_FLAGS[tok] not in kwargs:
             kwargs[_DIRECT_FLAGS[tok]] = True
-        elif name in _DIRECT_OPTIONS and _DIRECT_OPTIONS[name] not in kwargs:
+        elif name in options and _DIRECT_OPTIONS[name] not in kwargs:
             value = value if eq else next(rest, "")
             if not value or value.startswith("-"):  # typer would take "--json" as the path; let it say so
                 return None

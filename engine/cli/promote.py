@@ -14,11 +14,14 @@ from engine.cli.common import (
     JsonOpt,
     ReceiptsOpt,
     SpecsOpt,
+    TrustOpt,
     _dirs,
     _err,
     _flags,
     _out,
     _print_json,
+    _store_name,
+    _trust_policy,
     app,
     handles_errors,
 )
@@ -36,7 +39,7 @@ def _check_reason(reason: str) -> str:
 
 
 def _change_state(method: str, new_state: str, reason: str, by: Optional[str], specs: Optional[Path],
-                  receipts: Optional[Path], json_out: bool) -> None:
+                  receipts: Optional[Path], json_out: bool, trust: Optional[Path] = None) -> None:
     from engine.gate.promote import rewrite_state
     from engine.gate.verdict import evaluate
     from engine.spec.loader import load_spec
@@ -46,9 +49,11 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
     reason = _check_reason(reason)
     action = "promote" if new_state == "promoted" else "demote"
     specs_dir, receipts_dir = _dirs(specs, receipts)
+    policy = _trust_policy(trust, receipts_dir)
     path = spec_path(specs_dir, method)
-    spec = load_spec(path, _paths.project_root())
-    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts))
+    spec = load_spec(path, _paths.project_root())  # from the file, as the gate reads it; never the cache
+    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts),
+                      policy=policy, store=_store_name(receipts_dir))
     old_state = spec.data["promotion"]["state"]
     out = {"method": spec.key, "action": action, "changed": False, "old_state": old_state, "new_state": new_state,
            "ledger_entry": None, "gate": result}
@@ -88,14 +93,14 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
 
 
 def _locked_change(method: str, new_state: str, reason: str, by: Optional[str], specs: Optional[Path],
-                   receipts: Optional[Path], json_out: bool) -> None:
+                   receipts: Optional[Path], json_out: bool, trust: Optional[Path] = None) -> None:
     """`_change_state` with the store's promotion lock held, so concurrent promote/demote take turns."""
     from engine.spec.loader import check_key
     from engine.store.locking import PROMOTION_LOCK, exclusive
 
     check_key(method)  # a path trick is refused before any file (the lock file included) is touched
     with exclusive(_dirs(specs, receipts)[1], PROMOTION_LOCK):
-        _change_state(method, new_state, reason, by, specs, receipts, json_out)
+        _change_state(method, new_state, reason, by, specs, receipts, json_out, trust)
 
 
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")]
@@ -111,9 +116,10 @@ def promote(
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
+    trust: TrustOpt = None,
 ) -> None:
     """Set promotion.state: promoted, only when the gate is open; ledger the change."""
-    _locked_change(method, "promoted", reason, by, specs, receipts, json_out)
+    _locked_change(method, "promoted", reason, by, specs, receipts, json_out, trust)
 
 
 @app.command()
@@ -125,6 +131,7 @@ def demote(
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
+    trust: TrustOpt = None,
 ) -> None:
     """Set promotion.state: not-promoted (always allowed); ledger the change."""
-    _locked_change(method, "not-promoted", reason, by, specs, receipts, json_out)
+    _locked_change(method, "not-promoted", reason, by, specs, receipts, json_out, trust)

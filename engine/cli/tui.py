@@ -13,8 +13,10 @@ from engine.cli.common import (
     JsonOpt,
     ReceiptsOpt,
     SpecsOpt,
+    TrustOpt,
     _dirs,
     _print_json,
+    _trust_policy,
     app,
     handles_errors,
 )
@@ -31,6 +33,7 @@ def tui(
     poll: Annotated[float, typer.Option(
         "--poll", min=0.0, help="Seconds between checks for new receipts and edited specs (0: only on r).")] = 3.0,
     json_out: JsonOpt = False,
+    trust: TrustOpt = None,
 ) -> None:
     """Browse methods, contracts, receipts and gate verdicts in the terminal.
 
@@ -39,7 +42,11 @@ def tui(
     """
     from tui.app import binding_ids, create_app, parse_keys
 
+    from pathlib import Path
+
     specs_dir, receipts_dir = _dirs(specs, receipts)
+    policy = _trust_policy(trust, receipts_dir)  # a bad policy is a usage error here, before the app starts
+    trust_file = Path(policy.file) if policy is not None else None  # the Gate tab reads it afresh each time
     try:
         keymap = parse_keys(keys)
     except ValueError as err:
@@ -52,13 +59,14 @@ def tui(
         from tui.data import build_model, model_as_dict
 
         model = build_model(specs_dir, receipts_dir, _paths.project_root(), ReceiptIndex(receipts_dir),
-                            Freshness(_paths.project_root(), specs_dir), gates=True)
+                            Freshness(_paths.project_root(), specs_dir), gates=True, trust=trust_file)
         _print_json(model_as_dict(model))
         return
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise E.EnvironmentProblem("contracts tui needs an interactive terminal; for scripts use "
                                    "contracts tui --json or contracts list --json")
-    browser = create_app(specs_dir, receipts_dir, _paths.project_root(), poll_seconds=poll or None, keymap=keymap)
+    browser = create_app(specs_dir, receipts_dir, _paths.project_root(), poll_seconds=poll or None, keymap=keymap,
+                         trust=trust_file)
     browser.run()
     if browser.return_code:  # the app stopped on an error (Textual printed it): not a clean exit
         raise typer.Exit(E.EXIT_INTERNAL)

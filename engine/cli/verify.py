@@ -13,12 +13,14 @@ from engine.cli.common import (
     NoCacheOpt,
     ReceiptsOpt,
     SpecsOpt,
+    TrustOpt,
     _dirs,
     _err,
     _out,
     _print_json,
     _spec_cache,
     _spec_states,
+    _trust_policy,
     app,
     handles_errors,
 )
@@ -34,8 +36,14 @@ def verify(
     strict: Annotated[bool, typer.Option("--strict", help="Count stale receipts as a problem too.")] = False,
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
+    trust: TrustOpt = None,
 ) -> None:
-    """Integrity, schema and freshness of every receipt, and the promotion ledger. Exit 1 on any problem."""
+    """Integrity, schema and freshness of every receipt, and the promotion ledger. Exit 1 on any problem.
+
+    Every verdict comes from the files (never the validation cache). Under a trust policy each receipt also
+    says whether it would count: a bad signature is a problem; unsigned or untrusted-key receipts are one with
+    --strict.
+    """
     from engine.spec.loader import check_key
     from engine.store.verify import assess_store
 
@@ -46,19 +54,30 @@ def verify(
             known = sorted({p.stem for p in spec_files(specs_dir)} |
                            ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
             raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
-    cache = _spec_cache(receipts_dir, use=not no_cache)
+    del no_cache  # accepted so scripts keep working: verify never reads the cache
+    policy = _trust_policy(trust, receipts_dir)
+    cache = _spec_cache(receipts_dir, use=False)  # in this process only: nothing read from the store's cache
     states, state_problems = _spec_states(specs_dir, method, cache)
-    report = assess_store(receipts_dir, _paths.project_root(), specs_dir, method, states, cache=cache)
+    report = assess_store(receipts_dir, _paths.project_root(), specs_dir, method, states, cache=None, policy=policy)
     report.ledger.problems.extend(state_problems)
     counts = report.counts()
-    bad = counts["tampered"] + counts["invalid"] + (counts["stale"] if strict else 0)
+    judged = [r for r in report.receipts if r.trust is not None and r.state in ("fresh", "stale")]
+    trust_counts = {w: sum(r.trust == w for r in judged) for w in ("trusted", "unsigned", "untrusted key",
+                                                                    "bad signature")}
+    bad = counts["tampered"] + counts["invalid"] + (counts["stale"] if strict else 0) + trust_counts["bad signature"] \
+        + ((trust_counts["unsigned"] + trust_counts["untrusted key"]) if strict else 0)
     ok = not bad and not report.ledger.problems
     if json_out:
         _print_json({"receipts": [r.as_dict() for r in report.receipts], "counts": counts,
-                     "leftovers": report.leftovers, "ledger": report.ledger.as_dict(), "strict": strict, "ok": ok})
+                     "leftovers": report.leftovers, "ledger": report.ledger.as_dict(), "strict": strict, "ok": ok,
+                     "trust": None if policy is None else {**policy.as_dict(), "counts": trust_counts}})
     else:
         for r in report.receipts:
             tail = f"  {r.message}" if r.message else ""
+            if r.trust is not None and r.state in ("fresh", "stale"):
+                tail += f"  [{r.trust_message}]"
+            elif r.signed_by and r.state in ("fresh", "stale"):
+                tail += f"  [signed by {', '.join(k[:16] for k in r.signed_by)}; not checked: no --trust policy]"
             _out(f"{r.state:<8} {r.file}  {r.status or '-'}{tail}")
         for f in report.leftovers:
             _out(f"leftover {f}  temporary file of an interrupted write; never a receipt, safe to delete")
@@ -68,5 +87,7 @@ def verify(
         for p in led.problems:
             _out(f"  {p}")
         _err(f"{len(report.receipts)} receipt(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
+             + ("" if policy is None else " (under " + policy.file + ": " + ", ".join(
+                 f"{n} {s}" for s, n in trust_counts.items()) + ")")
              + ("; OK" if ok else "; PROBLEMS FOUND"))
     raise typer.Exit(E.EXIT_OK if ok else E.EXIT_FAILED)

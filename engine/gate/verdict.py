@@ -17,6 +17,10 @@ would produce it:
                       seeds, and every such comparison shows the method ahead:
                       the CI_METHOD interval of the per-seed difference lies
                       above zero. Diagnostic comparisons (formal: false) never count.
+  signed              (when requires.signed is true) a trust policy was given. Under
+                      a policy, whatever the spec says, only receipts whose DSSE
+                      signature verifies against a key trusted for their device
+                      kind count for any requirement; the rest are listed with why.
 
 The output shape (GATE_SCHEMA, engine/schemas/gate.schema.json) is what evolve
 reads; keep it stable.
@@ -62,6 +66,11 @@ def _cells(cells: list[dict]) -> str:
     return _more([f"seed {c['seed']} {c['dtype']}" for c in cells], 3)
 
 
+def _literal(text: str) -> str:
+    """`text` inside a str.format template: a brace in a path must stay a brace."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def _req(rid: str, met: bool, detail: str, fix: str = "", required: bool = True, **extra) -> dict:
     return {"id": rid, "required": required, "met": met, "detail": detail, "fix": "" if met else fix, **extra}
 
@@ -75,8 +84,21 @@ def _review(spec: Spec) -> dict:
                 f"finish the review, then set promotion.review: DONE in {spec.display}")
 
 
+def _signed(spec: Spec, policy, untrusted: list[Assessed], flags: str) -> dict:
+    required = bool(spec.data["promotion"]["requires"].get("signed", False))
+    if policy is None:
+        return _req("signed", not required, "the spec requires signed receipts and no trust policy was given"
+                    if required else "not required by the spec", f"contracts gate {spec.key} --trust POLICY.yaml"
+                    f"{flags} (or set CONTRACTS_TRUST): the policy names the runner keys trusted per device kind",
+                    required=required)
+    detail = f"only receipts signed by a key {policy.file} trusts for their device kind count"
+    if untrusted:
+        detail += f" ({len(untrusted)} receipt(s) not counted)"
+    return _req("signed", True, detail, required=required)
+
+
 def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: str,
-            refused: list[tuple[Assessed, list[str]]] = ()) -> dict:
+            untrusted: list[Assessed] = (), refused: list[tuple[Assessed, list[str]]] = ()) -> dict:
     data = spec.data
     all_seeds = data["promotion"]["requires"]["all_budget_seeds"]
     seeds = list(data["budget"]["seeds"])
@@ -114,8 +136,13 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
     total = sum(len(c["dtypes"]) * (len(seeds) if all_seeds else 1) for c in data["contracts"])
     met = bool(on_dev) and not missing and not failed and not run_errors
     seed_text = f"budget seeds {','.join(map(str, seeds))}" if all_seeds else "at least one seed"
+    untrusted_dev = [a for a in untrusted if a.device == device and a.state == "fresh"]
     if not on_dev:
         detail = f"no fresh {device} receipt"
+        if untrusted_dev:
+            whys = sorted({a.trust for a in untrusted_dev})
+            detail = (f"no fresh trusted {device} receipt ({len(untrusted_dev)} fresh {device} receipt(s) not "
+                      f"counted: {', '.join(whys)})")
         if stale_dev:
             detail += f" ({len(stale_dev)} stale {device} receipt(s) no longer count)"
         refused_dev = [a for a, _ in refused if a.device == device]
@@ -304,20 +331,25 @@ def _refusal_fix(why: list[str], key: str, device: str, flags: str) -> str:
 
 
 def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
-             assessed: list[Assessed] | None = None, cache=None, implementation: str = "default") -> dict:
+             assessed: list[Assessed] | None = None, cache=None, implementation: str = "default", policy=None,
+             store: str | None = None) -> dict:
     """The gate verdict for one valid spec (see GATE_SCHEMA); never imports torch.
 
     `flags` are appended to every suggested command (e.g. ' --receipts DIR')
     so the fix works for the store that was evaluated. `cache` (engine.store.cache)
-    is passed on to `assess_receipts`. `implementation` is the unit evaluated:
+    is passed on to `assess_receipts`: only `list` passes one, for display; the
+    verbs that decide (gate, promote, verify) and the TUI's Gate tab pass none, so
+    every verdict comes from the bytes on disk. `implementation` is the unit evaluated:
     'default' (the spec's registered implementation) or 'impl:<digest>' (an --impl
-    target, engine.run.impl_loader.unit_of); only its receipts count.
+    target, engine.run.impl_loader.unit_of); only its receipts count. `policy`
+    (engine.store.trust) counts only receipts signed by a key it trusts for their
+    device kind; `store` is how the receipts folder is named in the output.
     """
     key = spec.key
     promo = spec.data["promotion"]
     requires = promo["requires"]
     if assessed is None:
-        assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key, cache=cache)
+        assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key, cache=cache, policy=policy)
     spec_name = f"specs/{spec.path.name}"
     usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name]
     # [impl] hook: (method, implementation) is the unit; a receipt of another implementation never counts here.
@@ -325,6 +357,9 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     from engine.spec.registry import implementation_file
 
     usable = [a for a in usable if unit_of(a.predicate) == implementation]
+    # Under a policy a receipt that is not trusted counts nowhere, not even as stale evidence.
+    untrusted = [a for a in usable if policy is not None and a.trust != "trusted"]
+    usable = [a for a in usable if a not in untrusted]
     impl_file = implementation_file(spec.data["implementation"])
     refused = []
     fresh = []
@@ -339,13 +374,16 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     stale = [a for a in usable if a.state == "stale"]
     broken = [a for a in assessed if a.state in ("tampered", "invalid")]
     devices = list(requires["devices"])
-    cmd = f"contracts check {key} --device {{device}}{flags}"
+    cmd = f"contracts check {key} --device {{device}}{_literal(flags)}"
+    if policy is not None:  # only a signed run counts: say with what
+        cmd += f" --sign-key KEY (a key {_literal(policy.file)} trusts for {{device}})"
     relevant = [a for a in fresh if a.device in devices]
 
     requirements = [_review(spec)]
-    requirements += [_device(spec, dev, fresh, stale, cmd, refused) for dev in devices]
+    requirements += [_device(spec, dev, fresh, stale, cmd, untrusted, refused) for dev in devices]
     requirements.append(_mutants(spec, relevant, devices, cmd))
     requirements.append(_formal(spec, relevant, devices, cmd))
+    requirements.append(_signed(spec, policy, untrusted, flags))
     promotable = all(r["met"] for r in requirements)
 
     reasons = [f"{r['id']}: {r['detail']} -> {r['fix']}" for r in requirements if not r["met"]]
@@ -358,6 +396,10 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     for a, why in refused:
         warnings.append(f"refused receipt {a.file} ({a.device}) does not count: {'; '.join(why)} -> "
                         f"{_refusal_fix(why, key, a.device or devices[0], flags)}")
+    for a in untrusted[:_SHOW]:
+        warnings.append(f"receipt {a.file} ({a.device}, {a.state}) is not counted: {a.trust_message}")
+    if len(untrusted) > _SHOW:
+        warnings.append(f"+{len(untrusted) - _SHOW} more receipt(s) not counted under {policy.file}")
     for a in broken:
         warnings.append(f"{a.state} receipt {a.file} is ignored: {a.message} (see contracts verify {key}{flags})")
     if promo["state"] == "promoted" and not promotable:
@@ -369,6 +411,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
         "method": key,
         "implementation": implementation,
         "spec": {"file": spec.display, "sha256": spec.sha256},
+        "store": store if store is not None else str(receipts_dir),
+        "trust": policy.as_dict() if policy is not None else None,
         "verdict": "promotable" if promotable else "not promotable",
         "promotable": promotable,
         "state": promo["state"],
@@ -386,6 +430,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
                          "fix": _refusal_fix(why, key, a.device or devices[0], flags)} for a, why in refused],
             "tampered": [{"file": a.file, "message": a.message} for a in broken if a.state == "tampered"],
             "invalid": [{"file": a.file, "message": a.message} for a in broken if a.state == "invalid"],
+            "untrusted": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "state": a.state,
+                           "why": a.trust, "message": a.trust_message} for a in untrusted],
         },
         "justified_by": justified if promotable else [],
         "ci_method": CI_METHOD,

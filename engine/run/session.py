@@ -43,18 +43,18 @@ def calls_in(plan) -> int:
     return total + sum(len(by_id[cid]["dtypes"]) for m in plan.mutants for cid in m["killed_by"])
 
 
-def write(runner, created: str, receipts_dir: Path) -> tuple[dict, Path]:
+def write(runner, created: str, receipts_dir: Path, sign_key=None) -> tuple[dict, Path]:
     """Build a finished (or interrupted) run's statement and write its receipt; every front door writes through
     here (`contracts check`, the pytest plugin), so both bind the same modules."""
     from engine.run.runner import build_statement
     from engine.store.receipts import write_receipt
 
     stmt = build_statement(runner, created)
-    return stmt, write_receipt(receipts_dir, stmt)
+    return stmt, write_receipt(receipts_dir, stmt, sign_key=sign_key)  # every check has finished by now
 
 
 def run_one(plan, dev, receipts_dir: Path, stop: Stop, provider: Any = None,
-            on_result: Callable[[dict], None] | None = None) -> tuple[dict, Path]:
+            on_result: Callable[[dict], None] | None = None, sign_key=None) -> tuple[dict, Path]:
     """Run one plan in this process and write its receipt whole (a signal meanwhile is only noted)."""
     from engine.run.runner import Runner
     from engine.store.receipts import utc_now
@@ -66,7 +66,7 @@ def run_one(plan, dev, receipts_dir: Path, stop: Stop, provider: Any = None,
     finally:
         stop.hold = True  # from here a signal is only noted: the receipt is written whole, or not at all
     try:
-        return write(runner, created, receipts_dir)
+        return write(runner, created, receipts_dir, sign_key)
     finally:
         stop.hold = False
 
@@ -74,7 +74,7 @@ def run_one(plan, dev, receipts_dir: Path, stop: Stop, provider: Any = None,
 def run_serial(plans: list, device: str, receipts_dir: Path, stop: Stop,
                load_provider: Callable[[], Any] = lambda: None, threads: Optional[int] = None,
                on_result: Callable[[Any], Callable[[dict], None] | None] = lambda plan: None,
-               on_receipt: Callable[[dict, Path], None] = lambda stmt, path: None) -> list[dict]:
+               on_receipt: Callable[[dict, Path], None] = lambda stmt, path: None, sign_key=None) -> list[dict]:
     """Run plans one after the other in this process; `on_result(plan)` gives each run's progress callback,
     `load_provider()` the `--policy` stand-in (called once the device and the store are known to work).
     Returns each written statement (stops after an interrupted one)."""
@@ -92,7 +92,7 @@ def run_serial(plans: list, device: str, receipts_dir: Path, stop: Stop,
     out = []
     try:
         for plan in plans:
-            stmt, path = run_one(plan, dev, receipts_dir, stop, provider, on_result(plan))
+            stmt, path = run_one(plan, dev, receipts_dir, stop, provider, on_result(plan), sign_key)
             out.append(stmt)
             on_receipt(stmt, path)
             if stmt["predicate"]["status"] == "interrupted" or stop.stopped:
@@ -120,7 +120,8 @@ def check_cells_options(executor: str, jobs: int, address: Optional[str], policy
 
 def run_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
               threads: Optional[int] = None, stop: Stop | None = None,
-              on_progress: Callable | None = None, on_cell: Callable | None = None) -> list[tuple[dict, Path]]:
+              on_progress: Callable | None = None, on_cell: Callable | None = None,
+              sign_key=None) -> list[tuple[dict, Path]]:
     """Run every (method, seed) cell on the executor; write one merged receipt per method.
 
     On an interrupt the receipts of what finished are still written."""
@@ -138,4 +139,4 @@ def run_cells(plans: list, device: str, executor: str, jobs: int, address: Optio
                              should_stop=(lambda: stop.stopped) if stop is not None else None)
     except KeyboardInterrupt as exc:
         statements = getattr(exc, "statements", [])
-    return [(stmt, write_receipt(receipts_dir, stmt)) for stmt in statements]
+    return [(stmt, write_receipt(receipts_dir, stmt, sign_key=sign_key)) for stmt in statements]  # after every cell

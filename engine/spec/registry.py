@@ -262,7 +262,11 @@ def known_names() -> StaticNames:
     misbehaving implementation, a plugin loaded by hand) can validate specs
     that use them; nothing is imported here either way.
     """
-    static = static_names()
+    return with_runtime(static_names())
+
+
+def with_runtime(static: StaticNames) -> StaticNames:
+    """`static` plus anything registered at runtime in this process (see known_names)."""
     runtime = _REGISTRY
     if not (runtime.implementations or runtime.checks or runtime.mutants):
         return static

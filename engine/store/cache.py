@@ -18,10 +18,10 @@ its bytes too, kept under their sha256 plus `receipt_fingerprint()`: any
 edited byte is a miss, decided afresh. Nothing live is cached: freshness (the
 bound files against the working tree) is computed on every call.
 
-The cache is one file, `<receipts>/.validation-cache.json`, trusted as
-written, as the store is (receipt ids are unkeyed hashes: whoever can write
-the store can write a receipt that checks out); `verify --no-cache` and
-`gate --no-cache` use none. Missing, corrupt, foreign or unreadable means empty; a store that
+The cache is one file, `<receipts>/.validation-cache.json`, which whoever
+can write the store can edit: so it only speeds up what is displayed (`list`,
+`show`, the TUI's browser). `gate`, `promote`, `verify` and the TUI's Gate tab
+never read it; they derive every verdict from the files (docs/trust.md). Missing, corrupt, foreign or unreadable means empty; a store that
 cannot be written is simply not cached; writes go to a temporary name and are
 renamed into place, and two processes racing only lose each other's new
 entries (a miss next time). Deleting it is always safe.
@@ -216,7 +216,9 @@ class ValidationCache:
     def registered_names(self):
         """`engine.spec.registry.known_names()`, with the static scan of methods/ cached under the sources' digest.
 
-        A process that already scanned (or set) the static names keeps its own.
+        A process that already scanned (or set) the static names keeps its own. Names from the cache file only
+        key this cache's entries: they are never installed as the process's registry, so whatever validates a
+        spec for a verdict in this process (the TUI's Gate tab) scans methods/ itself.
         """
         from engine.spec import registry
 
@@ -238,11 +240,10 @@ class ValidationCache:
             hit = self.get("registry", fp, "static")
             if hit is not _MISSING:
                 try:
-                    registry._STATIC = names_from(hit)
+                    return registry.with_runtime(names_from(hit))
                 except (KeyError, TypeError, AttributeError):
-                    hit = _MISSING
-            if hit is _MISSING:
-                self.put("registry", fp, "static", names_doc(registry.static_names()))
+                    pass
+            self.put("registry", fp, "static", names_doc(registry.static_names()))
         return registry.known_names()
 
     def spec_fingerprint(self) -> str:

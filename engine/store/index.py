@@ -9,8 +9,9 @@ changes nothing else.
 
 Each receipt has a light summary in `.index.jsonl` (state, time, device,
 status, ...), read on start, and a heavy part in `.index-detail.jsonl`
-(per-contract digest, mutant verdicts, and the slice of the predicate
-engine.gate.verdict reads), read when a view first needs one and decoded per receipt.
+(per-contract digest, mutant verdicts), read when a view first needs one and
+decoded per receipt. Whoever writes the store can write the index too, so it
+serves display only: no verdict (the gate, the TUI's Gate tab) reads it.
 
 What is cached is what a file's bytes decide, with the same rules and order as
 `contracts verify` (engine/store/verify.py): unreadable or not a receipt -> invalid;
@@ -41,7 +42,7 @@ from engine.run.expect import headroom, worst_expectation
 
 INDEX_NAME = ".index.jsonl"
 DETAIL_NAME = ".index-detail.jsonl"
-INDEX_VERSION = 6  # 5: the worst expectation is chosen by headroom; 6: the gate slice carries git and implementation
+INDEX_VERSION = 7  # 5: worst expectation by headroom; 6: gate slice with git; 7: no gate slice (verdicts read files)
 OK, TAMPERED, INVALID = "ok", "tampered", "invalid"
 FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
@@ -118,51 +119,6 @@ def contract_digest(results: list) -> dict[str, list]:
     return digest
 
 
-def gate_slice(pred: dict) -> dict:
-    """The part of a predicate engine.gate.verdict reads: no measurements, no step records, passed cells grouped.
-
-    Passed results become [contract, dtype, [seeds]] (most results pass; their
-    order does not matter to the gate); others keep their order and message.
-    """
-    passed: dict[tuple, list] = {}
-    other = []
-    for r in pred.get("results") or []:
-        if not isinstance(r, dict):
-            continue
-        if r.get("status") == "passed":
-            passed.setdefault((r.get("contract"), r.get("dtype")), []).append(r.get("seed"))
-        else:
-            other.append([r.get("contract"), r.get("seed"), r.get("dtype"), r.get("status"), r.get("message")])
-    return {
-        "method": pred.get("method"),
-        "status": pred.get("status"),
-        "errors": pred.get("errors"),
-        "spec": {"name": (pred.get("spec") or {}).get("name"),
-                 "implementation": (pred.get("spec") or {}).get("implementation")},
-        "git": pred.get("git"),  # the gate never counts a dirty run (engine.gate.verdict.refusal)
-        "implementation": pred.get("implementation"),
-        "environment": {"device": {"kind": ((pred.get("environment") or {}).get("device") or {}).get("kind")}},
-        "passed": [[c, d, seeds] for (c, d), seeds in passed.items()],
-        "other": other,
-        "mutants": [[m.get("id"), m.get("killed")] for m in pred.get("mutants") or [] if isinstance(m, dict)],
-        "contracts_proven": pred.get("contracts_proven"),
-        "mechanism": [{"contract": m.get("contract"), "seed": m.get("seed"), "dtype": m.get("dtype"),
-                       "comparisons": m.get("comparisons") or []}
-                      for m in pred.get("mechanism") or [] if isinstance(m, dict)],
-    }
-
-
-def gate_predicate(g: dict) -> dict:
-    """A `gate_slice` back in the predicate's own shape, for engine.gate.verdict.evaluate."""
-    out = {k: v for k, v in g.items() if k not in ("passed", "other")}
-    results = [{"contract": c, "seed": s, "dtype": d, "status": "passed", "message": None}
-               for c, d, seeds in g["passed"] for s in seeds]
-    results += [{"contract": c, "seed": s, "dtype": d, "status": st, "message": msg} for c, s, d, st, msg in g["other"]]
-    out["results"] = results
-    out["mutants"] = [{"id": i, "killed": k} for i, k in g["mutants"]]
-    return out
-
-
 def _stamp_time(name: str) -> str | None:
     m = _STAMP_RE.match(name)
     if not m:
@@ -181,7 +137,8 @@ def _light(rel: str, state: str, message: str) -> dict:
 def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, list | None, list | None, list | None]:
     """(light summary, heavy part, subject pairs, contract ids) for one file; broken files say why, never raise.
 
-    The heavy part is [{"c": contract digest, "m": mutant verdicts}, gate slice or None].
+    The heavy part is [{"c": contract digest, "m": mutant verdicts}, None] (the second slot held the gate's
+    slice of the predicate before index v5; kept so a detail line keeps its shape).
     """
     if folder_method is None:
         where = "not inside a method folder" if "/" not in rel else f"in {rel.split('/')[0]}/, which is not a method key"
@@ -226,7 +183,7 @@ def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, li
         heavy = [{"c": contract_digest(results),
                   "m": {m["id"]: bool(m.get("killed")) for m in pred.get("mutants") or []
                         if isinstance(m, dict) and isinstance(m.get("id"), str)}},
-                 gate_slice(pred) if state == OK else None]
+                 None]
         return light, heavy, pairs, cids
     except Exception as err:  # an odd shape that still passed the checks above: listed as broken, never fatal
         return _light(rel, INVALID, f"unexpected receipt shape: {type(err).__name__}: {err}"), None, None, None
@@ -278,9 +235,9 @@ class ReceiptIndex:
     """Receipt summaries for one store, refreshed incrementally from `.index.jsonl`.
 
     Light summaries live in `.index.jsonl` (read on every start); heavy parts in
-    `.index-detail.jsonl`, read the first time a view asks for one (the gate
-    worker, the Contracts tab's newest receipts), so a start reads a few MB
-    rather than the ~13 KB per receipt the gate slices take.
+    `.index-detail.jsonl`, read the first time a view asks for one (the
+    Contracts tab's newest receipts), so a start reads only the light lines.
+    Display only: no verdict reads the index (tui.data.gate_for reads the files).
     """
 
     def __init__(self, receipts_dir: Path, persist: bool = True):
@@ -555,13 +512,8 @@ class ReceiptIndex:
                                                                 if e["file"].split("/", 1)[0] == method)
         return sorted(items, key=lambda e: e["file"].rsplit("/", 1)[-1])
 
-    def load_all(self) -> None:
-        """Read every detail line now (the gate needs them all; one sequential read beats many seeks)."""
-        if not self._detail_loaded:
-            self._load_detail()
-
     def _parts(self, rel: str) -> list | None:
-        """[contracts+mutants, gate slice] of one entry, each still bytes until decoded."""
+        """[contracts+mutants, None] of one entry, each still bytes until decoded."""
         if rel not in self._heavy and rel in self._entries:
             found = self._read_detail_at(rel)  # one seek, for the few a first screen needs
             if found is None and not self._detail_loaded:
@@ -598,10 +550,6 @@ class ReceiptIndex:
     def heavy(self, rel: str) -> dict | None:
         """Contract digest and mutant verdicts of one entry: {"c": ..., "m": ...}, decoded on first use."""
         return self._decoded(rel, 0)
-
-    def gate_slice(self, rel: str) -> dict | None:
-        """The predicate slice engine.gate.verdict reads (see `gate_slice`), decoded on first use; None if broken."""
-        return self._decoded(rel, 1)
 
     def contracts_of(self, entry: dict) -> list:
         """Contract ids the receipt holds results for (without decoding its heavy part)."""

@@ -137,14 +137,27 @@ def receipt_filename(method: str, created_at: str, rid: str) -> str:
     return f"{stamp}_{method}_{rid[:12]}{RECEIPT_SUFFIX}"
 
 
-def write_receipt(receipts_dir: Path, stmt: dict) -> Path:
-    """Write one receipt atomically under receipts_dir/<method>/; never overwrite."""
+def write_receipt(receipts_dir: Path, stmt: dict, sign_key=None) -> Path:
+    """Write one receipt atomically under receipts_dir/<method>/; never overwrite.
+
+    With `sign_key` (a key path, or a signing command: engine.store.signing.usable_signer), the file is a
+    DSSE envelope of the Statement's bytes, signed by a process of its own that reads the key; this process
+    only names the key's path.
+    """
     from engine.spec.loader import check_key
 
     pred = stmt["predicate"]
     folder = Path(receipts_dir) / check_key(pred["method"])  # the method names a folder: no "..", no "/"
     folder.mkdir(parents=True, exist_ok=True)
     data = serialize(stmt)
+    if sign_key is not None:
+        from engine.errors import UsageError
+        from engine.store.signing import KeyProblem, sign_in_subprocess
+
+        try:
+            data = sign_in_subprocess(data, sign_key)
+        except KeyProblem as err:
+            raise UsageError(f"receipt not written: {err}") from None
     tmp = folder / f"{TMP_PREFIX}{secrets.token_hex(8)}"
     name = receipt_filename(pred["method"], pred["created_at"], pred["receipt_id"])
     try:
@@ -230,9 +243,12 @@ class ReceiptCheck:
     message: str = ""
 
 
-def load_receipt(path: Path, with_bytes: bool = False):
-    """Parse a receipt file; raises ValueError with a one-line reason.
+def load_receipt(path: Path, with_bytes: bool = False, with_signatures: bool = False):
+    """Parse a receipt file, unsigned (a Statement) or signed (a DSSE envelope of one); ValueError with a one-line
+    reason when it is neither.
 
+    `with_bytes` adds the Statement's bytes (the file's, or the envelope's payload): integrity and the receipt id
+    are judged on those, in both forms. `with_signatures` adds the envelope's signatures (None when unsigned).
     Bounded (engine.store.bounded): a receipt is a regular file in a real method folder, at most
     MAX_RECEIPT_BYTES, nested at most MAX_DEPTH deep; anything else is refused before it is parsed.
     """
@@ -244,17 +260,31 @@ def load_receipt(path: Path, with_bytes: bool = False):
         raw = bounded.read_regular(path, bounded.MAX_RECEIPT_BYTES)
     except OSError as err:
         raise ValueError(f"cannot read: {err.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-        bounded.check_depth(raw)
-        data = json.loads(text)
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"not JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
+    data = _json_document(raw)
+    signatures = None
+    from engine.store.signing import is_envelope, open_envelope
+
+    if is_envelope(data):
+        raw, signatures = open_envelope(data)
+        data = _json_document(raw, "DSSE payload ")
     if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE or not isinstance(data.get("predicate"), dict):
         raise ValueError("not a paper-contracts receipt (no in-toto Statement with a predicate)")
+    if with_signatures:
+        return data, raw, signatures
     return (data, raw) if with_bytes else data
+
+
+def _json_document(raw: bytes, what: str = ""):
+    from engine.store import bounded
+
+    try:
+        text = raw.decode("utf-8")
+        bounded.check_depth(raw)  # before json.loads: a 100k-deep file is refused, never a RecursionError
+        return json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError(f"{what}not UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}not JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
 
 
 def integrity_problem(data: dict, raw: bytes) -> tuple[str, str] | None:

@@ -6,6 +6,12 @@ States, in the order they are decided:
   tampered  the receipt id, the subject digest or the exact bytes do not match;
   stale     intact, but a bound file changed since the run (named);
   fresh     intact and every bound file matches the working tree.
+A receipt file is a Statement, or a DSSE envelope of one (signed); integrity,
+the id and the schema are judged on the Statement either way. Under a trust
+policy (engine.store.trust) each receipt also gets `trust`: trusted, unsigned,
+untrusted key or bad signature, decided after integrity and before the schema,
+from the file's bytes (never from a cache). Without one, `signed_by` only names
+the key ids an envelope claims.
 Integrity comes before the schema, so an edited byte reads as tampered even when
 the edit also breaks the schema. A spec that differs from the run's only in
 `promotion.state` (a promote or demote since) still counts as the same spec
@@ -38,36 +44,46 @@ class Assessed:
     changed: list[str] = field(default_factory=list)
     predicate: dict | None = field(default=None, repr=False)  # only for fresh and stale receipts
     subject: list | None = field(default=None, repr=False)  # likewise: what the receipt binds
+    signed_by: list[str] = field(default_factory=list)  # key ids the envelope claims (not checked without a policy)
+    trust: str | None = None  # under a policy: trusted | unsigned | untrusted key | bad signature
+    trust_message: str = ""
 
     def as_dict(self) -> dict:
         return {"file": self.file, "state": self.state, "method": self.method, "receipt_id": self.receipt_id,
                 "status": self.status, "created_at": self.created_at, "device": self.device,
-                "changed": list(self.changed), "message": self.message}
+                "changed": list(self.changed), "message": self.message, "signed_by": list(self.signed_by),
+                "trust": self.trust, "trust_message": self.trust_message}
 
 
 def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
-           folder_method: str | None = None, cache=None) -> Assessed:
+           folder_method: str | None = None, cache=None, policy=None) -> Assessed:
     """Everything verify knows about one receipt file.
 
     With an `engine.store.cache.ValidationCache`, the integrity and schema verdicts of these exact bytes may come
-    from it; freshness is decided afresh either way.
+    from it (display only: gate, promote and verify pass none); freshness is decided afresh either way. With a
+    trust policy (engine.store.trust.TrustPolicy), `trust` says whether the receipt may count.
     """
     display = display or Path(path).name
     try:
-        loaded = load_receipt(path, with_bytes=True)
+        data, raw, signatures = load_receipt(path, with_signatures=True)
+        loaded = (data, raw)
     except ValueError:
-        loaded = None  # check_receipt reads it again and says why it cannot
+        loaded, signatures = None, None  # check_receipt reads it again and says why it cannot
     rc = check_receipt(path, root, specs_dir, display=display, cache=cache, loaded=loaded)
     out = Assessed(file=display, state=rc.state, message=rc.message, method=rc.method, receipt_id=rc.receipt_id,
                    status=rc.status if isinstance(rc.status, str) else None, created_at=rc.created_at,
-                   changed=list(rc.changed))
+                   changed=list(rc.changed), signed_by=[s["keyid"] for s in signatures or []])
     if rc.state in ("invalid", "tampered"):
         return out
     if loaded is None:  # unreadable at our read, readable at check_receipt's: replaced in between
         out.state, out.changed = "invalid", []
         out.message = "the file changed while it was being read; run verify again"
         return out
-    data, raw = loaded
+    if policy is not None:  # before the schema check (integrity -> signature -> schema), so read defensively
+        env = data["predicate"].get("environment")
+        kind = ((env or {}).get("device") or {}).get("kind") if isinstance(env, dict) and isinstance(
+            env.get("device"), dict) else None
+        out.trust, out.trust_message = policy.judge(signatures, raw, kind if isinstance(kind, str) else None)
     problems = cache.schema_problems(data, raw) if cache is not None else schema_problems(data)
     if problems:
         out.state, out.changed = "invalid", []
@@ -125,8 +141,8 @@ def store_files(receipts_dir: Path, method: str | None = None) -> tuple[list[tup
     return files, leftovers
 
 
-def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None, cache=None
-                    ) -> tuple[list[Assessed], list[str]]:
+def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None, cache=None,
+                    policy=None) -> tuple[list[Assessed], list[str]]:
     """Every candidate receipt (of one method, or all), assessed; plus leftover temporary files."""
     files, leftovers = store_files(receipts_dir, method)
     out = []
@@ -138,15 +154,16 @@ def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str
         elif path.suffix != RECEIPT_SUFFIX:
             a = Assessed(file=display, state="invalid", message=f"not a receipt file name (expected *{RECEIPT_SUFFIX})")
         else:
-            a = assess(path, root, specs_dir, display=display, folder_method=folder_method, cache=cache)
+            a = assess(path, root, specs_dir, display=display, folder_method=folder_method, cache=cache,
+                       policy=policy)
         out.append(a)
     return out, leftovers
 
 
 def assess_store(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None,
-                 spec_states: dict[str, str] | None = None, cache=None) -> StoreReport:
+                 spec_states: dict[str, str] | None = None, cache=None, policy=None) -> StoreReport:
     """Assess every receipt (of one method, or all) and the ledger against them and the specs' states."""
-    receipts, leftovers = assess_receipts(receipts_dir, root, specs_dir, method, cache=cache)
+    receipts, leftovers = assess_receipts(receipts_dir, root, specs_dir, method, cache=cache, policy=policy)
     report = StoreReport(receipts=receipts, leftovers=leftovers)
     led = ledger_mod.read(receipts_dir)
     if method is not None:
