@@ -425,8 +425,10 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
 
         def predicate(self) -> dict:
             pred = super().predicate()
+            # `name` is the spec's registered implementation whose interface the candidate exposes; `kind:
+            # external` and the target say it ran instead of that one (engine.run.impl_loader.unit_of)
             pred["implementation"] = {k: v for k, v in ident.items() if k != "subjects"} | {
-                "files": [s["name"] for s in ident["subjects"]]}
+                "name": plan.spec.data["implementation"], "files": [s["name"] for s in ident["subjects"]]}
             pred["candidate_mutants"] = self.candidate_mutants
             pred["summary"]["candidate_mutants"] = {
                 "killed": sum(m["killed"] for m in self.candidate_mutants),
