@@ -344,3 +344,12 @@ def test_configuration_literals_and_gradless_factories_are_left_alone():
     assert collect('lr = float(p.get("lr", 0.02))\ng = ctx.generator(101)\n', frozenset({"constant"})) == []
     assert collect("t = torch.zeros((), dtype=torch.float64)\n", frozenset({"detach"})) == []
     assert [e.text for e in collect("n = p.get('n', 3) + 1\n", frozenset({"constant"}))] == ["0", "2"]
+
+
+def test_a_mutant_is_asked_only_of_the_contracts_that_ran_its_statement():
+    t = Target("m.a", "/x/a.py", "methods/m/a.py", frozenset({3, 4, 9}),
+               contexts={3: ["cheap"], 4: ["cheap", "mechanism"], 9: [""]})
+    assert t.contracts_for(3, 3) == {"cheap"}
+    assert t.contracts_for(3, 4) == {"cheap", "mechanism"}
+    assert t.contracts_for(9, 9) is None  # import-time code: every contract may see it
+    assert t.contracts_for(5, 6) is None  # not measured: every contract

@@ -125,6 +125,7 @@ def _baseline(job: Job) -> dict:
         runner, impl, order, spec = _load(job)
         results = []
         for contract in order:
+            cov.switch_context(contract["id"])  # which contract ran each line: only those can see a mutant there
             for seed in runner.plan.seeds:
                 for dtype in contract["dtypes"]:
                     results.append(runner.call(impl, contract, seed, dtype, record_mechanism=False))
@@ -138,7 +139,9 @@ def _baseline(job: Job) -> dict:
     files = {m: sys.modules[m].__file__ for m in modules}
     targets = target_modules(modules, files)
     data = cov.get_data()
-    executed = {path: sorted(data.lines(path) or []) for _, path in targets}
+    # line -> contracts that executed it; "" is the import (module-level code runs before any contract).
+    executed = {path: {line: sorted(ctxs) for line, ctxs in data.contexts_by_lineno(path).items()}
+                for _, path in targets}
     import platform
 
     import torch

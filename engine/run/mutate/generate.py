@@ -27,6 +27,18 @@ class Target:
     path: str  # absolute, only inside this process and its workers; never written anywhere
     display: str  # repository-relative
     executed: frozenset[int] = field(default_factory=frozenset)
+    # line -> the contracts that executed it in the baseline ("" for the import); empty when not measured.
+    contexts: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def contracts_for(self, first: int, last: int) -> set[str] | None:
+        """The contracts that ran any line of a statement; None when every contract may see it (import-time code,
+        or no per-contract record)."""
+        names: set[str] = set()
+        for line in range(first, last + 1):
+            names.update(self.contexts.get(line, ()))
+        if not names or "" in names:
+            return None
+        return names
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,7 @@ class Mutant:
     description: str
     source: str  # the whole mutated module
     diff: str
+    contracts: frozenset[str] | None = None  # the only contracts that can see it (None: all of them)
 
     @property
     def where(self) -> str:
@@ -92,9 +105,11 @@ def _mutant(target: Target, source: str, mutated: str, edit: Edit) -> Mutant:
     # The edited span in the mutated text: from the edit's first line to its last (an edit may add or drop lines).
     span = len(edit.text.splitlines() or [""]) - 1
     text = "\n".join(new_lines[line - 1:line + span])
+    seen_by = target.contracts_for(*edit.statement_lines)
     return Mutant(id=mutant_id(target.display, line, edit.operator, text), module=target.module, path=target.path,
                   display=target.display, line=line, operator=edit.operator, description=edit.description,
-                  source=mutated, diff=_diff(target.display, source, mutated))
+                  source=mutated, diff=_diff(target.display, source, mutated),
+                  contracts=None if seen_by is None else frozenset(seen_by))
 
 
 def spread(mutants: list[Mutant], limit: int | None) -> list[Mutant]:

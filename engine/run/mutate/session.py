@@ -72,8 +72,10 @@ def baseline(spec, root: Path, opts: Options) -> tuple[dict, list[Target]]:
                           for r in bad[:3])
         raise BaselineFailed(f"the unmutated {spec.key} fails {len(bad)} contract result(s), so no mutant can be "
                              f"judged: {shown}; fix them first (contracts check {spec.key})")
-    targets = [Target(module=m, path=p, display=_rel(p, root), executed=frozenset(base["executed"].get(p, [])))
-               for m, p in base["targets"]]
+    targets = []
+    for m, p in base["targets"]:
+        lines = {int(k): v for k, v in base["executed"].get(p, {}).items()}
+        targets.append(Target(module=m, path=p, display=_rel(p, root), executed=frozenset(lines), contexts=lines))
     return base, targets
 
 
@@ -105,7 +107,10 @@ def contract_order(results: list[dict]) -> list[str]:
 
 def judge(spec, root: Path, mutants: list[Mutant], order: list[str], opts: Options, timeout_s: float,
           on_done: Callable[[Mutant, dict], None] | None = None) -> list[dict]:
-    jobs = [Job(spec_path=str(spec.path), root=str(root), seeds=opts.seeds, device=opts.device, order=order,
+    # A contract that never ran a mutant's statement behaves exactly as on the original code (everything it does
+    # before reaching that statement is unchanged, and it never reaches it): only those that ran it are asked.
+    jobs = [Job(spec_path=str(spec.path), root=str(root), seeds=opts.seeds, device=opts.device,
+                order=[c for c in order if m.contracts is None or c in m.contracts],
                 sys_path=opts.sys_path, imports=opts.imports, module=m.module, path=m.path, source=m.source)
             for m in mutants]
     outcomes = run_mutants(jobs, opts.jobs, timeout_s,
@@ -115,7 +120,8 @@ def judge(spec, root: Path, mutants: list[Mutant], order: list[str], opts: Optio
         records.append({"id": m.id, "file": m.display, "line": m.line, "operator": m.operator,
                         "description": m.description, "status": r["status"], "killed_by": r.get("killed_by"),
                         "seed": r.get("seed"), "dtype": r.get("dtype"), "message": r.get("message"),
-                        "calls": r.get("calls"), "wall_s": r.get("wall_s"), "diff": m.diff})
+                        "calls": r.get("calls"), "wall_s": r.get("wall_s"), "diff": m.diff,
+                        "contracts": order if m.contracts is None else [c for c in order if c in m.contracts]})
     return records
 
 
