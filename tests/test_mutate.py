@@ -353,3 +353,24 @@ def test_a_mutant_is_asked_only_of_the_contracts_that_ran_its_statement():
     assert t.contracts_for(3, 4) == {"cheap", "mechanism"}
     assert t.contracts_for(9, 9) is None  # import-time code: every contract may see it
     assert t.contracts_for(5, 6) is None  # not measured: every contract
+
+
+def test_a_hung_worker_ends_itself_past_its_limit(toy):
+    """Even if the parent never stops it (killed -9, say), a hanging mutant's worker does not outlive its limit."""
+    import time
+
+    src = (TOY / "method.py").read_text().replace("    total = (x * w).sum(dim=-1)\n", "    while True:\n        pass\n")
+    job = execute.Job(spec_path=str(toy / "toy-mutate.yaml"), root=str(ROOT), seeds=[7], sys_path=[str(TESTS)],
+                      imports=["mutate_toy.checks"], module="mutate_toy.method", path=str(TOY / "method.py"),
+                      source=src, limit_s=3.0)
+    ctx = execute._context()
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=execute._worker, args=(send, job), daemon=True)
+    t0 = time.monotonic()
+    proc.start()
+    send.close()
+    proc.join(timeout=30)
+    alive = proc.is_alive()
+    if alive:
+        proc.kill()
+    assert not alive and proc.exitcode == 3 and time.monotonic() - t0 < 30

@@ -123,7 +123,17 @@ def mutate(
                  + (f" by {_plain(r['killed_by'])}" if r.get("killed_by") else ""))
 
     _err(f"{method}: baseline (contracts under coverage, seeds {','.join(map(str, seed_list))}) ...")
-    outcome = run(spec, root, opts, on_start=on_start, on_done=on_done)
+
+    def on_term(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt  # as Ctrl-C: the workers are stopped, the command exits 130
+
+    import signal
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        outcome = run(spec, root, opts, on_start=on_start, on_done=on_done)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
     section = outcome["mutation"]
     if section["mutants"] == 0:
         raise E.NothingSelected(f"no mutant of {method}'s executed lines"

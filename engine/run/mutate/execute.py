@@ -60,6 +60,7 @@ class Job:
     module: str | None = None  # the mutated module, its file and its text (None: the baseline)
     path: str | None = None
     source: str | None = None
+    limit_s: float = 3600.0  # the worker ends itself after this, whatever the parent does
 
 
 class MutantSource(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -177,8 +178,25 @@ def _judge(job: Job) -> dict:
             "wall_s": round(time.perf_counter() - t0, 3)}
 
 
+def _watchdog(limit_s: float) -> None:
+    """End this worker when the server that forked it is gone (the command was killed) or past `limit_s`:
+    a mutant that hangs must never outlive the run that planted it."""
+    import threading
+
+    server, start = os.getppid(), time.monotonic()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != server or time.monotonic() - start > limit_s:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="mutate-watchdog", daemon=True).start()
+
+
 def _worker(conn, job: Job) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a worker stops
+    _watchdog(job.limit_s)
     # A mutant's warnings are noise on the terminal; what matters comes back through the pipe.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -231,6 +249,8 @@ def _outcome(out: dict) -> dict:
 
 def _run_many(jobs: list[Job], parallel: int, timeout_s: float, on_done) -> list[dict]:
     ctx = _context()
+    for job in jobs:  # a little past the parent's own limit: the parent normally stops it first
+        job.limit_s = timeout_s + 30.0
     pending = deque(enumerate(jobs))
     running: dict[int, tuple[Any, Any, float]] = {}  # index -> (process, connection, start)
     outs: list[dict | None] = [None] * len(jobs)
