@@ -343,6 +343,8 @@ def test_operator_names_are_documented():
 def test_configuration_literals_and_gradless_factories_are_left_alone():
     assert collect('lr = float(p.get("lr", 0.02))\ng = ctx.generator(101)\n', frozenset({"constant"})) == []
     assert collect("t = torch.zeros((), dtype=torch.float64)\n", frozenset({"detach"})) == []
+    assert collect("LN2 = math.log(2.0)\n", frozenset({"detach"})) == []  # a float: .detach() would only crash
+    assert len(collect("y = x.log()\n", frozenset({"detach"}))) == 1
     assert [e.text for e in collect("n = p.get('n', 3) + 1\n", frozenset({"constant"}))] == ["0", "2"]
 
 

@@ -76,6 +76,8 @@ _TENSOR_ROOTS = frozenset({"torch", "F"})
 _FACTORIES = frozenset({"zeros", "ones", "full", "empty", "arange", "linspace", "eye", "tensor", "as_tensor",
                         "randn", "rand", "randint", "randperm", "zeros_like", "ones_like", "full_like", "empty_like",
                         "no_grad", "device", "Generator", "finfo", "iinfo"})
+# Modules whose functions return Python or NumPy scalars, never tensors (`math.log(2.0)`).
+_SCALAR_ROOTS = frozenset({"math", "np", "numpy", "random", "statistics", "operator", "os", "time"})
 # Constants passed to these are configuration (a dict default, a seed offset), not the method's computation.
 _CONFIG_CALLS = frozenset({"get", "setdefault", "getattr", "generator", "manual_seed", "Generator"})
 
@@ -124,7 +126,10 @@ def _looks_tensor(node: cst.BaseExpression) -> bool:
     """Conservative: a call of a tensor function (not a factory), or arithmetic on one."""
     if isinstance(node, cst.Call):
         name = _call_name(node)
-        if name in _FACTORIES:
+        root = node.func
+        while isinstance(root, (cst.Attribute, cst.Call)):
+            root = root.value if isinstance(root, cst.Attribute) else root.func
+        if name in _FACTORIES or (isinstance(root, cst.Name) and root.value in _SCALAR_ROOTS):
             return False
         if name in _TENSOR_CALLS:
             return True
