@@ -324,6 +324,11 @@ def test_cli_refuses_bad_options(tmp_path):
                        (["--max-mutants", "0"], "--max-mutants 0"), (["--timeout", "-1"], "--timeout -1")):
         res = runner.invoke(app, ["mutate", "tapo-trajectory", "--receipts", str(tmp_path), *args])
         assert res.exit_code == 2 and text in res.stderr, res.output
+    import torch
+
+    if not torch.cuda.is_available():
+        res = runner.invoke(app, ["mutate", "tapo-trajectory", "--receipts", str(tmp_path), "--device", "cuda"])
+        assert res.exit_code == 4 and "no CUDA" in res.stderr, res.output
     # --only-file is checked against the files the baseline found; the check itself, without a baseline:
     from engine.run.mutate.session import select_targets
     from engine.errors import UsageError

@@ -86,7 +86,10 @@ def mutate(
     from engine.store.receipts import ensure_writable, utc_now, write_receipt
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    parse_device(device)
+    if parse_device(device)[0] != "cpu":
+        from engine.run.devices import resolve_device
+
+        resolve_device(device)  # no CUDA here: exit 4 now, not a failed baseline later
     if jobs < 1:
         raise E.UsageError(f"--jobs {jobs}: give 1 or more processes")
     if max_mutants is not None and max_mutants < 1:
