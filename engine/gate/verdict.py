@@ -21,6 +21,10 @@ would produce it:
                       a policy, whatever the spec says, only receipts whose DSSE
                       signature verifies against a key trusted for their device
                       kind count for any requirement; the rest are listed with why.
+  mutation_score      only when requires.mutation_score is set: the newest fresh,
+                      complete `contracts mutate` receipt on a required device has
+                      a score (killed / (mutants - timeout - equivalent)) at least
+                      that threshold.
 
 The output shape (GATE_SCHEMA, engine/schemas/gate.schema.json) is what evolve
 reads; keep it stable.
@@ -320,6 +324,34 @@ def refusal(a: Assessed, impl_file: str | None) -> list[str]:
     return why
 
 
+def _mutation(spec: Spec, relevant: list[Assessed], devices: list[str], flags: str) -> dict:
+    """The newest fresh, complete `contracts mutate` receipt on a required device must meet the threshold."""
+    threshold = float(spec.data["promotion"]["requires"]["mutation_score"])
+    fix = f"contracts mutate {spec.key}{flags} (every mutant: no --max-mutants, --only-file or --operators)"
+    runs = [a for a in relevant if isinstance(a.predicate.get("mutation"), dict)]
+    complete = [a for a in runs if a.predicate["mutation"].get("complete") is True]
+    where = "/".join(devices)
+    if not complete:
+        detail = f"no fresh, complete mutation receipt on {where}"
+        if runs:
+            detail += f" ({len(runs)} fresh partial run(s) judged a selection of the mutants: they do not count)"
+        return _req("mutation_score", False, detail, fix, receipts=[], score=None, threshold=threshold)
+    newest = max(complete, key=lambda a: (a.created_at or "", a.receipt_id or ""))
+    m = newest.predicate["mutation"]
+    score = _number(m.get("score"))
+    met = score is not None and score >= threshold
+    counts = (f"{m.get('killed')} killed, {m.get('survived')} survived, {m.get('timeout')} timeout, "
+              f"{m.get('equivalent')} equivalent of {m.get('mutants')} mutants")
+    shown = "n/a" if score is None else f"{score:.3f}"
+    detail = (f"mutation score {shown} {'>=' if met else 'is below'} {threshold:g} in {_short(newest.receipt_id)} "
+              f"({counts})")
+    if not met and m.get("survivors"):
+        detail += "; survivors: " + _more([str(x.get("id")) for x in m["survivors"]], 3)
+    return _req("mutation_score", met, detail, fix + " after strengthening the contracts, or list a judged "
+                "equivalent under equivalent_mutants with its reason", receipts=[newest.receipt_id] if met else [],
+                score=score, threshold=threshold)
+
+
 # --- the verdict --------------------------------------------------------------
 
 
@@ -384,6 +416,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     requirements.append(_mutants(spec, relevant, devices, cmd))
     requirements.append(_formal(spec, relevant, devices, cmd))
     requirements.append(_signed(spec, policy, untrusted, flags))
+    if requires.get("mutation_score") is not None:  # only when the spec asks: older verdicts keep their shape
+        requirements.append(_mutation(spec, relevant, devices, flags))
     promotable = all(r["met"] for r in requirements)
 
     reasons = [f"{r['id']}: {r['detail']} -> {r['fix']}" for r in requirements if not r["met"]]
