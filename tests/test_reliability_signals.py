@@ -235,10 +235,10 @@ def test_a_signal_while_the_receipt_is_written_still_leaves_it_whole(tmp_path, m
     calls = []
     real_write = R.write_receipt
 
-    def write_with_a_signal(receipts_dir, stmt):
+    def write_with_a_signal(receipts_dir, stmt, **kw):
         os.kill(os.getpid(), signal.SIGINT)  # delivered right now, inside the write
         calls.append(1)
-        return real_write(receipts_dir, stmt)
+        return real_write(receipts_dir, stmt, **kw)
 
     monkeypatch.setattr(R, "write_receipt", write_with_a_signal)
     res = CliRunner().invoke(cli.app, ["check", "tapo-trajectory", "--only", "clip_schedule",
