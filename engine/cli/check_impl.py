@@ -14,7 +14,7 @@ import typer
 from engine import errors as E
 from engine import paths as _paths
 from engine.cli.check_report import _print_summary
-from engine.cli.common import _err, _print_json
+from engine.cli.common import _err, _out, _print_json
 from engine.spec.loader import display_path
 
 
@@ -88,7 +88,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
         cm = pred["summary"]["candidate_mutants"]
         files = ", ".join(f"{s['name']} sha256 {s['digest']['sha256'][:12]}" for s in ident["subjects"][:4])
         more = f", +{len(ident['subjects']) - 4} more files" if len(ident["subjects"]) > 4 else ""
-        typer.echo(f"implementation {ident['target']} (id {ident['digest'][:12]}: {files}{more}); "
+        _out(f"implementation {ident['target']} (id {ident['digest'][:12]}: {files}{more}); "
                    f"single-function mutants in it: {cm['killed']} killed, {cm['survived']} survived")
     for m in pred["candidate_mutants"]:
         if not m["killed"]:

@@ -11,7 +11,7 @@ import typer
 
 from engine import errors as E
 from engine import paths as _paths
-from engine.cli.common import JsonOpt, ReceiptsOpt, SpecsOpt, _dirs, _print_json, _spec_cache, app, handles_errors
+from engine.cli.common import JsonOpt, ReceiptsOpt, SpecsOpt, _dirs, _out, _print_json, _spec_cache, app, handles_errors
 from engine.paths import spec_path
 
 
@@ -41,7 +41,7 @@ def interface_cmd(
         _print_json(iface_mod.as_json(iface))
     else:
         for line in iface_mod.text_lines(iface):
-            typer.echo(line)
+            _out(line)  # spec text is data: terminal-safe like every other verb's
     raise typer.Exit(E.EXIT_OK)
 
 

@@ -8,50 +8,45 @@ import typer
 
 from engine import errors as E
 from engine import paths as _paths
-from engine.cli.common import JsonOpt, ReceiptsOpt, SpecsOpt, _dirs, _err, _print_json, app, handles_errors
+from engine.cli.common import JsonOpt, ReceiptsOpt, SpecsOpt, _dirs, _err, _out, _print_json, app, handles_errors
 from engine.paths import spec_path
 from engine.spec.loader import display_path
-
-
-def _plain(text: object) -> str:
-    """Spec, file and message text as data: control characters escaped, never interpreted."""
-    return E.one_line(str(text))
 
 
 def _print_report(section: dict, method: str, receipt: str) -> None:
     score = section["score"]
     shown = "n/a" if score is None else f"{score:.3f}"
     verdict = "PASSED" if section["passed"] else "FAILED"
-    typer.echo(f"{method}: mutation score {shown} (threshold {section['threshold']:g}, {section['threshold_source']}) "
-               f"{verdict}")
-    typer.echo(f"  {section['mutants']} mutants of executed lines: {section['killed']} killed, "
-               f"{section['survived']} survived, {section['timeout']} timeout, {section['equivalent']} equivalent"
-               + ("" if section["complete"] else f" (a selection: {section['selection']['run']} of "
-                                                 f"{section['selection']['candidates']} candidates)"))
+    _out(f"{method}: mutation score {shown} (threshold {section['threshold']:g}, {section['threshold_source']}) "
+         f"{verdict}")
+    _out(f"  {section['mutants']} mutants of executed lines: {section['killed']} killed, "
+         f"{section['survived']} survived, {section['timeout']} timeout, {section['equivalent']} equivalent"
+         + ("" if section["complete"] else f" (a selection: {section['selection']['run']} of "
+                                           f"{section['selection']['candidates']} candidates)"))
     for f in section["files"]:
-        typer.echo(f"  {_plain(f['file'])}: {f['executed_lines']} executed lines, {f['mutants']} mutants")
+        _out(f"  {f['file']}: {f['executed_lines']} executed lines, {f['mutants']} mutants")
     killers: dict[str, int] = {}
     for r in section["results"]:
         if r["status"] == "killed":
             killers[r["killed_by"]] = killers.get(r["killed_by"], 0) + 1
     if killers:
-        typer.echo("  killed by: " + ", ".join(f"{_plain(k)} {n}" for k, n in
-                                               sorted(killers.items(), key=lambda kv: (-kv[1], kv[0]))))
+        _out("  killed by: " + ", ".join(f"{k} {n}" for k, n in
+                                         sorted(killers.items(), key=lambda kv: (-kv[1], kv[0]))))
     for s in section["survivors"]:
-        typer.echo(f"  survived {_plain(s['id'])} ({s['description']})")
+        _out(f"  survived {s['id']} ({s['description']})")
         for line in s["diff"].splitlines()[2:]:
-            typer.echo(f"      {_plain(line)}")
+            _out(f"      {line}")
     for s in section["timeouts"]:
-        typer.echo(f"  timeout  {_plain(s['id'])} ({s['description']})")
+        _out(f"  timeout  {s['id']} ({s['description']})")
     for s in section["equivalents"]:
-        typer.echo(f"  equivalent {_plain(s['id'])}: {_plain(s['reason'])}")
+        _out(f"  equivalent {s['id']}: {s['reason']}")
     for i in section["listed_but_killed"]:
-        _err(f"  warning: {_plain(i)} is listed in equivalent_mutants but was killed: remove it from the spec")
+        _err(f"  warning: {i} is listed in equivalent_mutants but was killed: remove it from the spec")
     for i in section["listed_not_run"]:
-        _err(f"  warning: {_plain(i)} is listed in equivalent_mutants but no such mutant was run"
+        _err(f"  warning: {i} is listed in equivalent_mutants but no such mutant was run"
              + ("" if not section["complete"] else " (the code changed: re-judge it)"))
-    typer.echo(f"  wall {section['wall_s']:.1f} s (baseline {section['baseline_wall_s']:.1f} s, --jobs "
-               f"{section['jobs']}); receipt {receipt}")
+    _out(f"  wall {section['wall_s']:.1f} s (baseline {section['baseline_wall_s']:.1f} s, --jobs "
+         f"{section['jobs']}); receipt {receipt}")
 
 
 @app.command()
@@ -122,8 +117,8 @@ def mutate(
     def on_done(m, r) -> None:
         total["done"] += 1
         if not json_out:
-            _err(f"  [{total['done']}/{total['n']}] {r['status']:<8} {_plain(m.id)}"
-                 + (f" by {_plain(r['killed_by'])}" if r.get("killed_by") else ""))
+            _err(f"  [{total['done']}/{total['n']}] {r['status']:<8} {m.id}"
+                 + (f" by {r['killed_by']}" if r.get("killed_by") else ""))
 
     _err(f"{method}: baseline (contracts under coverage, seeds {','.join(map(str, seed_list))}) ...")
 
