@@ -136,13 +136,21 @@ def _trust_policy(trust: Optional[Path], receipts_dir: Path):
     return policy_from_option(trust, receipts_dir)
 
 
+def shown_path(path: Path) -> str:
+    """A path as every verb prints it, in text and JSON (docs/cli.md, "Paths"): relative to the working directory
+    when under it, else to the checkout when under that, else whole."""
+    return display_path(Path(path), _paths.project_root())
+
+
+def receipt_shown(receipts_dir: Path) -> Callable[[str], str]:
+    """Receipt files are named by their paths too (`receipts/mrtpo/...json`), never by the name inside the store."""
+    base = Path(receipts_dir)
+    return lambda rel: shown_path(base / rel)
+
+
 def _store_name(receipts_dir: Path) -> str:
-    """How gate --json names the store it read: relative to the checkout when inside it, else its full path."""
-    full = Path(receipts_dir).resolve()
-    try:
-        return full.relative_to(_paths.project_root().resolve()).as_posix()
-    except ValueError:
-        return full.as_posix()
+    """How gate --json names the store it read: by its path, like every other path."""
+    return shown_path(receipts_dir)
 
 
 def _load_valid_specs(specs_dir: Path, receipts_dir: Path) -> tuple[list, list[SpecError]]:
