@@ -45,7 +45,7 @@ def test_a_complete_run_is_full_with_or_without_the_spec():
 def test_each_way_of_being_partial_is_named(pred, label, why):
     c = coverage(pred, SPEC)
     assert not c.full and c.label() == label and why in c.why, c
-    assert c.text().startswith(label + " (")
+    assert c.text().startswith(label + ": ")
     assert coverage(facts(pred), SPEC) == c  # the index keeps facts: the same answer
 
 

@@ -55,7 +55,7 @@ def gate(
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
-    impl: Annotated[Optional[str], typer.Option("--impl", help="Gate this implementation (path/to/file.py, "
+    impl: Annotated[Optional[str], typer.Option("--impl", metavar="TARGET", help="Gate this implementation (path/to/file.py, "
                                                                 "package.module or module:attribute) instead of the "
                                                                 "registered one: only receipts of its exact files "
                                                                 "count.")] = None,

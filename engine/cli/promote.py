@@ -106,8 +106,8 @@ def _locked_change(method: str, new_state: str, reason: str, by: Optional[str], 
         _change_state(method, new_state, reason, by, specs, receipts, json_out, trust)
 
 
-ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")]
-ByOpt = Annotated[Optional[str], typer.Option("--by", help="Who decided (recorded in the ledger; e.g. evolve).")]
+ReasonOpt = Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded in the ledger).")]
+ByOpt = Annotated[Optional[str], typer.Option("--by", metavar="NAME", help="Who decided (recorded in the ledger; e.g. evolve).")]
 
 
 @app.command()

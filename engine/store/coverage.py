@@ -39,8 +39,8 @@ class Coverage:
         return f"partial {self.ran}/{'?' if self.total is None else self.total}"
 
     def text(self) -> str:
-        """The label with why: `partial 1/10 (--only clip_schedule)`."""
-        return self.label() + (f" ({'; '.join(self.why)})" if self.why and not self.full else "")
+        """The label with why: `partial 1/10: --only clip_schedule`."""
+        return self.label() + (f": {'; '.join(self.why)}" if self.why and not self.full else "")
 
     def as_dict(self) -> dict:
         return {"full": self.full, "label": self.label(), "ran": self.ran, "total": self.total, "why": list(self.why)}
