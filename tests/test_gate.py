@@ -424,7 +424,7 @@ def test_list_shows_freshness_and_gate_verdict(layout):
     assert row["gate"]["promotable"] is False
     table = CliRunner().invoke(cli.app, ["list", "--specs", str(specs), "--receipts", str(receipts)],
                                env={"COLUMNS": "200"})
-    assert "passed (stale)" in table.stdout and "closed (3 unmet)" in table.stdout
+    assert "passed (full, stale)" in table.stdout and "closed (3 unmet)" in table.stdout
 
 
 # --- the shipped specs ------------------------------------------------------------------------
@@ -518,7 +518,7 @@ def test_end_to_end_gate_open_promote_then_stale_then_tampered(tmp_path):
     assert f"warning: stale receipt receipts/toy/{receipt.name}" in closed.stdout and "methods/toy/__init__.py" in closed.stdout
     assert "says promoted but the gate is closed" in closed.stdout
     stale = _contracts(proj, "verify")
-    assert stale.returncode == 0 and stale.stdout.startswith(f"stale    toy/{receipt.name}")
+    assert stale.returncode == 0 and stale.stdout.startswith(f"stale    receipts/toy/{receipt.name}  passed, full")
     src.write_bytes(original)
     assert _contracts(proj, "gate", "toy").returncode == 0  # bound to content, not to time
 
@@ -528,7 +528,7 @@ def test_end_to_end_gate_open_promote_then_stale_then_tampered(tmp_path):
     receipt.chmod(0o644)
     receipt.write_bytes(raw[:i] + (b"9" if raw[i:i + 1] != b"9" else b"8") + raw[i + 1:])
     tampered = _contracts(proj, "verify")
-    assert tampered.returncode == 1 and tampered.stdout.startswith(f"tampered toy/{receipt.name}")
+    assert tampered.returncode == 1 and tampered.stdout.startswith(f"tampered receipts/toy/{receipt.name}")
     assert "Traceback" not in tampered.stdout + tampered.stderr
     # and the ledger's entry now names a receipt that is no longer intact
     assert "names receipt(s) not in the store" in tampered.stdout

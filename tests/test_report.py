@@ -118,7 +118,7 @@ def test_a_planted_failure_prints_one_block_whose_repro_fails_alone(tight_specs)
     assert r.exit_code == 1, r.output
     err = r.stderr
     blocks = [l for l in err.splitlines() if l.startswith("FAILED")]
-    assert blocks == [f"FAILED prefix_ratio_forward (tapo-trajectory.yaml:{line}, formula prefix_ratio): "
+    assert blocks == [f"FAILED prefix_ratio_forward ({specs / SPEC.name}:{line}, formula prefix_ratio): "
                       "did not hold, 2 of 8 seed x dtype cells failed"], err
     assert re.search(r"^  max_rel_err \S+ \.\. \S+ > limit 1e-09 \(2 cells; float32\)$", err, re.M), err
     assert "<=" not in err and "seed 42 float32" not in err  # no true-looking rule, no line per cell
@@ -194,4 +194,4 @@ def test_check_all_ends_with_a_summary_line(tight_specs):
     specs, receipts, _ = tight_specs
     r = invoke("check", "--all", "--seeds", "42", "--no-mutants", "--specs", str(specs), "--receipts", str(receipts))
     assert r.exit_code == 1, r.output
-    assert r.stdout.rstrip().splitlines()[-1] == "checked 1 method: 0 passed, 1 failed; 1 receipt written"
+    assert r.stdout.rstrip().splitlines()[-1] == "checked 1 method: 0 passed, 1 failed; 1 receipt written (1 partial)"

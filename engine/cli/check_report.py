@@ -115,8 +115,7 @@ def print_all_summary(outcomes: list[dict], planned: int) -> None:
         parts.append(f"{planned - len(outcomes)} not run")
     written = sum(1 for o in outcomes if o.get("receipt"))
     typer.echo(f"checked {planned} method{'s' if planned != 1 else ''}: {', '.join(parts)}; "
-               f"{written} receipt{'s' if written != 1 else ''} written"
-               + (f", {partial} of {'them' if written != 1 else 'it'} partial" if partial else ""))
+               f"{written} receipt{'s' if written != 1 else ''} written" + (f" ({partial} partial)" if partial else ""))
 
 
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,

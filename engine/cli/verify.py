@@ -51,15 +51,15 @@ def verify(
     from engine.store.verify import assess_store
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    if not receipts_dir.is_dir():  # "0 receipts, OK" would pass a store that is not there (a typo, a lost mount)
-        raise E.UsageError(f"no receipt store at {shown_path(receipts_dir)}: not a folder (give --receipts DIR of "
-                           "an existing store; contracts check creates one)")
     if method is not None:
         check_key(method)
         if not (receipts_dir / method).is_dir() and not (specs_dir / f"{method}.yaml").is_file():
             known = sorted({p.stem for p in spec_files(specs_dir)} |
                            ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
             raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
+    if not receipts_dir.is_dir():  # "0 receipts, OK" would pass a store that is not there (a typo, a lost mount)
+        raise E.UsageError(f"no receipt store at {shown_path(receipts_dir)}: not a folder (give --receipts DIR of "
+                           "an existing store; contracts check creates one)")
     del no_cache  # accepted so scripts keep working: verify never reads the cache
     policy = _trust_policy(trust, receipts_dir)
     cache = _spec_cache(receipts_dir, use=False)  # in this process only: nothing read from the store's cache

@@ -67,14 +67,19 @@ def facts(pred: dict) -> dict:
     summary = pred.get("summary") if isinstance(pred.get("summary"), dict) else {}
     per = summary.get("contracts") if isinstance(summary.get("contracts"), dict) else {}
     requested = _ids(req.get("contracts")) or sorted(k for k in per if isinstance(k, str))
+    seeds = set(_ints(req.get("seeds")))
+    ran_seeds: dict[str, set] = {}
+    for r in pred.get("results") if isinstance(pred.get("results"), list) else []:
+        if isinstance(r, dict) and isinstance(r.get("contract"), str):
+            ran_seeds.setdefault(r["contract"], set()).add(r.get("seed"))
     complete = []
     for cid in requested:
         s = per.get(cid)
-        if not isinstance(s, dict):
-            continue
-        done = sum(s.get(k) for k in ("passed", "failed", "error") if isinstance(s.get(k), int))
-        want = s.get("requested")
-        if isinstance(want, int) and want > 0 and done >= want:
+        if isinstance(s, dict) and isinstance(s.get("requested"), int):
+            done = sum(s.get(k) for k in ("passed", "failed", "error") if isinstance(s.get(k), int))
+            if s["requested"] > 0 and done >= s["requested"]:
+                complete.append(cid)
+        elif cid in ran_seeds and seeds <= ran_seeds[cid]:  # no count in the summary: a result for every seed
             complete.append(cid)
     budget = pred.get("budget") if isinstance(pred.get("budget"), dict) else {}
     mutation = pred.get("mutation") if isinstance(pred.get("mutation"), dict) else None
