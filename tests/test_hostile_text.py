@@ -187,7 +187,7 @@ def test_verify_never_prints_a_control_sequence_from_a_file_name(layout):
     as_json = _invoke("verify", "--specs", str(specs), "--receipts", str(receipts), "--json")
     assert _raw_controls(as_json.stdout) == []
     files = {r["file"] for r in json.loads(as_json.stdout)["receipts"]}
-    assert f"toy/{OSC52}.json" in files  # JSON keeps the name exactly, escaped as JSON escapes it
+    assert f"receipts/toy/{OSC52}.json" in files  # JSON keeps the name exactly, escaped as JSON escapes it
 
 
 def test_gate_never_prints_a_control_sequence_from_a_file_name(layout):
