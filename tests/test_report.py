@@ -96,6 +96,19 @@ def test_worst_skips_equality_sanity_checks():
     assert worst_expectation([sanity]) is sanity
 
 
+def test_an_integer_limit_is_a_count_held_not_a_headroom_of_1x():
+    from engine.run.expect import is_sanity
+
+    picks = evaluate({"metric": "max_picks_per_prompt", "le": 3}, {"max_picks_per_prompt": 3}, "float64")
+    cases = evaluate({"metric": "binding_cases", "ge": 1}, {"binding_cases": 1}, "float64")
+    err = evaluate({"metric": "max_rel_err", "le": 1e-6}, {"max_rel_err": 2e-7}, "float64")
+    assert picks["headroom"] == 1.0  # the receipt keeps the ratio; only the choice of "worst" skips it
+    assert is_sanity(picks) and is_sanity(cases) and not is_sanity(err)
+    assert worst_expectation([picks, cases, err]) is err
+    over = evaluate({"metric": "max_picks_per_prompt", "le": 3}, {"max_picks_per_prompt": 4}, "float64")
+    assert worst_expectation([over, err]) is over and describe(over) == "max_picks_per_prompt 4 > limit 3"
+
+
 def test_the_tuis_latest_value_is_the_error_against_the_reference(tmp_path, monkeypatch):
     from tui import data
 

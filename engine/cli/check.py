@@ -109,7 +109,9 @@ def check(
     device: Annotated[str, typer.Option(metavar="DEVICE", help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
     seeds: Annotated[Optional[str], typer.Option(metavar="S,S,...", help="Comma-separated seeds (default: the spec budget's).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="CONTRACT", help="Run only this contract id (repeatable).")] = None,
-    no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase (the run cannot pass).")] = False,
+    no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase: the receipt is partial "
+                                                                  "and shows no contract able to fail, which the "
+                                                                  "gate needs.")] = False,
     policy: PolicyOpt = None,
     lora_rank: LoraRankOpt = None,
     specs: SpecsOpt = None,
