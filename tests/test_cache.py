@@ -409,7 +409,7 @@ def test_a_tampered_receipt_is_tampered_with_a_warm_cache(toy):
     a = _assess(path, root, specs, receipts)
     assert a.state == "tampered" and "receipt id does not match" in a.message
     res = CliRunner().invoke(cli.app, ["verify", "--specs", str(specs), "--receipts", str(receipts)])
-    assert res.exit_code == 1 and res.stdout.startswith(f"tampered toy/{path.name}")
+    assert res.exit_code == 1 and res.stdout.startswith(f"tampered receipts/toy/{path.name}")
 
 
 def test_integrity_comes_from_the_cache_only_for_the_same_bytes(toy, monkeypatch):
@@ -450,7 +450,7 @@ def test_a_forged_cache_entry_decides_no_verdict(toy):
         assert res.exit_code == 1 and "file bytes differ from the form it was written in" in res.stdout
     for argv in (["gate", "toy", *args], ["gate", "toy", "--no-cache", *args]):
         gate = CliRunner().invoke(cli.app, argv)
-        assert gate.exit_code == 1 and f"tampered receipt toy/{path.name}" in gate.stdout
+        assert gate.exit_code == 1 and f"tampered receipt receipts/toy/{path.name}" in gate.stdout
 
 
 def test_another_receipt_under_the_same_name_is_a_miss(toy):

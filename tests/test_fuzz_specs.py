@@ -45,7 +45,7 @@ from click.testing import CliRunner
 
 from engine.spec import registry
 from engine.cli import app
-from engine.spec.loader import json_path, spec_schema
+from engine.spec.loader import display_path, json_path, spec_schema
 from tests.fuzz_support import profile
 
 
@@ -325,7 +325,7 @@ def run_validate(path: Path, raw: bytes, as_json: bool = False) -> Outcome:
     for ln in problems:
         m = ERROR_LINE.match(ln)
         assert m and "\n" not in ln, f"not a located one-line error: {ln!r}"
-        assert m["file"] == path.name
+        assert m["file"] == display_path(path), "a spec outside the working directory is named whole"
         errors.append((int(m["line"]), int(m["col"]), m["path"], m["msg"]))
     if res.exit_code == 0:
         assert errors == []

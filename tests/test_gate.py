@@ -258,6 +258,72 @@ def test_gate_cli_exit_codes_and_json_match_the_published_schema(layout):
     Draft202012Validator(schema).validate(json.loads(opened.stdout))
 
 
+def _parses(argv: list[str]) -> None:
+    """argv names a verb of this CLI and options it takes, as typer/click would parse them (nothing runs)."""
+    import typer.main
+
+    group = typer.main.get_command(cli.app)
+    assert argv[0] == "contracts" and len(argv) > 2, argv
+    ctx = group.context_class(group, info_name="contracts")
+    verb = group.get_command(ctx, argv[1])
+    assert verb is not None, argv
+    verb.make_context(argv[1], list(argv[2:]), parent=ctx)  # raises on an unknown option or a missing value
+
+
+def _fixes(doc: dict) -> list[dict]:
+    return [r for r in doc["requirements"] if not r["met"]] + doc["receipts"].get("refused", [])
+
+
+def test_every_fix_is_a_command_to_run_as_it_is_or_null_with_a_note(layout, tmp_path):
+    from jsonschema import Draft202012Validator
+
+    root, specs, receipts = layout
+    schema = json.loads((REPO / "engine" / "schemas" / "gate.schema.json").read_text())
+    args = ["gate", "toy", "--specs", str(specs), "--receipts", str(receipts), "--json"]
+    seen: dict[str, object] = {}
+
+    def gate(*extra):
+        res = _invoke(*args, *extra)
+        assert res.exit_code == 1, res.output
+        doc = json.loads(res.stdout)
+        Draft202012Validator(schema).validate(doc)
+        for r in _fixes(doc):
+            assert r["fix"] is None or set(r["fix"]) == {"argv"}, r
+            if r["fix"] is None:
+                assert r["note"], r  # no command: the note says what would meet it
+            else:
+                _parses(r["fix"]["argv"])
+                assert r["fix"]["argv"][5 if r["fix"]["argv"][1] == "check" else 3:][:4] == [
+                    "--specs", str(specs), "--receipts", str(receipts)]
+            seen.setdefault(r.get("id", "refused"), r["fix"])
+        return doc
+
+    nothing = gate()  # no receipts at all: running the check meets each requirement
+    assert {r["id"]: r["fix"]["argv"][:5] for r in _fixes(nothing)} == {
+        rid: ["contracts", "check", "toy", "--device", "cpu"] for rid in ("device:cpu", "mutants_killed",
+                                                                         "formal_comparison")}
+    _set_requires(specs, "review: DONE   # reviewed by hand", "review: IN-REVIEW")
+    review = _req(gate(), "review")
+    assert review["fix"] is None and review["note"].startswith("finish the review")
+    _set_requires(specs, "review: IN-REVIEW", "review: DONE")
+    # the mechanism ran and recorded only a diagnostic comparison: running the same code again adds none
+    G.write(root, receipts, specs / "toy.yaml", comparisons={s: [G.comparison(0.9, 0.5, formal=False)]
+                                                             for s in (1, 2, 3)})
+    formal = _req(gate(), "formal_comparison")
+    assert formal["fix"] is None and "formal=True" in formal["note"]
+    # a failure in a fresh receipt keeps the gate closed until what measured changes
+    G.write(root, receipts, specs / "toy.yaml", fail=[("double-value", 1, "float64")], comparisons=G.ahead())
+    cpu = _req(gate(), "device:cpu")
+    assert cpu["fix"] is None and "fix the implementation or the spec" in cpu["note"]
+    text = _invoke(*args[:-1])  # people read the same as one line: the command, or the note
+    assert "UNMET device:cpu: " in text.stdout
+    assert "-> fresh cpu receipts record failures: fix the implementation or the spec" in text.stdout
+    _set_requires(specs, "    formal_comparison: true\n", "    formal_comparison: true\n    mutation_score: 0.9\n")
+    mutate = _req(gate("--impl", str(root / "src" / "toy.py")), "mutation_score")["fix"]["argv"]
+    assert mutate[:3] == ["contracts", "mutate", "toy"] and "--impl" not in mutate  # mutate takes none
+    assert set(seen) >= {"review", "device:cpu", "mutants_killed", "formal_comparison", "mutation_score"}
+
+
 def test_gate_cli_user_errors_are_one_line(layout):
     root, specs, receipts = layout
     res = _invoke("gate", "nosuch", "--specs", str(specs), "--receipts", str(receipts))
@@ -358,7 +424,7 @@ def test_list_shows_freshness_and_gate_verdict(layout):
     assert row["gate"]["promotable"] is False
     table = CliRunner().invoke(cli.app, ["list", "--specs", str(specs), "--receipts", str(receipts)],
                                env={"COLUMNS": "200"})
-    assert "passed (stale)" in table.stdout and "closed (3 unmet)" in table.stdout
+    assert "passed (full, stale)" in table.stdout and "closed (3 unmet)" in table.stdout
 
 
 # --- the shipped specs ------------------------------------------------------------------------
@@ -376,8 +442,14 @@ def test_shipped_specs_are_not_promotable_and_say_why(spec_file):
         assert "device:cuda" in unmet
     if req["formal_comparison"]:
         assert "formal_comparison" in unmet
-    for stale in out["receipts"]["stale"][:6]:  # the newest six are named one per line
-        assert any(w.startswith("stale receipt") for w in out["warnings"])
+    stale = out["receipts"]["stale"]
+    lines = [w for w in out["warnings"] if "stale receipt" in w]  # one line however many: the store only grows
+    assert len(lines) == min(len(stale), 1)
+    if len(stale) > 1:
+        assert lines[0].startswith(f"{len(stale)} stale receipts do not count (the newest, receipts/")
+        assert lines[0].endswith(f"contracts verify {spec_file.stem} names each")
+    for r in out["requirements"]:  # a pipeline runs argv as it is; with no command, the note says what would
+        assert (r["fix"] is None) == (r["met"] or not r["fix"]) and (r["met"] or r["fix"] or r["note"])
 
 
 # --- end to end, through the real runner, in a copy of the project -------------------------------
@@ -443,10 +515,10 @@ def test_end_to_end_gate_open_promote_then_stale_then_tampered(tmp_path):
     closed = _contracts(proj, "gate", "toy")
     assert closed.returncode == 1
     assert "UNMET device:cpu: no fresh cpu receipt (1 stale cpu receipt(s) no longer count)" in closed.stdout
-    assert f"warning: stale receipt toy/{receipt.name}" in closed.stdout and "methods/toy/__init__.py" in closed.stdout
+    assert f"warning: stale receipt receipts/toy/{receipt.name}" in closed.stdout and "methods/toy/__init__.py" in closed.stdout
     assert "says promoted but the gate is closed" in closed.stdout
     stale = _contracts(proj, "verify")
-    assert stale.returncode == 0 and stale.stdout.startswith(f"stale    toy/{receipt.name}")
+    assert stale.returncode == 0 and stale.stdout.startswith(f"stale    receipts/toy/{receipt.name}  passed, full")
     src.write_bytes(original)
     assert _contracts(proj, "gate", "toy").returncode == 0  # bound to content, not to time
 
@@ -456,7 +528,7 @@ def test_end_to_end_gate_open_promote_then_stale_then_tampered(tmp_path):
     receipt.chmod(0o644)
     receipt.write_bytes(raw[:i] + (b"9" if raw[i:i + 1] != b"9" else b"8") + raw[i + 1:])
     tampered = _contracts(proj, "verify")
-    assert tampered.returncode == 1 and tampered.stdout.startswith(f"tampered toy/{receipt.name}")
+    assert tampered.returncode == 1 and tampered.stdout.startswith(f"tampered receipts/toy/{receipt.name}")
     assert "Traceback" not in tampered.stdout + tampered.stderr
     # and the ledger's entry now names a receipt that is no longer intact
     assert "names receipt(s) not in the store" in tampered.stdout

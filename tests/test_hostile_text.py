@@ -187,7 +187,7 @@ def test_verify_never_prints_a_control_sequence_from_a_file_name(layout):
     as_json = _invoke("verify", "--specs", str(specs), "--receipts", str(receipts), "--json")
     assert _raw_controls(as_json.stdout) == []
     files = {r["file"] for r in json.loads(as_json.stdout)["receipts"]}
-    assert f"toy/{OSC52}.json" in files  # JSON keeps the name exactly, escaped as JSON escapes it
+    assert f"receipts/toy/{OSC52}.json" in files  # JSON keeps the name exactly, escaped as JSON escapes it
 
 
 def test_gate_never_prints_a_control_sequence_from_a_file_name(layout):
@@ -195,7 +195,7 @@ def test_gate_never_prints_a_control_sequence_from_a_file_name(layout):
     _hostile_file_names(root, specs, receipts)
     res = _invoke("gate", "toy", "--specs", str(specs), "--receipts", str(receipts))
     assert res.exit_code == 1, res.output
-    assert _raw_controls(res.output) == [] and "warning: invalid receipt toy/\\x1b]52;c;" in res.stdout
+    assert _raw_controls(res.output) == [] and "warning: invalid receipt receipts/toy/\\x1b]52;c;" in res.stdout
     as_json = _invoke("gate", "toy", "--specs", str(specs), "--receipts", str(receipts), "--json")
     assert _raw_controls(as_json.stdout) == []
     assert any(OSC52 in w for w in json.loads(as_json.stdout)["warnings"])

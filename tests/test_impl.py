@@ -315,7 +315,7 @@ def test_gate_and_list_never_mix_implementations(tmp_path):
     assert fresh()["receipts"]["fresh"] == [default_id]
     got = fresh("--impl", str(cand))
     assert got["receipts"]["fresh"] == [impl_id] and got["implementation"].startswith("impl:")
-    assert "--impl" in got["requirements"][1]["fix"]
+    assert "--impl" in got["requirements"][1]["fix"]["argv"]
     cand.write_text(cand.read_text() + "\n# edited\n")  # another implementation now: its receipts are not this one's
     assert fresh("--impl", str(cand))["receipts"]["fresh"] == []
     rows = json.loads(invoke("list", "--receipts", str(store), "--json").stdout)["methods"]

@@ -96,6 +96,19 @@ def test_worst_skips_equality_sanity_checks():
     assert worst_expectation([sanity]) is sanity
 
 
+def test_an_integer_limit_is_a_count_held_not_a_headroom_of_1x():
+    from engine.run.expect import is_sanity
+
+    picks = evaluate({"metric": "max_picks_per_prompt", "le": 3}, {"max_picks_per_prompt": 3}, "float64")
+    cases = evaluate({"metric": "binding_cases", "ge": 1}, {"binding_cases": 1}, "float64")
+    err = evaluate({"metric": "max_rel_err", "le": 1e-6}, {"max_rel_err": 2e-7}, "float64")
+    assert picks["headroom"] == 1.0  # the receipt keeps the ratio; only the choice of "worst" skips it
+    assert is_sanity(picks) and is_sanity(cases) and not is_sanity(err)
+    assert worst_expectation([picks, cases, err]) is err
+    over = evaluate({"metric": "max_picks_per_prompt", "le": 3}, {"max_picks_per_prompt": 4}, "float64")
+    assert worst_expectation([over, err]) is over and describe(over) == "max_picks_per_prompt 4 > limit 3"
+
+
 def test_the_tuis_latest_value_is_the_error_against_the_reference(tmp_path, monkeypatch):
     from tui import data
 
@@ -118,7 +131,7 @@ def test_a_planted_failure_prints_one_block_whose_repro_fails_alone(tight_specs)
     assert r.exit_code == 1, r.output
     err = r.stderr
     blocks = [l for l in err.splitlines() if l.startswith("FAILED")]
-    assert blocks == [f"FAILED prefix_ratio_forward (tapo-trajectory.yaml:{line}, formula prefix_ratio): "
+    assert blocks == [f"FAILED prefix_ratio_forward ({specs / SPEC.name}:{line}, formula prefix_ratio): "
                       "did not hold, 2 of 8 seed x dtype cells failed"], err
     assert re.search(r"^  max_rel_err \S+ \.\. \S+ > limit 1e-09 \(2 cells; float32\)$", err, re.M), err
     assert "<=" not in err and "seed 42 float32" not in err  # no true-looking rule, no line per cell
@@ -194,4 +207,4 @@ def test_check_all_ends_with_a_summary_line(tight_specs):
     specs, receipts, _ = tight_specs
     r = invoke("check", "--all", "--seeds", "42", "--no-mutants", "--specs", str(specs), "--receipts", str(receipts))
     assert r.exit_code == 1, r.output
-    assert r.stdout.rstrip().splitlines()[-1] == "checked 1 method: 0 passed, 1 failed; 1 receipt written"
+    assert r.stdout.rstrip().splitlines()[-1] == "checked 1 method: 0 passed, 1 failed; 1 receipt written (1 partial)"

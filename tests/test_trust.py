@@ -266,7 +266,8 @@ def test_requires_signed_closes_the_gate_without_a_policy(layout, tmp_path):
     G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), sign_key=key)
     code, doc = _gate_json(specs, receipts)
     signed = _req(doc, "signed")
-    assert code == 1 and signed["required"] and not signed["met"] and "--trust" in signed["fix"]
+    assert code == 1 and signed["required"] and not signed["met"] and signed["fix"] is None  # needs a file of theirs
+    assert "--trust POLICY.yaml" in signed["note"]
     assert any(r.startswith("signed: ") and "--trust" in r for r in doc["reasons"])
     policy = _policy(tmp_path / "pipeline" / "trust.yaml", [("runner.pub", ["cpu"])])
     code, doc = _gate_json(specs, receipts, "--trust", str(policy))
@@ -604,7 +605,9 @@ def test_braces_in_a_policy_path_stay_braces_in_the_fix_lines(layout, tmp_path):
     _keys(folder)
     policy = _policy(folder / "trust.yaml", [("runner.pub", ["cpu"])])
     code, doc = _gate_json(specs, receipts, "--trust", str(policy))
-    assert code == 1 and f"--sign-key KEY (a key {policy} trusts for cpu)" in _req(doc, "device:cpu")["fix"]
+    cpu = _req(doc, "device:cpu")
+    assert code == 1 and f"sign it with a key {policy} trusts for cpu" in cpu["note"]
+    assert cpu["fix"]["argv"][:5] == ["contracts", "check", "toy", "--device", "cpu"]
 
 
 def test_the_tui_gate_under_a_policy_is_contracts_gate_under_it(layout, tmp_path):

@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 
 import pytest
+
+from engine.spec.loader import display_path
 from typer.testing import CliRunner
 
 import engine.cli as cli
@@ -152,8 +154,8 @@ def test_ledger_entries_chain_and_validate_against_the_published_schema(layout):
     for line in lpath.read_text().splitlines():
         Draft202012Validator(schema).validate(json.loads(line))
     res = _invoke("verify", "--receipts", str(receipts), "--specs", str(specs), "--json")
-    assert res.exit_code == 0 and json.loads(res.stdout)["ledger"] == {
-        "file": "ledger.jsonl", "entries": 2, "ok": True, "problems": []}
+    assert res.exit_code == 0 and json.loads(res.stdout)["ledger"] == {  # named by its path, like every file
+        "file": display_path(receipts / "ledger.jsonl", root), "entries": 2, "ok": True, "problems": []}
 
 
 @pytest.mark.parametrize("damage, expected", [
@@ -184,6 +186,7 @@ def test_spec_state_the_ledger_does_not_explain_is_reported(layout):
     root, specs, receipts = layout
     spec = specs / "toy.yaml"
     spec.write_text(spec.read_text().replace('state: "not-promoted"', 'state: "promoted"'))
+    receipts.mkdir(exist_ok=True)  # an empty store: no ledger (a store that is not there at all is exit 2)
     res = _invoke("verify", "--receipts", str(receipts), "--specs", str(specs))
     assert res.exit_code == 1 and "no ledger entry promoted it" in res.stdout
 

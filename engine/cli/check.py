@@ -16,7 +16,9 @@ from engine.cli.check_report import (
     _note_policy,
     _policy_summary,
     _print_summary,
+    check_document,
     print_all_summary,
+    run_coverage,
 )
 from engine.cli.common import (
     JsonOpt,
@@ -32,7 +34,7 @@ from engine.cli.common import (
     handles_errors,
 )
 from engine.paths import spec_path
-from engine.spec.loader import display_path, spec_files
+from engine.spec.loader import SpecError, display_path, spec_files
 
 
 def _parse_seeds(text: Optional[str]) -> Optional[list[int]]:
@@ -104,42 +106,44 @@ def stops_on_signals(fn: Callable[..., Any]) -> Callable[..., Any]:
 def check(
     method: Annotated[Optional[str], typer.Argument(help="Method key (or use --all).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every spec.")] = False,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
-    seeds: Annotated[Optional[str], typer.Option(help="Comma-separated seeds (default: the spec budget's).")] = None,
-    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this contract id (repeatable).")] = None,
-    no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase (the run cannot pass).")] = False,
+    device: Annotated[str, typer.Option(metavar="DEVICE", help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
+    seeds: Annotated[Optional[str], typer.Option(metavar="S,S,...", help="Comma-separated seeds (default: the spec budget's).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="CONTRACT", help="Run only this contract id (repeatable).")] = None,
+    no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase: the receipt is partial "
+                                                                  "and shows no contract able to fail, which the "
+                                                                  "gate needs.")] = False,
     policy: PolicyOpt = None,
     lora_rank: LoraRankOpt = None,
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Run (method, seed) cells in N local processes.")] = 1,
-    executor: Annotated[str, typer.Option(help="local (processes on this machine) or ray (tasks on a Ray "
-                                                "cluster; needs the [ray] extra).")] = "local",
-    address: Annotated[Optional[str], typer.Option(help="Ray cluster address for --executor ray (default: "
+    jobs: Annotated[int, typer.Option("--jobs", "-j", metavar="N", help="Run (method, seed) cells in N local processes.")] = 1,
+    executor: Annotated[str, typer.Option(metavar="local|ray", help="local (processes on this machine) or ray (tasks on a "
+                                                "Ray cluster; needs the [ray] extra).")] = "local",
+    address: Annotated[Optional[str], typer.Option(metavar="HOST:PORT", help="Ray cluster address for --executor ray (default: "
                                                         "start a local Ray instance).")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per process (default: 1 on "
+    threads: Annotated[Optional[int], typer.Option("--threads", metavar="N", help="torch threads per process (default: 1 on "
                                                                       "cpu, torch's own on cuda; with --jobs N at "
                                                                       "most cores / N).")] = None,
     # [impl] options: check a candidate implementation in isolated workers (engine/cli/check_impl.py)
-    impl: Annotated[Optional[str], typer.Option("--impl", help="Check this implementation instead of the registered "
+    impl: Annotated[Optional[str], typer.Option("--impl", metavar="TARGET", help="Check this implementation instead of the registered "
                                                                 "one: path/to/file.py, package.module or "
                                                                 "module:attribute (see contracts interface METHOD).")]
     = None,
-    impl_timeout: Annotated[Optional[float], typer.Option("--impl-timeout", help="Seconds one check call of an --impl "
+    impl_timeout: Annotated[Optional[float], typer.Option("--impl-timeout", metavar="SECONDS", help="Seconds one check call of an --impl "
                                                                                  "candidate may take before its worker "
                                                                                  "is killed (default: the spec's "
                                                                                  "per_contract_timeout_seconds).")]
     = None,
-    impl_memory_mb: Annotated[Optional[int], typer.Option("--impl-memory-mb", help="Address space an --impl worker "
+    impl_memory_mb: Annotated[Optional[int], typer.Option("--impl-memory-mb", metavar="MIB", help="Address space an --impl worker "
                                                                                   "may add after its imports, in MiB "
                                                                                   "(cpu only; 0: no limit; default "
                                                                                   "4096).")] = None,
     sign_key: Annotated[Optional[Path], typer.Option(
-        "--sign-key", help="Sign each receipt (DSSE, ed25519) with this private key (default: "
+        "--sign-key", metavar="FILE", help="Sign each receipt (DSSE, ed25519) with this private key (default: "
                            "$CONTRACTS_SIGNING_KEY). Only a separate signing process reads it, after the checks.")] = None,
     sign_command: Annotated[Optional[str], typer.Option(
-        "--sign-command", help="Sign each receipt with this command instead (default: $CONTRACTS_SIGN_COMMAND): it "
+        "--sign-command", metavar="COMMAND", help="Sign each receipt with this command instead (default: $CONTRACTS_SIGN_COMMAND): it "
                                "reads the receipt on stdin and prints its DSSE envelope, e.g. the signing module "
                                "run as another user who alone can read the key (docs/trust.md).")] = None,
 ) -> None:
@@ -178,7 +182,11 @@ def check(
         prestart_local_workers()
     from engine.run import session
 
-    plans = session.load_plans(paths, _paths.project_root(), seed_list, only, mutants=not no_mutants)
+    try:
+        plans = session.load_plans(paths, _paths.project_root(), seed_list, only, mutants=not no_mutants)
+    except SpecError:
+        _every_spec_error(paths)  # load_plans stops at the first; a user fixes them all in one go
+        raise
     threads = default_threads(device, threads)
     if impl is not None:  # [impl] hook: a candidate implementation, in isolated workers; exits
         from engine.cli.check_impl import run_impl_check
@@ -206,13 +214,27 @@ def check(
     finally:
         bars.close()
     if json_out:
-        _print_json({"runs": outcomes})
+        _print_json(check_document(outcomes))
     elif all_:
         print_all_summary(outcomes, len(plans))
     statuses = {o["status"] for o in outcomes}
     code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or stop.stopped else E.EXIT_INTERNAL if "error" in statuses
             else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
+
+
+def _every_spec_error(paths: list[Path]) -> None:
+    """Every problem of every spec asked for, one `error:` line each, then exit 2; returns if none is found."""
+    from engine.spec.loader import validate_file
+
+    errors = [e for p in paths for e in validate_file(p, _paths.project_root())[1]]
+    if not errors:
+        return
+    for e in errors:
+        _err(f"error: {e.line()}")
+    if len(errors) > 1:
+        _err(f"{len(errors)} spec errors; nothing was run")
+    raise typer.Exit(E.EXIT_USAGE)
 
 
 def _signer(key: Optional[Path], command: Optional[str]):
@@ -268,8 +290,8 @@ def _outcome(stmt: dict, path: Path, json_out: bool, spec=None, flags: str = "")
     if not json_out:
         _print_summary(pred, shown, spec, flags)
     _note_policy(pred)
-    return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
-            "policy": _policy_summary(pred),
+    return {"method": pred["method"], "status": pred["status"], "coverage": run_coverage(pred, spec),
+            "receipt": shown, "receipt_id": pred["receipt_id"], "policy": _policy_summary(pred),
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
                         for r in pred["results"]],

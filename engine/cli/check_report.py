@@ -1,4 +1,7 @@
-"""What `contracts check` prints at the end of a run, and the cells path (--jobs N, --executor ray)."""
+"""What `contracts check` prints at the end of a run, and the cells path (--jobs N, --executor ray).
+
+`--json` follows engine/schemas/check.schema.json (`contracts schema check`); `check_document` builds it.
+"""
 
 from __future__ import annotations
 
@@ -19,24 +22,53 @@ from engine.spec.loader import display_path
 from engine.text import term_safe
 
 
+CHECK_SCHEMA = "paper-contracts/check/v1"
+CHECK_SCHEMA_VERSION = 1
+
+
+def check_document(runs: list[dict]) -> dict:
+    """What `check --json` prints: one entry per receipt written."""
+    return {"schema": CHECK_SCHEMA, "schema_version": CHECK_SCHEMA_VERSION, "runs": runs}
+
+
+def run_coverage(pred: dict, spec=None) -> dict:
+    from engine.store.coverage import coverage
+
+    return coverage(pred, spec).as_dict()
+
+
 def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None:
     """The run's table on stdout, then its failures grouped per contract on stderr (engine/cli/failure_report.py).
 
     `spec` (the loaded Spec) gives the failure blocks their spec line and formulas; `flags` are the
     --specs/--receipts options as given, so the printed repro command runs on the same files.
     """
+    from rich import box
     from rich.table import Table
 
     from engine.cli.failure_report import failure_report
     from engine.run.expect import format_headroom, is_sanity, worst_expectation
+    from engine.store.coverage import coverage
     from engine.text import term_safe_deep
 
+    cov = coverage(pred, spec)
     pred, receipt = term_safe_deep(pred), term_safe_deep(receipt)  # messages and names are data, never control codes
     con = _console()
-    t = Table(title=f"{pred['method']} on {pred['environment']['device']['name']}: {pred['status'].upper()}",
-              title_justify="left")
-    for col in ("contract", "kind", "passed", "failed", "error", "worst headroom", "mutants killing it"):
-        t.add_column(col)
+    # Below 110 columns the killing mutants are counted, not named (their ids would not fit beside the contract
+    # ids, which are never cut: they are what --only takes next), the kind (contracts show) gives way, and an
+    # error count joins the failed column.
+    narrow = con.width < 110
+    # A partial run says so beside its verdict: "PASSED (partial 1/11: --only clip_schedule)" is no full pass.
+    t = Table(title=f"{pred['method']} on {pred['environment']['device']['name']}: {pred['status'].upper()} "
+                    f"({term_safe(cov.text())})", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              show_edge=False)
+    ids = list(pred["summary"]["contracts"])
+    t.add_column("contract", min_width=max(map(len, ids), default=8), overflow="fold")
+    cols = ("passed", "failed", "worst headroom", "mutants") if narrow else \
+        ("kind", "passed", "failed", "error", "worst headroom", "mutants killing it")
+    for col in cols:
+        t.add_column(col, overflow="fold", justify="right" if col in ("passed", "failed", "error", "mutants")
+                     else "left")
     records: dict[str, list] = {}
     kinds: dict[str, str] = {}
     for r in pred["results"]:
@@ -46,20 +78,28 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
         w = worst_expectation(records.get(cid, []))
         shown = "" if w is None else ("held" if w.get("passed") else "not held") if is_sanity(w) \
             else format_headroom(w.get("headroom"))
-        t.add_row(cid, kinds.get(cid, ""), f"{s['passed']}/{s['requested']}", str(s["failed"]), str(s["error"]),
-                  shown, ", ".join(pred["contracts_proven"].get(cid, [])) or "-")
+        if not s["passed"] + s["failed"] + s["error"]:
+            shown = "not run"  # an interrupt came first: nothing measured, nothing claimed
+        killers = pred["contracts_proven"].get(cid, [])
+        if narrow:
+            failed = str(s["failed"]) + (f" +{s['error']} err" if s["error"] else "")
+            t.add_row(cid, f"{s['passed']}/{s['requested']}", failed, shown, str(len(killers)))
+        else:
+            t.add_row(cid, kinds.get(cid, ""), f"{s['passed']}/{s['requested']}", str(s["failed"]), str(s["error"]),
+                      shown, ", ".join(killers) or "-")
     con.print(t)
     for line in failure_report(pred, spec, flags):
         # pred is terminal-safe already and the spec's text fields refuse control characters; the only escape
         # codes left are the report's own colours, which _err would print as text
         typer.echo(line, err=True)
     ms = pred["summary"]["mutants"]
-    con.print(f"mutants: {ms['killed']} killed, {ms['survived']} survived")
+    typer.echo(f"mutants: {ms['killed']} killed, {ms['survived']} survived")
     for e in pred["errors"]:
         _err(f"  {e}")
     c = pred["cost"]
-    con.print(f"wall {c['wall_s']:.2f} s, {c['optimizer_updates']} optimizer updates, {c['sampled_tokens']} sampled "
-              f"tokens; receipt {receipt}")
+    # one unwrapped line: the receipt's path is copied from here
+    typer.echo(f"wall {c['wall_s']:.2f} s, {c['optimizer_updates']} optimizer updates, {c['sampled_tokens']} sampled "
+               f"tokens; receipt {receipt}")
 
 
 def print_all_summary(outcomes: list[dict], planned: int) -> None:
@@ -67,6 +107,7 @@ def print_all_summary(outcomes: list[dict], planned: int) -> None:
     from engine.cli.colour import bad, good
 
     counts = Counter(o["status"] for o in outcomes)
+    partial = sum(1 for o in outcomes if not (o.get("coverage") or {}).get("full", True))
     parts = [good(f"{counts['passed']} passed") if counts["passed"] else "0 passed",
              bad(f"{counts['failed']} failed") if counts["failed"] else "0 failed"]
     parts += [bad(f"{counts[s]} {s}") for s in ("error", "interrupted") if counts[s]]
@@ -74,7 +115,7 @@ def print_all_summary(outcomes: list[dict], planned: int) -> None:
         parts.append(f"{planned - len(outcomes)} not run")
     written = sum(1 for o in outcomes if o.get("receipt"))
     typer.echo(f"checked {planned} method{'s' if planned != 1 else ''}: {', '.join(parts)}; "
-               f"{written} receipt{'s' if written != 1 else ''} written")
+               f"{written} receipt{'s' if written != 1 else ''} written" + (f" ({partial} partial)" if partial else ""))
 
 
 def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Optional[str], receipts_dir: Path,
@@ -116,7 +157,7 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
     outcomes = [_merged_outcome(stmt, path, json_out, specs.get(stmt["predicate"]["method"]), flags)
                 for stmt, path in written]
     if json_out:
-        _print_json({"runs": outcomes})
+        _print_json(check_document(outcomes))
     elif all_summary:
         print_all_summary(outcomes, len(plans))
     statuses = {o["status"] for o in outcomes}
@@ -130,7 +171,8 @@ def _merged_outcome(stmt: dict, path: Path, json_out: bool, spec=None, flags: st
     shown = display_path(path, _paths.project_root())
     if not json_out:
         _print_summary(pred, shown, spec, flags)
-    return {"method": pred["method"], "status": pred["status"], "receipt": shown, "receipt_id": pred["receipt_id"],
+    return {"method": pred["method"], "status": pred["status"], "coverage": run_coverage(pred, spec),
+            "receipt": shown, "receipt_id": pred["receipt_id"],
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
             "execution": pred["execution"],
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperOption
 
 from engine import errors as E
 from engine import paths as _paths
@@ -16,28 +17,63 @@ from engine.paths import default_receipts_dir, default_specs_dir
 from engine.spec.loader import SpecError, display_path, spec_files
 from engine.text import json_term_safe, term_safe
 
-app = typer.Typer(
+class _HelpArgument(TyperArgument):
+    """An argument as `--help` and usage lines show it: METHOD, [METHOD], PATHS... (no `{method}`, no type)."""
+
+    def display_type_rich(self, ctx):  # noqa: ARG002
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+
+class _HelpCommand(TyperCommand):
+    """A verb whose help names values, not Python types: a flag shows no placeholder (no `<bool>`), an option its
+    metavar (DIR, N, CONTRACT) and an argument its name in capitals (METHOD, not `{method}` or `<list[Path]>`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for p in self.params:
+            if isinstance(p, TyperArgument):
+                p.__class__ = _HelpArgument
+                p.metavar = p.metavar or p.name.upper()
+            elif isinstance(p, TyperOption) and p.metavar is None:
+                p.metavar = "" if p.is_flag or p.count else p.name.upper().replace("_", "-")
+
+
+class _App(typer.Typer):
+    def command(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("cls", _HelpCommand)
+        return super().command(*args, **kwargs)
+
+
+app = _App(
     name="contracts",
     help="Check RL post-training implementations against their paper's math; gate their promotion.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help text is shown as written: Rich markup would eat "[ray]" and render spec-like text as styles.
+    rich_markup_mode=None,
 )
 
-SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", help="Folder of spec YAML files (default: specs/).")]
-ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", help="Receipt store (default: receipts/).")]
+SpecsOpt = Annotated[Optional[Path], typer.Option("--specs", metavar="DIR",
+                                                  help="Folder of spec YAML files (default: specs/).")]
+ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", metavar="DIR",
+                                                     help="Receipt store (default: receipts/).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
 NoCacheOpt = Annotated[bool, typer.Option(
     "--no-cache", help="Kept for scripts: verdicts are always decided from the files, never from "
-                       "<receipts>/.validation-cache.json.")]
+                       "the store's .validation-cache.json.")]
 TrustOpt = Annotated[Optional[Path], typer.Option(
-    "--trust", help="Trust policy YAML (default: $CONTRACTS_TRUST): count only receipts signed by a key it trusts "
+    "--trust", metavar="FILE", help="Trust policy YAML (default: $CONTRACTS_TRUST): count only receipts signed by a key it trusts "
                     "for their device kind. Keep it outside the receipt store.")]
 PolicyOpt = Annotated[Optional[str], typer.Option(
-    "--policy", help="Train the mechanism runs on this instead of the tiny policies: hf:PATH, a local Hugging Face "
+    "--policy", metavar="hf:PATH", help="Train the mechanism runs on this instead of the tiny policies: hf:PATH, a local Hugging Face "
                      "causal-LM checkpoint folder (needs the 'hf' extra; never downloads).")]
 LoraRankOpt = Annotated[Optional[int], typer.Option(
-    "--lora-rank", help="LoRA rank for --policy hf:PATH (default 8; 0 trains every weight).")]
+    "--lora-rank", metavar="N", help="LoRA rank for --policy hf:PATH (default 8; 0 trains every weight).")]
 
 
 def _err(text: str) -> None:
@@ -116,9 +152,13 @@ def _print_json(data: Any) -> None:
 def _console():
     from rich.console import Console
 
-    # Piped output is read whole (logs, CI), so do not squeeze tables into 80 columns there.
+    import os
+
+    # Piped output is read whole (logs, CI), so do not squeeze tables into 80 columns there, unless COLUMNS
+    # says how wide to be (Rich reads it when width is None).
     # markup=False: spec text such as "logp_loo[k]" must print as written, not as Rich markup.
-    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+    wide = sys.stdout.isatty() or (os.environ.get("COLUMNS") or "").isdigit()
+    return Console(highlight=False, markup=False, width=None if wide else 200)
 
 
 def _spec_cache(receipts_dir: Path, use: bool = True):
@@ -136,13 +176,21 @@ def _trust_policy(trust: Optional[Path], receipts_dir: Path):
     return policy_from_option(trust, receipts_dir)
 
 
+def shown_path(path: Path) -> str:
+    """A path as every verb prints it, in text and JSON (docs/cli.md, "Paths"): relative to the working directory
+    when under it, else to the checkout when under that, else whole."""
+    return display_path(Path(path), _paths.project_root())
+
+
+def receipt_shown(receipts_dir: Path) -> Callable[[str], str]:
+    """Receipt files are named by their paths too (`receipts/mrtpo/...json`), never by the name inside the store."""
+    base = Path(receipts_dir)
+    return lambda rel: shown_path(base / rel)
+
+
 def _store_name(receipts_dir: Path) -> str:
-    """How gate --json names the store it read: relative to the checkout when inside it, else its full path."""
-    full = Path(receipts_dir).resolve()
-    try:
-        return full.relative_to(_paths.project_root().resolve()).as_posix()
-    except ValueError:
-        return full.as_posix()
+    """How gate --json names the store it read: by its path, like every other path."""
+    return shown_path(receipts_dir)
 
 
 def _load_valid_specs(specs_dir: Path, receipts_dir: Path) -> tuple[list, list[SpecError]]:

@@ -21,6 +21,7 @@ from engine.cli.common import (
     _print_json,
     _store_name,
     _trust_policy,
+    receipt_shown,
     app,
     handles_errors,
 )
@@ -54,7 +55,7 @@ def gate(
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
-    impl: Annotated[Optional[str], typer.Option("--impl", help="Gate this implementation (path/to/file.py, "
+    impl: Annotated[Optional[str], typer.Option("--impl", metavar="TARGET", help="Gate this implementation (path/to/file.py, "
                                                                 "package.module or module:attribute) instead of the "
                                                                 "registered one: only receipts of its exact files "
                                                                 "count.")] = None,
@@ -81,9 +82,11 @@ def gate(
         unit = SUBJECT_PREFIX + identity(parse_target(impl))["digest"]
         flags += f" --impl {shlex.quote(impl)}"
     result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, flags, implementation=unit,
-                      policy=policy, store=_store_name(receipts_dir))
+                      policy=policy, store=_store_name(receipts_dir), shown=receipt_shown(receipts_dir))
     if json_out:
-        _print_json(result)
+        from engine.gate.verdict import published
+
+        _print_json(published(result))
     else:
         _print_gate(result)
     raise typer.Exit(E.EXIT_OK if result["promotable"] else E.EXIT_FAILED)

@@ -8,10 +8,10 @@ from typing import Annotated
 import typer
 
 from engine import errors as E
-from engine.cli.common import JsonOpt, _err, _print_json, app, handles_errors
+from engine.cli.common import JsonOpt, _App, _err, _print_json, app, handles_errors
 
-keys_app = typer.Typer(name="keys", help="Signing keys for receipts (ed25519, DSSE).", no_args_is_help=True,
-                       add_completion=False, pretty_exceptions_enable=False)
+keys_app = _App(name="keys", help="Signing keys for receipts (ed25519, DSSE).", no_args_is_help=True,
+               add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 app.add_typer(keys_app, name="keys")
 
 

@@ -1,4 +1,8 @@
-"""`contracts list`: every method with its latest receipt and gate verdict."""
+"""`contracts list`: every method with its latest receipt (status, coverage, freshness) and gate verdict.
+
+`--json` follows engine/schemas/list.schema.json (`contracts schema list`). A spec
+that does not validate stays in the list, as `invalid spec` with its first error.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from engine.cli.common import (
     _spec_cache,
     _trust_policy,
     app,
+    shown_path,
     handles_errors,
 )
 
@@ -55,13 +60,21 @@ def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path, unit: str = "de
                                       cache=_spec_cache(receipts_dir), policy=policy)
     dated = [a for a in assessed if a.created_at]
     last = max(dated, key=lambda a: a.created_at) if dated else (assessed[-1] if assessed else None)
+    from engine.store.coverage import coverage
+
     latest = None if last is None else {
-        "file": last.file.split("/")[-1], "state": last.state, "status": last.status, "created_at": last.created_at or "",
-        "receipt_id": last.receipt_id, "count": len(assessed), "changed": last.changed}
+        "file": shown_path(Path(receipts_dir) / last.file), "state": last.state, "status": last.status,
+        "created_at": last.created_at or "", "receipt_id": last.receipt_id, "count": len(assessed),
+        "changed": last.changed,
+        "coverage": None if last.predicate is None else coverage(last.predicate, spec).as_dict()}
     g = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, assessed=assessed, implementation=unit,
                  policy=policy)
     return {"latest_receipt": latest,
             "gate": {"promotable": g["promotable"], "unmet": [r["id"] for r in g["requirements"] if not r["met"]]}}
+
+
+LIST_SCHEMA = "paper-contracts/list/v1"
+LIST_SCHEMA_VERSION = 1
 
 
 @app.command("list")
@@ -82,25 +95,69 @@ def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOp
                 "promotion": d["promotion"]["state"], "contracts": len(d["contracts"]), "mutants": len(d["mutants"]),
                 **_receipt_and_gate(s, specs_dir, receipts_dir, unit, assessed, policy),
             })
-    for e in bad:
-        _err(e.line())
+    invalid = _invalid(bad)
     if json_out:
-        _print_json({"methods": rows, "invalid_specs": [e.as_dict() for e in bad]})
+        _print_json({"schema": LIST_SCHEMA, "schema_version": LIST_SCHEMA_VERSION, "methods": rows,
+                     "invalid_specs": [e.as_dict() for e in bad], "invalid": invalid})
     else:
-        from rich.table import Table
-
-        t = Table(title=f"{len(rows)} method(s)", title_justify="left")
-        for col in ("method", "level", "review", "promotion", "contracts", "mutants", "latest receipt", "gate"):
-            t.add_column(col)
-        from engine.text import term_safe_deep
-
-        for r in term_safe_deep(rows):  # titles, file names: data, shown escaped if they hold control characters
-            lr = r["latest_receipt"]
-            latest = "none" if lr is None else f"{lr['status']} ({lr['state']}) {lr['created_at'][:19]}Z"
-            g = r["gate"]
-            method = r["method"] if r["implementation"] == "default" else f"{r['method']} {r['implementation_label']}"
-            t.add_row(method, r["level"], r["review"], r["promotion"], str(r["contracts"]), str(r["mutants"]),
-                      latest, "open" if g["promotable"] else f"closed ({len(g['unmet'])} unmet)")
-        _console().print(t)
+        _print_table(rows, invalid)
+        for v in invalid:  # the first error of each; validate lists every one
+            more = f" (+{v['errors'] - 1} more: contracts validate {v['file']})" if v["errors"] > 1 else ""
+            _err(f"invalid spec {v['method']}: {v['first_error']}{more}")
     if bad:
         raise typer.Exit(E.EXIT_USAGE)
+
+
+def _invalid(bad: list) -> list[dict]:
+    """One entry per spec file that does not validate: its method key (the file name), file, first error, count."""
+    out: dict[str, dict] = {}
+    for e in bad:
+        v = out.setdefault(e.file, {"method": Path(e.file).stem, "file": e.file, "first_error": e.line(), "errors": 0})
+        v["errors"] += 1
+    return list(out.values())
+
+
+def _print_table(rows: list[dict], invalid: list[dict]) -> None:
+    """The table, fitted to the terminal: method keys are never cut (they are what you type next); below 110
+    columns level, review and promotion share the review column, the latest receipt takes two lines, and the
+    contract and mutant counts (`contracts show`) give way."""
+    from rich import box
+    from rich.table import Table
+
+    from engine.text import term_safe_deep
+
+    con = _console()
+    narrow = con.width < 110
+    t = Table(title=f"{len(rows)} method(s)" + (f", {len(invalid)} invalid spec(s)" if invalid else ""),
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    keys = [r["method"] for r in rows] + [v["method"] for v in invalid]
+    t.add_column("method", min_width=max(map(len, keys), default=6), overflow="fold")
+    cols = ["review"] if narrow else ["level", "review", "promotion", "contracts", "mutants"]
+    for col in cols:
+        t.add_column(col, overflow="fold", justify="right" if col in ("contracts", "mutants") else "left")
+    t.add_column("latest receipt", overflow="fold", ratio=1)
+    t.add_column("gate", overflow="fold")
+    for r in term_safe_deep(rows):  # titles, file names: data, shown escaped if they hold control characters
+        lr = r["latest_receipt"]
+        if lr is None:
+            latest = "none"
+        else:
+            cov = lr.get("coverage")
+            inside = ", ".join(x for x in ((cov or {}).get("label"), lr["state"]) if x)
+            when = lr["created_at"]
+            if narrow:  # two lines of at most 24 characters
+                label = (cov or {}).get("label")
+                latest = (f"{lr['status'] or lr['state']}" + (f" ({label})" if label else "")
+                          + f"\n{lr['state']}, {when[:10]} {when[11:16]}Z")
+            else:
+                latest = f"{lr['status'] or lr['state']} ({inside}) {when[:19]}Z"
+        g = r["gate"]
+        method = r["method"] if r["implementation"] == "default" else f"{r['method']} {r['implementation_label']}"
+        cells = {"level": r["level"], "review": f"{r['level']} {r['review']}\n{r['promotion']}" if narrow
+                 else r["review"], "promotion": r["promotion"],
+                 "contracts": str(r["contracts"]), "mutants": str(r["mutants"])}
+        t.add_row(method, *[cells[c] for c in cols], latest,
+                  "open" if g["promotable"] else f"closed ({len(g['unmet'])} unmet)")
+    for v in term_safe_deep(invalid):
+        t.add_row(v["method"], *["-" for _ in cols], "invalid spec", "-")
+    con.print(t)

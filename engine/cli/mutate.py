@@ -53,17 +53,17 @@ def _print_report(section: dict, method: str, receipt: str) -> None:
 @handles_errors
 def mutate(
     method: Annotated[str, typer.Argument(help="Method key, e.g. tapo-trajectory.")],
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Judge N mutants at once, each in its own process.")] = 1,
-    seeds: Annotated[Optional[str], typer.Option(help="Comma-separated seeds (default: the budget's first).")] = None,
-    max_mutants: Annotated[Optional[int], typer.Option("--max-mutants", help="Judge at most N mutants, spread "
+    jobs: Annotated[int, typer.Option("--jobs", "-j", metavar="N", help="Judge N mutants at once, each in its own process.")] = 1,
+    seeds: Annotated[Optional[str], typer.Option(metavar="S,S,...", help="Comma-separated seeds (default: the budget's first).")] = None,
+    max_mutants: Annotated[Optional[int], typer.Option("--max-mutants", metavar="N", help="Judge at most N mutants, spread "
                                                                              "evenly over the candidates.")] = None,
-    only_file: Annotated[Optional[list[str]], typer.Option("--only-file", help="Mutate only this file (name or "
+    only_file: Annotated[Optional[list[str]], typer.Option("--only-file", metavar="FILE", help="Mutate only this file (name or "
                                                                                "repository path; repeatable).")] = None,
-    operators: Annotated[Optional[str], typer.Option(help="Comma-separated operators (default: all): arith, compare, "
+    operators: Annotated[Optional[str], typer.Option(metavar="OP,OP,...", help="Comma-separated operators (default: all): arith, compare, "
                                                           "logic, minmax, sign, constant, dim, detach, reduce.")] = None,
-    timeout: Annotated[Optional[float], typer.Option(help="Seconds one mutant may take before it counts as "
+    timeout: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Seconds one mutant may take before it counts as "
                                                           "`timeout` (default: from the baseline's time).")] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
+    device: Annotated[str, typer.Option(metavar="DEVICE", help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,

@@ -22,6 +22,7 @@ from engine.cli.common import (
     _print_json,
     _store_name,
     _trust_policy,
+    receipt_shown,
     app,
     handles_errors,
 )
@@ -53,10 +54,12 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
     path = spec_path(specs_dir, method)
     spec = load_spec(path, _paths.project_root())  # from the file, as the gate reads it; never the cache
     result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts),
-                      policy=policy, store=_store_name(receipts_dir))
+                      policy=policy, store=_store_name(receipts_dir), shown=receipt_shown(receipts_dir))
     old_state = spec.data["promotion"]["state"]
+    from engine.gate.verdict import published
+
     out = {"method": spec.key, "action": action, "changed": False, "old_state": old_state, "new_state": new_state,
-           "ledger_entry": None, "gate": result}
+           "ledger_entry": None, "gate": published(result)}
     if action == "promote" and not result["promotable"]:
         if json_out:
             _print_json(out)
@@ -103,8 +106,8 @@ def _locked_change(method: str, new_state: str, reason: str, by: Optional[str], 
         _change_state(method, new_state, reason, by, specs, receipts, json_out, trust)
 
 
-ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")]
-ByOpt = Annotated[Optional[str], typer.Option("--by", help="Who decided (recorded in the ledger; e.g. evolve).")]
+ReasonOpt = Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded in the ledger).")]
+ByOpt = Annotated[Optional[str], typer.Option("--by", metavar="NAME", help="Who decided (recorded in the ledger; e.g. evolve).")]
 
 
 @app.command()

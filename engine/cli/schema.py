@@ -13,13 +13,14 @@ from engine.cli.common import (
     handles_errors,
 )
 
-SCHEMAS = ("receipt", "spec", "gate", "ledger")
+SCHEMAS = ("receipt", "spec", "gate", "ledger", "check", "list")
 
 
 @app.command()
 @handles_errors
 def schema(
-    name: Annotated[str, typer.Argument(help="receipt, spec, gate (the gate --json output) or ledger (one line).")],
+    name: Annotated[str, typer.Argument(help="receipt, spec, gate, check or list (the --json output of those verbs), or "
+                                              "ledger (one line).")],
     json_out: JsonOpt = False,  # noqa: ARG001 - the output is JSON either way
 ) -> None:
     """Print a published JSON Schema."""

@@ -17,6 +17,7 @@ from engine.cli.common import (
     _spec_cache,
     app,
     handles_errors,
+    shown_path,
 )
 from engine.paths import spec_path
 
@@ -45,7 +46,7 @@ def show(
     recent = []
     for f in receipt_files(receipts_dir, spec.key)[-5:]:
         rc = check_receipt(f, _paths.project_root(), specs_dir, cache=cache)
-        recent.append({"file": f.name, "state": rc.state, "status": rc.status, "created_at": rc.created_at})
+        recent.append({"file": shown_path(f), "state": rc.state, "status": rc.status, "created_at": rc.created_at})
     if json_out:
         _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "receipts": recent})
         return

@@ -28,10 +28,10 @@ def tui(
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     keys: Annotated[Optional[str], typer.Option(
-        "--keys", envvar="CONTRACTS_TUI_KEYS",
+        "--keys", metavar="ID=KEY,...", envvar="CONTRACTS_TUI_KEYS",
         help="Remap keys by binding id, e.g. 'copy=c,failures=x' (ids are listed under ? in the app).")] = None,
     poll: Annotated[float, typer.Option(
-        "--poll", min=0.0, help="Seconds between checks for new receipts and edited specs (0: only on r).")] = 3.0,
+        "--poll", min=0.0, metavar="SECONDS", help="Seconds between checks for new receipts and edited specs (0: only on r).")] = 3.0,
     json_out: JsonOpt = False,
     trust: TrustOpt = None,
 ) -> None:

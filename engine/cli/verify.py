@@ -23,6 +23,8 @@ from engine.cli.common import (
     _trust_policy,
     app,
     handles_errors,
+    receipt_shown,
+    shown_path,
 )
 from engine.spec.loader import spec_files
 
@@ -45,6 +47,7 @@ def verify(
     --strict.
     """
     from engine.spec.loader import check_key
+    from engine.store.coverage import coverage
     from engine.store.verify import assess_store
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
@@ -54,6 +57,9 @@ def verify(
             known = sorted({p.stem for p in spec_files(specs_dir)} |
                            ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
             raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
+    if not receipts_dir.is_dir():  # "0 receipts, OK" would pass a store that is not there (a typo, a lost mount)
+        raise E.UsageError(f"no receipt store at {shown_path(receipts_dir)}: not a folder (give --receipts DIR of "
+                           "an existing store; contracts check creates one)")
     del no_cache  # accepted so scripts keep working: verify never reads the cache
     policy = _trust_policy(trust, receipts_dir)
     cache = _spec_cache(receipts_dir, use=False)  # in this process only: nothing read from the store's cache
@@ -61,6 +67,10 @@ def verify(
     report = assess_store(receipts_dir, _paths.project_root(), specs_dir, method, states, cache=None, policy=policy)
     report.ledger.problems.extend(state_problems)
     counts = report.counts()
+    shown = receipt_shown(receipts_dir)
+    specs_by_key = _specs(specs_dir, {r.method for r in report.receipts if r.predicate is not None}, cache)
+    coverages = {id(r): None if r.predicate is None else coverage(r.predicate, specs_by_key.get(r.method))
+                 for r in report.receipts}
     judged = [r for r in report.receipts if r.trust is not None and r.state in ("fresh", "stale")]
     trust_counts = {w: sum(r.trust == w for r in judged) for w in ("trusted", "unsigned", "untrusted key",
                                                                     "bad signature")}
@@ -68,8 +78,11 @@ def verify(
         + ((trust_counts["unsigned"] + trust_counts["untrusted key"]) if strict else 0)
     ok = not bad and not report.ledger.problems
     if json_out:
-        _print_json({"receipts": [r.as_dict() for r in report.receipts], "counts": counts,
-                     "leftovers": report.leftovers, "ledger": report.ledger.as_dict(), "strict": strict, "ok": ok,
+        ledger = {**report.ledger.as_dict(), "file": shown(report.ledger.file)}
+        _print_json({"receipts": [{**r.as_dict(), "file": shown(r.file),
+                                   "coverage": None if coverages[id(r)] is None else coverages[id(r)].as_dict()}
+                                  for r in report.receipts], "counts": counts,
+                     "leftovers": [shown(f) for f in report.leftovers], "ledger": ledger, "strict": strict, "ok": ok,
                      "trust": None if policy is None else {**policy.as_dict(), "counts": trust_counts}})
     else:
         for r in report.receipts:
@@ -78,11 +91,13 @@ def verify(
                 tail += f"  [{r.trust_message}]"
             elif r.signed_by and r.state in ("fresh", "stale"):
                 tail += f"  [signed by {', '.join(k[:16] for k in r.signed_by)}; not checked: no --trust policy]"
-            _out(f"{r.state:<8} {r.file}  {r.status or '-'}{tail}")
+            cov = coverages[id(r)]
+            status = (r.status or "-") + ("" if cov is None else f", {cov.text()}")
+            _out(f"{r.state:<8} {shown(r.file)}  {status}{tail}")
         for f in report.leftovers:
-            _out(f"leftover {f}  temporary file of an interrupted write; never a receipt, safe to delete")
+            _out(f"leftover {shown(f)}  temporary file of an interrupted write; never a receipt, safe to delete")
         led = report.ledger
-        _out(f"ledger   {led.file}  {len(led.entries)} entr{'y' if len(led.entries) == 1 else 'ies'}, "
+        _out(f"ledger   {shown(led.file)}  {len(led.entries)} entr{'y' if len(led.entries) == 1 else 'ies'}, "
                    + ("ok" if not led.problems else f"{len(led.problems)} problem(s)"))
         for p in led.problems:
             _out(f"  {p}")
@@ -91,3 +106,21 @@ def verify(
                  f"{n} {s}" for s, n in trust_counts.items()) + ")")
              + ("; OK" if ok else "; PROBLEMS FOUND"))
     raise typer.Exit(E.EXIT_OK if ok else E.EXIT_FAILED)
+
+
+def _specs(specs_dir, keys: set, cache) -> dict:
+    """The valid spec of each method key (for coverage's totals); a key whose spec is missing or broken is left
+    out, and its receipts' coverage comes from what they recorded."""
+    from engine.spec.loader import KEY_RE
+
+    out = {}
+    for key in sorted(k for k in keys if isinstance(k, str) and KEY_RE.match(k)):
+        path = specs_dir / f"{key}.yaml"
+        if path.is_file():
+            try:
+                spec, _ = cache.validate_file(path, _paths.project_root())
+            except Exception:  # noqa: BLE001 - e.g. no methods package to check names against: no total, no harm
+                spec = None
+            if spec is not None:
+                out[key] = spec
+    return out

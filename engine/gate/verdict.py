@@ -27,20 +27,27 @@ would produce it:
                       that threshold.
 
 The output shape (GATE_SCHEMA, engine/schemas/gate.schema.json) is what evolve
-reads; keep it stable.
+reads; keep it stable. Each unmet requirement's `fix` there is `{"argv": [...]}`, a
+command a pipeline can run as it is, or null when no command can meet it (an edit,
+a review, a change to the method); `note` says what else is needed either way.
+`evaluate` gives the same verdict with `fix` as one line of text for people (and
+`argv`, `note` beside it); `published` turns it into the GATE_SCHEMA shape.
 """
 
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
+from typing import Callable, Optional
 
 from engine.store.receipts import utc_now
 from engine.spec.loader import Spec
 from engine.gate.stats import paired_t_interval
 from engine.store.verify import Assessed, assess_receipts
 
-GATE_SCHEMA = "paper-contracts/gate/v1"
+GATE_SCHEMA = "paper-contracts/gate/v2"  # v2: fix is {"argv": [...]} or null, with note
+GATE_SCHEMA_VERSION = 2
 CI_LEVEL = 0.95
 CI_METHOD = (
     "paired-t, 95%, two-sided: per budget seed s, d_s = mean(method_values) - mean(control_values) "
@@ -70,13 +77,20 @@ def _cells(cells: list[dict]) -> str:
     return _more([f"seed {c['seed']} {c['dtype']}" for c in cells], 3)
 
 
-def _literal(text: str) -> str:
-    """`text` inside a str.format template: a brace in a path must stay a brace."""
-    return text.replace("{", "{{").replace("}", "}}")
+def fix(argv: Optional[list[str]] = None, note: str = "") -> dict:
+    """What would meet a requirement: a runnable command (argv) or none, and a note; `fix` is both as one line."""
+    text = shlex.join(argv) if argv else ""
+    if note:
+        text = f"{text} ({note})" if text else note
+    return {"fix": text, "argv": list(argv) if argv else None, "note": note}
 
 
-def _req(rid: str, met: bool, detail: str, fix: str = "", required: bool = True, **extra) -> dict:
-    return {"id": rid, "required": required, "met": met, "detail": detail, "fix": "" if met else fix, **extra}
+_NONE = {"fix": "", "argv": None, "note": ""}
+
+
+def _req(rid: str, met: bool, detail: str, how: Optional[dict] = None, required: bool = True, **extra) -> dict:
+    return {"id": rid, "required": required, "met": met, "detail": detail, **(_NONE if met or how is None else how),
+            **extra}
 
 
 # --- requirements -----------------------------------------------------------
@@ -85,15 +99,16 @@ def _req(rid: str, met: bool, detail: str, fix: str = "", required: bool = True,
 def _review(spec: Spec) -> dict:
     review = spec.data["promotion"]["review"]
     return _req("review", review == "DONE", f"review is {review}" + ("" if review == "DONE" else "; the gate needs DONE"),
-                f"finish the review, then set promotion.review: DONE in {spec.display}")
+                fix(note=f"finish the review, then set promotion.review: DONE in {spec.display}"))
 
 
 def _signed(spec: Spec, policy, untrusted: list[Assessed], flags: str) -> dict:
     required = bool(spec.data["promotion"]["requires"].get("signed", False))
     if policy is None:
         return _req("signed", not required, "the spec requires signed receipts and no trust policy was given"
-                    if required else "not required by the spec", f"contracts gate {spec.key} --trust POLICY.yaml"
-                    f"{flags} (or set CONTRACTS_TRUST): the policy names the runner keys trusted per device kind",
+                    if required else "not required by the spec",
+                    fix(note=f"give a trust policy: contracts gate {spec.key} --trust POLICY.yaml{flags} (or set "
+                        "CONTRACTS_TRUST); it names the runner keys trusted per device kind"),
                     required=required)
     detail = f"only receipts signed by a key {policy.file} trusts for their device kind count"
     if untrusted:
@@ -101,7 +116,7 @@ def _signed(spec: Spec, policy, untrusted: list[Assessed], flags: str) -> dict:
     return _req("signed", True, detail, required=required)
 
 
-def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: str,
+def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: "_Command",
             untrusted: list[Assessed] = (), refused: list[tuple[Assessed, list[str]]] = ()) -> dict:
     data = spec.data
     all_seeds = data["promotion"]["requires"]["all_budget_seeds"]
@@ -169,12 +184,17 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
         if run_errors:
             parts.append("run errors in " + _more([f"{_short(e['receipt_id'])} ({e['errors'][0]})" for e in run_errors], 2))
         detail = "; ".join(parts)
-    return _req(f"device:{device}", met, detail, cmd.format(device=device),
+    if failed or run_errors:  # they stay fresh, and so keep the gate closed, until what measured changes
+        how = fix(note=f"fresh {device} receipts record failures: fix the implementation or the spec (which makes "
+                       f"those receipts stale), commit, then run {shlex.join(cmd.check(device))}")
+    else:
+        how = fix(cmd.check(device), cmd.signing(device))
+    return _req(f"device:{device}", met, detail, how,
                 device=device, receipts=sorted(used) if met else sorted({a.receipt_id for a in on_dev}),
                 missing=missing, failed=failed, run_errors=run_errors)
 
 
-def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) -> dict:
+def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command") -> dict:
     required = spec.data["promotion"]["requires"]["mutants_killed"]
     if not required:
         return _req("mutants_killed", True, "not required by the spec", required=False, receipts=[],
@@ -209,8 +229,13 @@ def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str)
             parts.append(f"contracts never shown to fail on a mutant: {_more(unproven)}")
         detail = "; ".join(parts)
     used = sorted({r for rs in killed_in.values() for r in rs} | {r for rs in proven_in.values() for r in rs})
-    return _req("mutants_killed", met, detail, cmd.format(device=devices[0]) + " (without --no-mutants)",
-                receipts=used, survived=survived, unproven=unproven)
+    if not met and not [m for m in survived if m not in seen] and relevant:
+        # every mutant ran on this code and the verdict is what it is: running it again kills nothing new
+        how = fix(note="strengthen the contracts until each mutant fails one of its killed_by contracts (and each "
+                       "contract fails on some mutant), then run " + shlex.join(cmd.check(devices[0])))
+    else:
+        how = fix(cmd.check(devices[0]), "; ".join(n for n in ("without --no-mutants", cmd.signing(devices[0])) if n))
+    return _req("mutants_killed", met, detail, how, receipts=used, survived=survived, unproven=unproven)
 
 
 def _number(v) -> float | None:
@@ -219,7 +244,7 @@ def _number(v) -> float | None:
     return float(v)
 
 
-def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) -> dict:
+def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command") -> dict:
     required = spec.data["promotion"]["requires"]["formal_comparison"]
     if not required:
         return _req("formal_comparison", True, "not required by the spec", required=False, receipts=[],
@@ -283,12 +308,21 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: str) 
         detail = ("every formal comparison shows the method ahead: " if met else
                   "a formal comparison does not show the method ahead: ") + "; ".join(
             lines if met else [ln for ln, g in zip(lines, evaluations) if not g["ahead"]])
-    fix = (cmd.format(device=devices[0]) + f" (its mechanism check must record ctx.record_comparison(..., "
-           f"formal=True) for the budget seeds {','.join(map(str, seeds))})")
+    record = (f"a mechanism check must record ctx.record_comparison(..., formal=True) for the budget seeds "
+              f"{','.join(map(str, seeds))}")
+    mechanisms_ran = any(a.predicate["mechanism"] for a in relevant)
+    if not evaluations and mechanisms_ran:  # the checks ran and record none: no run of this code adds one
+        how = fix(note=f"the fresh receipts' mechanism runs record no formal comparison: {record} (a change to "
+                       "the method's checks), then run " + shlex.join(cmd.check(devices[0])))
+    elif evaluations and all(not g["problems"] for g in evaluations):  # complete, and not ahead: rerunning the
+        how = fix(note="the method is not ahead of its control on the budget seeds, and rerunning the same code "
+                       "measures the same: improve the method, then run " + shlex.join(cmd.check(devices[0])))
+    else:  # nothing ran yet, or seeds are missing: a full run on a required device can meet it
+        how = fix(cmd.check(devices[0]), "; ".join(n for n in (record, cmd.signing(devices[0])) if n))
     comparisons = [{k: g[k] for k in ("receipt_id", "device", "contract", "dtype", "name", "metric", "method",
                                       "control", "higher_is_better", "per_seed", "ci", "ahead", "problems")}
                    for g in evaluations]
-    return _req("formal_comparison", met, detail, fix, receipts=sorted({g["receipt_id"] for g in evaluations if g["ahead"]}),
+    return _req("formal_comparison", met, detail, how, receipts=sorted({g["receipt_id"] for g in evaluations if g["ahead"]}),
                 comparisons=comparisons, diagnostic_only=diagnostic, ci_method=CI_METHOD)
 
 
@@ -324,10 +358,11 @@ def refusal(a: Assessed, impl_file: str | None) -> list[str]:
     return why
 
 
-def _mutation(spec: Spec, relevant: list[Assessed], devices: list[str], flags: str) -> dict:
+def _mutation(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command") -> dict:
     """The newest fresh, complete `contracts mutate` receipt on a required device must meet the threshold."""
     threshold = float(spec.data["promotion"]["requires"]["mutation_score"])
-    fix = f"contracts mutate {spec.key}{flags} (every mutant: no --max-mutants, --only-file or --operators)"
+    argv = cmd.mutate()
+    every = "every mutant: no --max-mutants, --only-file or --operators"
     runs = [a for a in relevant if isinstance(a.predicate.get("mutation"), dict)]
     complete = [a for a in runs if a.predicate["mutation"].get("complete") is True]
     where = "/".join(devices)
@@ -335,7 +370,7 @@ def _mutation(spec: Spec, relevant: list[Assessed], devices: list[str], flags: s
         detail = f"no fresh, complete mutation receipt on {where}"
         if runs:
             detail += f" ({len(runs)} fresh partial run(s) judged a selection of the mutants: they do not count)"
-        return _req("mutation_score", False, detail, fix, receipts=[], score=None, threshold=threshold)
+        return _req("mutation_score", False, detail, fix(argv, every), receipts=[], score=None, threshold=threshold)
     newest = max(complete, key=lambda a: (a.created_at or "", a.receipt_id or ""))
     m = newest.predicate["mutation"]
     score = _number(m.get("score"))
@@ -347,24 +382,53 @@ def _mutation(spec: Spec, relevant: list[Assessed], devices: list[str], flags: s
               f"({counts})")
     if not met and m.get("survivors"):
         detail += "; survivors: " + _more([str(x.get("id")) for x in m["survivors"]], 3)
-    return _req("mutation_score", met, detail, fix + " after strengthening the contracts, or list a judged "
-                "equivalent under equivalent_mutants with its reason", receipts=[newest.receipt_id] if met else [],
+    how = fix(note="strengthen the contracts, or list a judged equivalent under equivalent_mutants with its reason, "
+                   f"then run {shlex.join(argv)} ({every})")
+    return _req("mutation_score", met, detail, how, receipts=[newest.receipt_id] if met else [],
                 score=score, threshold=threshold)
 
 
 # --- the verdict --------------------------------------------------------------
 
 
-def _refusal_fix(why: list[str], key: str, device: str, flags: str) -> str:
-    run = f"contracts check {key} --device {device}{flags}"
+def _refusal_fix(why: list[str], cmd: "_Command", device: str) -> dict:
+    run = cmd.check(device)
     if any(w.startswith(("ran with uncommitted", "not run in a git")) for w in why):
-        return f"commit (or remove) the files named, then {run}"
-    return f"{run} (the engine's receipts bind the spec and the implementation)"
+        # running it as it is writes one more receipt of the same uncommitted code
+        return fix(note=f"commit (or remove) the files named, then {shlex.join(run)}")
+    return fix(run, "the engine's receipts bind the spec and the implementation")
+
+
+class _Command:
+    """The commands a fix suggests, as argv, with the folder (and --impl) options the gate was given."""
+
+    def __init__(self, key: str, flags: str, policy) -> None:
+        self.key, self.flags, self.policy = key, shlex.split(flags), policy
+
+    def check(self, device: str) -> list[str]:
+        return ["contracts", "check", self.key, "--device", device, *self.flags]
+
+    def mutate(self) -> list[str]:
+        """`contracts mutate` plants its edits in the registered implementation: it takes no --impl."""
+        out, rest = [], iter(self.flags)
+        for tok in rest:
+            if tok == "--impl":
+                next(rest, None)
+            elif not tok.startswith("--impl="):
+                out.append(tok)
+        return ["contracts", "mutate", self.key, *out]
+
+    def signing(self, device: str) -> str:
+        """Under a policy only a signed run counts: with what (the key itself is the pipeline's, never named here)."""
+        if self.policy is None:
+            return ""
+        return (f"sign it with a key {self.policy.file} trusts for {device}: --sign-key FILE or "
+                "$CONTRACTS_SIGNING_KEY")
 
 
 def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
              assessed: list[Assessed] | None = None, cache=None, implementation: str = "default", policy=None,
-             store: str | None = None) -> dict:
+             store: str | None = None, shown: Optional[Callable[[str], str]] = None) -> dict:
     """The gate verdict for one valid spec (see GATE_SCHEMA); never imports torch.
 
     `flags` are appended to every suggested command (e.g. ' --receipts DIR')
@@ -375,8 +439,10 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     'default' (the spec's registered implementation) or 'impl:<digest>' (an --impl
     target, engine.run.impl_loader.unit_of); only its receipts count. `policy`
     (engine.store.trust) counts only receipts signed by a key it trusts for their
-    device kind; `store` is how the receipts folder is named in the output.
+    device kind; `store` is how the receipts folder is named in the output, and `shown` how a receipt file
+    (its name inside the store, `<method>/<file>`) is: the CLI names it by its path (docs/cli.md, "Paths").
     """
+    shown = shown or (lambda rel: rel)
     key = spec.key
     promo = spec.data["promotion"]
     requires = promo["requires"]
@@ -406,9 +472,7 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     stale = [a for a in usable if a.state == "stale"]
     broken = [a for a in assessed if a.state in ("tampered", "invalid")]
     devices = list(requires["devices"])
-    cmd = f"contracts check {key} --device {{device}}{_literal(flags)}"
-    if policy is not None:  # only a signed run counts: say with what
-        cmd += f" --sign-key KEY (a key {_literal(policy.file)} trusts for {{device}})"
+    cmd = _Command(key, flags, policy)
     relevant = [a for a in fresh if a.device in devices]
 
     requirements = [_review(spec)]
@@ -417,31 +481,37 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     requirements.append(_formal(spec, relevant, devices, cmd))
     requirements.append(_signed(spec, policy, untrusted, flags))
     if requires.get("mutation_score") is not None:  # only when the spec asks: older verdicts keep their shape
-        requirements.append(_mutation(spec, relevant, devices, flags))
+        requirements.append(_mutation(spec, relevant, devices, cmd))
     promotable = all(r["met"] for r in requirements)
 
     reasons = [f"{r['id']}: {r['detail']} -> {r['fix']}" for r in requirements if not r["met"]]
     warnings = []
-    for a in sorted(stale, key=lambda a: a.created_at or "", reverse=True)[:_SHOW]:
-        warnings.append(f"stale receipt {a.file} ({a.device}, {a.created_at}) does not count; changed: "
+    newest_first = sorted(stale, key=lambda a: a.created_at or "", reverse=True)
+    if len(stale) == 1:
+        a = stale[0]
+        warnings.append(f"stale receipt {shown(a.file)} ({a.device}, {a.created_at}) does not count; changed: "
                         f"{_more(a.changed, 4)}")
-    if len(stale) > _SHOW:
-        warnings.append(f"+{len(stale) - _SHOW} more stale receipt(s)")
+    elif stale:  # one line however many: the store only grows, the verdict must not
+        a = newest_first[0]
+        warnings.append(f"{len(stale)} stale receipts do not count (the newest, {shown(a.file)} ({a.device}, "
+                        f"{a.created_at}), changed: {_more(a.changed, 4)}); contracts verify {key}{flags} names "
+                        "each")
     for a, why in refused:
-        warnings.append(f"refused receipt {a.file} ({a.device}) does not count: {'; '.join(why)} -> "
-                        f"{_refusal_fix(why, key, a.device or devices[0], flags)}")
+        warnings.append(f"refused receipt {shown(a.file)} ({a.device}) does not count: {'; '.join(why)} -> "
+                        f"{_refusal_fix(why, cmd, a.device or devices[0])['fix']}")
     for a in untrusted[:_SHOW]:
-        warnings.append(f"receipt {a.file} ({a.device}, {a.state}) is not counted: {a.trust_message}")
+        warnings.append(f"receipt {shown(a.file)} ({a.device}, {a.state}) is not counted: {a.trust_message}")
     if len(untrusted) > _SHOW:
         warnings.append(f"+{len(untrusted) - _SHOW} more receipt(s) not counted under {policy.file}")
     for a in broken:
-        warnings.append(f"{a.state} receipt {a.file} is ignored: {a.message} (see contracts verify {key}{flags})")
+        warnings.append(f"{a.state} receipt {shown(a.file)} is ignored: {a.message} (see contracts verify {key}{flags})")
     if promo["state"] == "promoted" and not promotable:
         warnings.append(f"{spec.display} says promoted but the gate is closed: "
                         f"contracts demote {key} --reason TEXT{flags}")
     justified = sorted({rid for r in requirements if r["met"] and r["required"] for rid in r.get("receipts", [])})
     return {
         "schema": GATE_SCHEMA,
+        "schema_version": GATE_SCHEMA_VERSION,
         "method": key,
         "implementation": implementation,
         "spec": {"file": spec.display, "sha256": spec.sha256},
@@ -458,16 +528,32 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
         "warnings_total": len(warnings),
         "receipts": {
             "fresh": [a.receipt_id for a in fresh],
-            "stale": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "changed": a.changed}
+            "stale": [{"file": shown(a.file), "receipt_id": a.receipt_id, "device": a.device, "changed": a.changed}
                       for a in stale],
-            "refused": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "reasons": why,
-                         "fix": _refusal_fix(why, key, a.device or devices[0], flags)} for a, why in refused],
-            "tampered": [{"file": a.file, "message": a.message} for a in broken if a.state == "tampered"],
-            "invalid": [{"file": a.file, "message": a.message} for a in broken if a.state == "invalid"],
-            "untrusted": [{"file": a.file, "receipt_id": a.receipt_id, "device": a.device, "state": a.state,
+            "refused": [{"file": shown(a.file), "receipt_id": a.receipt_id, "device": a.device, "reasons": why,
+                         **_refusal_fix(why, cmd, a.device or devices[0])} for a, why in refused],
+            "tampered": [{"file": shown(a.file), "message": a.message} for a in broken if a.state == "tampered"],
+            "invalid": [{"file": shown(a.file), "message": a.message} for a in broken if a.state == "invalid"],
+            "untrusted": [{"file": shown(a.file), "receipt_id": a.receipt_id, "device": a.device, "state": a.state,
                            "why": a.trust, "message": a.trust_message} for a in untrusted],
         },
         "justified_by": justified if promotable else [],
         "ci_method": CI_METHOD,
         "evaluated_at": utc_now(),
     }
+
+
+def published(result: dict) -> dict:
+    """The verdict as GATE_SCHEMA publishes it (`gate --json`): every `fix` is {"argv": [...]} or null, `note` beside
+    it; the one-line text stays in `reasons` and the warnings."""
+
+    def one(item: dict) -> dict:
+        out = {k: v for k, v in item.items() if k not in ("fix", "argv", "note")}
+        out["fix"] = {"argv": list(item["argv"])} if item.get("argv") else None
+        out["note"] = item.get("note") or ""
+        return out
+
+    doc = dict(result)
+    doc["requirements"] = [one(r) for r in result["requirements"]]
+    doc["receipts"] = {**result["receipts"], "refused": [one(r) for r in result["receipts"].get("refused", [])]}
+    return doc

@@ -98,8 +98,13 @@ def headroom(op: Any, value: Any, threshold: Any) -> float | None:
 
 
 def is_sanity(e: dict) -> bool:
-    """An expectation with no scale (equality, or a limit of 0): held or not held, never a "worst" headroom."""
-    return e.get("op") == "eq" or headroom(e.get("op"), 1.0, e.get("threshold")) is None
+    """An expectation with no scale: held or not held, never a "worst" headroom. That is equality, a limit of 0,
+    and an integer limit, which bounds a count or a range (`ge: 1` case, `le: 3` picks, `le: 1` for a
+    probability): a count at its bound is exactly right, where a "1x" would read as about to fail."""
+    t = e.get("threshold")
+    if isinstance(t, int) and not isinstance(t, bool):
+        return True
+    return e.get("op") == "eq" or headroom(e.get("op"), 1.0, t) is None
 
 
 def format_headroom(h: Any) -> str:

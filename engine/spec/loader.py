@@ -13,6 +13,7 @@ import hashlib
 import difflib
 import io
 import json
+import os
 import math
 import re
 from dataclasses import dataclass, field
@@ -79,7 +80,9 @@ class Spec:
 
 
 def display_path(path: Path, root: Path | None = None) -> str:
-    """A path as the user should read it: relative to the cwd or root, never absolute if avoidable."""
+    """A path as the user should read it (docs/cli.md, "Paths"): relative to the working directory when under it,
+    else to `root` (the checkout) when under that, else the absolute path, whole: never cut to its base name,
+    which another folder may hold too."""
     path = Path(path)
     for base in (Path.cwd(), root):
         if base is None:
@@ -88,7 +91,7 @@ def display_path(path: Path, root: Path | None = None) -> str:
             return path.resolve().relative_to(base.resolve()).as_posix()
         except ValueError:
             continue
-    return path.name if path.is_absolute() else path.as_posix()
+    return Path(os.path.abspath(path)).as_posix()
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
