@@ -41,12 +41,18 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
     kinds: dict[str, str] = {}
     for r in pred["results"]:
         kinds[r["contract"]] = r["kind"]
-        records.setdefault(r["contract"], []).extend(r["expectations"])
+        # an expectation not measurable on this implementation is neither held nor broken: not a "worst" one
+        records.setdefault(r["contract"], []).extend(e for e in r["expectations"] if "not_applicable" not in e)
     for cid, s in pred["summary"]["contracts"].items():
         w = worst_expectation(records.get(cid, []))
         shown = "" if w is None else ("held" if w.get("passed") else "not held") if is_sanity(w) \
             else format_headroom(w.get("headroom"))
-        t.add_row(cid, kinds.get(cid, ""), f"{s['passed']}/{s['requested']}", str(s["failed"]), str(s["error"]),
+        passed = f"{s['passed']}/{s['requested']}"
+        if s.get("not_applicable") == s["requested"]:
+            passed = "n/a"
+        elif s.get("partial") or s.get("not_applicable"):
+            passed += f" (+{s.get('partial', 0)} partial)" if s.get("partial") else f" ({s['not_applicable']} n/a)"
+        t.add_row(cid, kinds.get(cid, ""), passed, str(s["failed"]), str(s["error"]),
                   shown, ", ".join(pred["contracts_proven"].get(cid, [])) or "-")
     con.print(t)
     for line in failure_report(pred, spec, flags):
