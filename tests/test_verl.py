@@ -241,3 +241,15 @@ def test_bad_verl_targets_are_one_usage_line(tmp_path):
         assert r.exit_code == 2 and len(lines) == 1 and says in lines[0], (target, r.output)
         assert "Traceback" not in r.output and str(tmp_path) not in r.stderr
     assert not (store / METHOD).exists() or not list((store / METHOD).glob("*.json"))
+
+
+def test_gate_on_a_verl_target_imports_neither_torch_nor_verl(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from engine.cli import app; "
+            f"r = CliRunner().invoke(app, ['gate', '{METHOD}', '--impl', 'verl:geo_mean', '--receipts', sys.argv[1]]); "
+            "print(r.exit_code, 'torch' in sys.modules, 'verl' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.stdout.split() == ["1", "False", "False"], out.stdout + out.stderr
