@@ -40,9 +40,13 @@ def _verl_or_skip():
         pytest.skip(f"verl is not importable ({type(exc).__name__}); install it with pip install -e '.[verl]'")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _needs_verl():
-    _verl_or_skip()
+WITHOUT_VERL = {"test_without_verl_a_verl_target_is_exit_4"}  # these need no verl installed
+
+
+@pytest.fixture(autouse=True)
+def _needs_verl(request):
+    if request.function.__name__ not in WITHOUT_VERL:
+        _verl_or_skip()
 
 
 runner = CliRunner()
@@ -253,3 +257,17 @@ def test_gate_on_a_verl_target_imports_neither_torch_nor_verl(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert out.stdout.split() == ["1", "False", "False"], out.stdout + out.stderr
+
+
+def test_without_verl_a_verl_target_is_exit_4(tmp_path, monkeypatch):
+    import importlib.machinery
+
+    real = importlib.machinery.PathFinder.find_spec
+
+    def no_verl(name, path=None, target=None):
+        return None if name == "verl" else real(name, path, target)
+
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", no_verl)
+    r = check("verl:geo_mean", tmp_path / "r", "--only", "loss_forward")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 4 and len(lines) == 1 and "pip install -e '.[verl]'" in lines[0], r.output
