@@ -9,6 +9,19 @@ the hypothesis plugin reads `--hypothesis-profile`, so that
 `pytest tests/test_fuzz_specs.py --hypothesis-profile=long` works.
 """
 
+import sys
+import types
+from pathlib import Path
+
+# `tests.x` is this folder, whatever is installed: verl (the [verl] extra) ships a top-level `tests` package of its
+# own, and a regular package anywhere on sys.path wins over this folder, a namespace package. Bound here, before
+# any test module imports `tests.fuzz_support` and the like.
+_HERE = str(Path(__file__).resolve().parent)
+if list(getattr(sys.modules.get("tests"), "__path__", None) or []) != [_HERE]:
+    _pkg = types.ModuleType("tests", "The project's tests (bound to this folder by tests/conftest.py).")
+    _pkg.__path__ = [_HERE]
+    sys.modules["tests"] = _pkg
+
 try:
     from hypothesis import HealthCheck, Phase, settings
 except ImportError:  # hypothesis is a dev extra; without it the fuzz tests are not collected either

@@ -114,7 +114,7 @@ class ContractRow:
     def overall(self) -> str | None:
         """The worst status over each device's latest run (None: never run)."""
         seen = {s for s, _ in self.cells.values() if s is not None}
-        for s in ("error", "failed", "interrupted", "passed"):
+        for s in ("error", "failed", "interrupted", "partial", "not_applicable", "passed"):
             if s in seen:
                 return s
         return self.newest_status

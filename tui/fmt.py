@@ -10,9 +10,11 @@ from rich.text import Text
 
 from engine.text import term_safe
 
-STATUS_MARK = {"passed": "✓", "failed": "✗", "error": "!", "interrupted": "◌", None: "·"}
+# partial / not_applicable: an implementation that cannot be held to every contract (an adapted verl loss)
+STATUS_MARK = {"passed": "✓", "failed": "✗", "error": "!", "interrupted": "◌", "partial": "◐",
+               "not_applicable": "–", None: "·"}
 STATUS_STYLE = {"passed": "green", "failed": "bold red", "error": "bold magenta", "interrupted": "yellow",
-                None: "dim"}
+                "partial": "yellow", "not_applicable": "dim", None: "dim"}
 STATE_STYLE = {"fresh": "green", "stale": "yellow", "tampered": "bold red reverse", "invalid": "bold red reverse"}
 STATE_WORD = {"fresh": "fresh", "stale": "stale", "tampered": "TAMPERED", "invalid": "CORRUPT"}
 GATE_MARK = {"open": "✓", "closed": "✗", "unknown": "…"}

@@ -127,8 +127,9 @@ def check(
                                                                       "most cores / N).")] = None,
     # [impl] options: check a candidate implementation in isolated workers (engine/cli/check_impl.py)
     impl: Annotated[Optional[str], typer.Option("--impl", metavar="TARGET", help="Check this implementation instead of the registered "
-                                                                "one: path/to/file.py, package.module or "
-                                                                "module:attribute (see contracts interface METHOD).")]
+                                                                "one: path/to/file.py, package.module, "
+                                                                "module:attribute (see contracts interface METHOD), "
+                                                                "or verl:NAME for a verl policy loss.")]
     = None,
     impl_timeout: Annotated[Optional[float], typer.Option("--impl-timeout", metavar="SECONDS", help="Seconds one check call of an --impl "
                                                                                  "candidate may take before its worker "

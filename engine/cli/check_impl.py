@@ -78,7 +78,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             "method": pred["method"], "implementation": pred["implementation"], "status": pred["status"],
             "coverage": run_coverage(pred, spec),
             "receipt": shown, "receipt_id": pred["receipt_id"], "summary": pred["summary"],
-            "unproven_contracts": pred["unproven_contracts"],
+            "unproven_contracts": pred["unproven_contracts"], "coverage": pred.get("coverage"),
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
                         for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]],
@@ -93,15 +93,49 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
         more = f", +{len(ident['subjects']) - 4} more files" if len(ident["subjects"]) > 4 else ""
         _out(f"implementation {ident['target']} (id {ident['digest'][:12]}: {files}{more}); "
                    f"single-function mutants in it: {cm['killed']} killed, {cm['survived']} survived")
+        for line in coverage_lines(pred):
+            _out(line)
     for m in pred["candidate_mutants"]:
         if not m["killed"]:
             _err(f"  survived in the candidate: mutant {m['id']} (its {m['replaced']} swapped in); expected killers: "
                  f"{', '.join(m['expected_killers'])}")
-    if any(r["status"] != "passed" for r in pred["results"]) and (
+    if any(r["status"] not in ("passed", "partial", "not_applicable") for r in pred["results"]) and (
             pred["unproven_contracts"] or any(not m["killed"] for m in pred["mutants"] + pred["candidate_mutants"])):
         _err("  note: a mutant kill counts only where this implementation passed the contract, so the survivors "
              "and unproven contracts above follow from its failures: fix those first")
     status = pred["status"]
     code = (E.EXIT_INTERRUPTED if status == "interrupted" or stop.stopped else E.EXIT_INTERNAL if status == "error"
-            else E.EXIT_FAILED if status == "failed" else E.EXIT_OK)
+            else E.EXIT_FAILED if status == "failed" else E.EXIT_OK)  # partial: 0, and the coverage lines say so
     raise typer.Exit(code)
+
+
+def coverage_lines(pred: dict) -> list[str]:
+    """What an adapted implementation is (the framework object, its file and version) and which contracts it could
+    not be held to: not applicable, or measured in part. Empty for an implementation with the whole interface."""
+    impl = pred.get("implementation") or {}
+    lines = []
+    fn, fw, adapter = impl.get("function"), impl.get("framework"), impl.get("adapter") or {}
+    if fn and fw:
+        lines.append(f"{fw['name']} {fw.get('version') or '?'} object {fn['name']!r}: {fn['qualname']} in "
+                     f"{fn['file']} (sha256 {fn['sha256'][:12]})")
+        for name, why in adapter.get("supplied", {}).items():
+            lines.append(f"  {name}: supplied by the adapter, not {fw['name']}'s ({why})")
+        by_why: dict[str, list[str]] = {}
+        for m in adapter.get("mutants_not_run", []):
+            by_why.setdefault(m["why"], []).append(m["id"])
+        for why, ids in by_why.items():
+            lines.append(f"  single-function mutants not run in it ({why}): {', '.join(ids)}")
+    cov = pred.get("coverage")
+    if not cov:
+        return lines
+    total = len(pred["summary"]["contracts"])
+    na, part = cov.get("not_applicable") or {}, cov.get("partial") or {}
+    lines.append(f"coverage PARTIAL: {total - len(na)} of {total} contracts measured, {len(part)} of them in part; "
+                 "the gate never counts a partial or not-applicable result as passed")
+    if na:
+        reasons = sorted({str(v).removeprefix("not applicable: ") for v in na.values()})
+        lines.append(f"  not applicable: {', '.join(na)} ({'; '.join(reasons)})")
+    for cid, entry in part.items():
+        lines.append(f"  partial: {cid}: {', '.join(entry['not_measured'])} not measured "
+                     f"({'; '.join(entry['reasons'])})")
+    return lines

@@ -73,19 +73,25 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
     kinds: dict[str, str] = {}
     for r in pred["results"]:
         kinds[r["contract"]] = r["kind"]
-        records.setdefault(r["contract"], []).extend(r["expectations"])
+        # an expectation not measurable on this implementation is neither held nor broken: not a "worst" one
+        records.setdefault(r["contract"], []).extend(e for e in r["expectations"] if "not_applicable" not in e)
     for cid, s in pred["summary"]["contracts"].items():
         w = worst_expectation(records.get(cid, []))
         shown = "" if w is None else ("held" if w.get("passed") else "not held") if is_sanity(w) \
             else format_headroom(w.get("headroom"))
-        if not s["passed"] + s["failed"] + s["error"]:
+        if not s["passed"] + s["failed"] + s["error"] + s.get("partial", 0) + s.get("not_applicable", 0):
             shown = "not run"  # an interrupt came first: nothing measured, nothing claimed
         killers = pred["contracts_proven"].get(cid, [])
+        passed = f"{s['passed']}/{s['requested']}"
+        if s.get("not_applicable") == s["requested"]:
+            passed = "n/a"
+        elif s.get("partial") or s.get("not_applicable"):
+            passed += f" (+{s.get('partial', 0)} partial)" if s.get("partial") else f" ({s['not_applicable']} n/a)"
         if narrow:
             failed = str(s["failed"]) + (f" +{s['error']} err" if s["error"] else "")
-            t.add_row(cid, f"{s['passed']}/{s['requested']}", failed, shown, str(len(killers)))
+            t.add_row(cid, passed, failed, shown, str(len(killers)))
         else:
-            t.add_row(cid, kinds.get(cid, ""), f"{s['passed']}/{s['requested']}", str(s["failed"]), str(s["error"]),
+            t.add_row(cid, kinds.get(cid, ""), passed, str(s["failed"]), str(s["error"]),
                       shown, ", ".join(killers) or "-")
     con.print(t)
     for line in failure_report(pred, spec, flags):

@@ -25,7 +25,7 @@ def failure_report(pred: dict, spec: Any = None, flags: str = "") -> list[str]:
     lines: list[str] = []
     failing: dict[str, list[dict]] = {}
     for r in pred["results"]:
-        if r["status"] != "passed":
+        if r["status"] not in ("passed", "partial", "not_applicable"):  # the coverage lines say what was not measured
             failing.setdefault(r["contract"], []).append(r)
     for cid, bad_cells in failing.items():
         lines += _contract_block(pred, cid, bad_cells, spec, flags)
@@ -69,7 +69,7 @@ def _measured(cells: list[dict]) -> list[str]:
     groups: dict[tuple, list] = {}
     messages: Counter = Counter()
     for r in cells:
-        failed = [e for e in r.get("expectations") or [] if not e.get("passed")]
+        failed = [e for e in r.get("expectations") or [] if not e.get("passed") and "not_applicable" not in e]
         scaled = [e for e in failed if e.get("op") in _BROKEN and e.get("value") is not None]
         for e in scaled:
             groups.setdefault((e["metric"], e["op"], _key(e["threshold"])), []).append((e["value"], r["dtype"]))

@@ -178,7 +178,9 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
             parts.append(f"{len(missing)}/{total} contract results never passed in a fresh {device} receipt: "
                          + _more([f"{cid} ({_cells(v)})" for cid, v in by_contract.items()], 4))
         if failed:
-            parts.append(f"{len(failed)} failed or errored in fresh {device} receipts: " + _more(
+            # partial / not_applicable: an implementation held to only some of a contract (or none of it)
+            kinds = "failed or errored" if {f["status"] for f in failed} <= {"failed", "error"} else "did not pass"
+            parts.append(f"{len(failed)} {kinds} in fresh {device} receipts: " + _more(
                 [f"{f['contract']} seed {f['seed']} {f['dtype']} {f['status']} in {_short(f['receipt_id'])}"
                  for f in failed], 3))
         if run_errors:

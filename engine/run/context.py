@@ -66,6 +66,14 @@ class CheckContext:
     # methods.common.policy.make_policy, which calls this instead of the tiny GRU.
     # Signature: policy_factory(seed=, device=, vocab_size=, hidden_size=) -> nn.Module.
     policy_factory: Callable[..., Any] | None = None
+    # metric -> reason, for measurements this implementation cannot be held to (a function it lacks): their
+    # expectations are recorded as not applicable and the contract's result as partial, never as passed.
+    not_measured: dict[str, str] = field(default_factory=dict)
+
+    def not_applicable(self, reason: str, *metrics: str) -> None:
+        """Declare `metrics` not measurable on this implementation, and why (e.g. it has no trajectory_ratio)."""
+        for m in metrics:
+            self.not_measured[m] = reason
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A CPU generator seeded from the run seed: the same inputs on every device."""

@@ -5,6 +5,8 @@ TARGET is one of
     path/to/file.py       a Python file, loaded as a module of its own
     package.module        a module found on the Python path (the current folder first)
     module:attribute      an object or mapping in a module exposing the interface's functions
+    FRAMEWORK:...         an object of a framework the project has an adapter for (engine/run/adapters), e.g.
+                          verl:NAME, a policy loss registered with verl's @register_policy_loss(NAME)
 
 Two halves, on purpose apart:
 
@@ -18,7 +20,8 @@ Two halves, on purpose apart:
 The identity binds the target's files as in-toto subjects named `impl:<name>`
 (`impl:my_tapo.py` for a file; `impl:<package path>/<file>` for a module, e.g.
 `impl:mypkg/tapo.py`), never an absolute path; `digest` over those subjects is
-the implementation's key in `list` and `gate`.
+the implementation's key in `list` and `gate`. A framework target binds the
+framework file that defines the object too (`impl:verl/trainer/ppo/core_algos.py`).
 """
 
 from __future__ import annotations
@@ -45,21 +48,37 @@ class Target:
     """A parsed --impl TARGET: `form` is file, module or attribute."""
 
     text: str  # as the user gave it
-    form: str
-    path: Path | None = None  # file form: the resolved file
-    module: str | None = None  # module and attribute forms
+    form: str  # file, module, attribute or framework
+    path: Path | None = None  # file form (and a framework target's own file): the resolved file
+    module: str | None = None  # module and attribute forms (and a framework target's own module)
     attribute: str | None = None
+    framework: str | None = None  # framework form: e.g. verl
+    name: str | None = None  # framework form: the object's name there (a registered policy loss)
 
     @property
     def shown(self) -> str:
         """The target as recorded: as given, but a file outside the current folder by its name only."""
+        if self.form == "framework":
+            where = _shown_path(self.path) if self.path else self.module
+            return f"{self.framework}:{where + ':' if where else ''}{self.name}"
         if self.form != "file":
             return self.text
-        try:
-            rel = self.path.relative_to(Path.cwd().resolve())
-            return rel.as_posix()
-        except ValueError:
-            return self.path.name
+        return _shown_path(self.path)
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.name
+
+
+def _framework(name: str):
+    import importlib
+
+    from engine.run.adapters import FRAMEWORKS
+
+    return importlib.import_module(FRAMEWORKS[name])
 
 
 def parse_target(text: str) -> Target:
@@ -67,6 +86,13 @@ def parse_target(text: str) -> Target:
     raw = (text or "").strip()
     if not raw:
         raise UsageError("--impl needs a target: path/to/file.py, package.module or module:attribute")
+    from engine.run.adapters import FRAMEWORKS
+
+    head, sep, rest = raw.partition(":")
+    if sep and head in FRAMEWORKS:  # verl:NAME, not the module `verl` with an attribute NAME
+        got = _framework(head).parse(raw, rest)
+        return Target(text=raw, form="framework", path=got["path"], module=got["module"], framework=head,
+                      name=got["name"])
     if raw.endswith(".py") or "/" in raw or os.sep in raw:
         path = Path(raw).expanduser()
         if not path.is_file():
@@ -130,14 +156,26 @@ def identity(target: Target) -> dict:
     package versions, and the git revision of the repository holding it, if any."""
     from engine.store.receipts import git_revision
 
-    if target.form == "file":
-        root, files = target.path.parent, [target.path]
-    else:
-        root, files = _find(target.module)
+    rooted: list[tuple[Path, Path]] = []  # (import root, file)
+    if target.path is not None:
+        rooted += [(target.path.parent, target.path)]
+    elif target.module is not None:
+        root, found = _find(target.module)
+        rooted += [(root, f) for f in found]
+    own = [f for _, f in rooted]
+    extra: dict = {}
+    if target.form == "framework":
+        fw = _framework(target.framework)
+        core_root, core = fw.core_file()
+        if core not in own:
+            rooted.append((core_root, core))
+        extra = {"framework": {"name": target.framework, "version": fw.version(), "object": target.name}}
     subjects = sorted(({"name": SUBJECT_PREFIX + f.relative_to(root).as_posix(), "digest": {"sha256": _sha256(f)}}
-                       for f in files), key=lambda s: s["name"])
+                       for root, f in rooted), key=lambda s: s["name"])
     canonical = json.dumps(subjects, sort_keys=True, separators=(",", ":")).encode()
-    packages = _versions(None if target.form == "file" else target.module.split(".")[0])
+    packages = _versions(target.module.split(".")[0] if target.module else None)
+    if target.form == "framework":
+        packages.update({k: v for k, v in _versions(_framework(target.framework).DISTRIBUTION).items()})
     return {
         "kind": "external",
         "target": target.shown,
@@ -147,8 +185,22 @@ def identity(target: Target) -> dict:
         "subjects": subjects,
         "digest": hashlib.sha256(canonical).hexdigest(),
         "packages": packages,
-        "git": git_revision(files[0].parent),
+        "git": git_revision(own[0].parent) if own else None,
+        **extra,
     }
+
+
+def subject_of(ident: dict, source: str) -> dict | None:
+    """The identity's subject for the file at `source` (a path the worker reported), if that file is bound."""
+    try:
+        path = Path(source).resolve()
+        digest = _sha256(path)
+    except OSError:
+        return None
+    for s in ident["subjects"]:
+        if s["digest"]["sha256"] == digest and path.as_posix().endswith("/" + s["name"][len(SUBJECT_PREFIX):]):
+            return s
+    return None
 
 
 def _versions(top: str | None) -> dict:
@@ -188,12 +240,35 @@ def load(target: dict, names: list[str]) -> tuple[Any, list[str], list[str]]:
     `target` is `Target` as a dict (it crossed a process boundary). Runs the
     candidate's module code: call this in an isolated worker only.
     """
-    import importlib
-    import importlib.util
     from collections.abc import Mapping
 
-    form = target["form"]
-    if form == "file":
+    obj = _load_object(target)
+    found, missing, not_callable = {}, [], []
+    for n in names:
+        fn = obj.get(n) if isinstance(obj, Mapping) else getattr(obj, n, None)
+        if fn is None:
+            missing.append(n)
+        elif not callable(fn):
+            not_callable.append(n)
+        else:
+            found[n] = fn
+    return found, missing, not_callable
+
+
+def load_framework_object(target: dict) -> tuple[Any, dict]:
+    """A framework target's object and what identifies it (its source file, the framework's version): the
+    target's own file or module runs first (its decorators register the object). Worker only."""
+    if target.get("path") or target.get("module"):
+        _load_object(target)
+    return _framework(target["framework"]).resolve(target["name"])
+
+
+def _load_object(target: dict) -> Any:
+    """Execute a file or module target and return the module, or its attribute. Worker only."""
+    import importlib
+    import importlib.util
+
+    if target.get("path"):
         path = Path(target["path"])
         name = "contracts_candidate_" + re.sub(r"\W", "_", path.stem)
         spec = importlib.util.spec_from_file_location(name, path)
@@ -212,13 +287,4 @@ def load(target: dict, names: list[str]) -> tuple[Any, list[str], list[str]]:
                 if not hasattr(obj, part):
                     raise AttributeError(f"module {target['module']!r} has no attribute {target['attribute']!r}")
                 obj = getattr(obj, part)
-    found, missing, not_callable = {}, [], []
-    for n in names:
-        fn = obj.get(n) if isinstance(obj, Mapping) else getattr(obj, n, None)
-        if fn is None:
-            missing.append(n)
-        elif not callable(fn):
-            not_callable.append(n)
-        else:
-            found[n] = fn
-    return found, missing, not_callable
+    return obj

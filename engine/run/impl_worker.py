@@ -88,9 +88,29 @@ def main(argv: list[str]) -> int:
         registry.load()
     if init.get("threads"):
         torch.set_num_threads(int(init["threads"]))
+    framework = init["target"].get("framework")
+    if framework:  # the framework itself (verl and what it imports) is mapped before the cap; the candidate after
+        try:
+            from engine.run.impl_loader import _framework
+
+            _framework(framework).preload()
+        except Exception as exc:  # noqa: BLE001 - a broken framework install is the environment's, said in one line
+            chan.send({"type": "load_error", "fatal": False,
+                       "message": f"cannot import {framework}: {type(exc).__name__}: {exc}{_where(exc)}"})
+            return 0
     note = _limit_memory(init.get("memory_mb")) if init["device"].startswith("cpu") else None
+    adapted = function = None
     try:
-        found, missing, not_callable = load(init["target"], init["names"])
+        if framework:
+            from engine.run.impl_loader import load_framework_object
+
+            obj, function = load_framework_object(init["target"])
+            adapted = registry.load().get_adapter(framework, init["implementation"])(obj)
+            found = dict(adapted.functions)
+            missing = [n for n in init["names"] if n not in found and n not in adapted.absent]
+            not_callable = [n for n in found if not callable(found[n])]
+        else:
+            found, missing, not_callable = load(init["target"], init["names"])
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt in module code too
         # An Exception (SyntaxError, ImportError, ...) is a problem with the target; anything else (sys.exit)
         # is the candidate's behaviour, which the parent records as errors like a crash.
@@ -101,10 +121,15 @@ def main(argv: list[str]) -> int:
         chan.send({"type": "load_error", "fatal": not isinstance(exc, Exception),
                    "message": f"{type(exc).__name__}: {text}"})
         return 0
-    chan.send({"type": "loaded", "missing": missing, "not_callable": not_callable, "note": note})
+    loaded = {"type": "loaded", "missing": missing, "not_callable": not_callable, "note": note}
+    if adapted is not None:
+        loaded["function"] = function
+        loaded["adapter"] = {"own": list(adapted.own), "supplied": dict(adapted.supplied),
+                             "absent": dict(adapted.absent), "notes": list(adapted.notes)}
+    chan.send(loaded)
     if missing or not_callable:
         return 0
-    candidate = Implementation(init["name"], **found)
+    candidate = adapted.implementation(init["name"]) if adapted is not None else Implementation(init["name"], **found)
 
     from types import SimpleNamespace
 

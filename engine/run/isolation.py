@@ -51,6 +51,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import UsageError
@@ -190,11 +191,12 @@ def _lost(call: dict, reason: str) -> dict:
 
 
 _RESULT_KEYS = {"contract", "seed", "dtype", "status", "measurements", "expectations"}
+_STATUSES = ("passed", "failed", "error", "partial", "not_applicable")  # engine.run.runner.RESULT_STATUSES
 
 
 def _accept(call: dict, r: Any) -> dict:
     """The worker's answer for `call`, if it is one; otherwise an error result saying what came back."""
-    if not isinstance(r, dict) or not _RESULT_KEYS <= set(r) or r.get("status") not in ("passed", "failed", "error") \
+    if not isinstance(r, dict) or not _RESULT_KEYS <= set(r) or r.get("status") not in _STATUSES \
             or (r["contract"], r["seed"], r["dtype"]) != (call["contract"]["id"], call["seed"], call["dtype"]) \
             or not isinstance(r.get("measurements"), dict) or not isinstance(r.get("expectations"), list):
         return _lost(call, "the worker's answer does not match the call it was asked to run")
@@ -219,6 +221,7 @@ class CandidateRun:
         self.notes: list[str] = []
         self.checked_interface = False
         self.load_failure: str | None = None  # the candidate cannot run at all (it exits or dies on import)
+        self.loaded: dict = {}  # the first worker's "loaded" message: for a framework target, what it adapted
 
     # -- worker life -------------------------------------------------------------
 
@@ -248,6 +251,8 @@ class CandidateRun:
                              f"needs {', '.join(self.init['names'])} (see contracts interface {self.init['method']})")
         if msg.get("note") and msg["note"] not in self.notes:
             self.notes.append(str(msg["note"]))
+        if not self.checked_interface:
+            self.loaded = msg
         self.checked_interface = True
         return w
 
@@ -341,14 +346,16 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
                   timeout_s: float, memory_mb: int | None) -> None:
     """Fill `runner` (an engine.run.runner.Runner) with the candidate's results, its replaced-function mutants
     and the spec's mutants on the registered implementation; the caller builds and writes the receipt."""
-    from engine.run.runner import ERROR, FAILED, INTERRUPTED, PASSED, Interrupted
+    from engine.run.runner import ERROR, FAILED, INTERRUPTED, PARTIAL, PASSED, Interrupted
 
     plan = runner.plan
     init = {"type": "init", "method": plan.spec.key, "shown": ident["target"], "name": f"impl:{ident['target']}",
+            "implementation": plan.spec.data["implementation"],
             "names": names, "device": device, "threads": threads, "memory_mb": memory_mb,
             "budget": dict(plan.spec.data["budget"]),
             "target": {"form": target.form, "path": str(target.path) if target.path else None,
-                       "module": target.module, "attribute": target.attribute}}
+                       "module": target.module, "attribute": target.attribute,
+                       "framework": target.framework, "name": target.name}}
 
     def progress(phase: str, extra: dict | None = None):
         return lambda r: runner.on_result({"phase": phase, **(extra or {}), **r})
@@ -358,6 +365,7 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
     wall = float(plan.spec.data["budget"]["max_wall_seconds"])
     try:
         cand.probe()  # a usage error (missing function, syntax error) leaves here, before any result
+        adapter = _adapted_identity(cand, ident, target)
         for contract in plan.contracts:
             if time.perf_counter() - runner.t0 > wall:
                 runner.errors.append(f"budget: run wall time is over budget.max_wall_seconds {wall:g}")
@@ -371,9 +379,17 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
             runner.mechanism += unit.mechanism
         by_id = {c["id"]: c for c in plan.contracts}
         seed = plan.seeds[0]
-        baseline_ok = {(r["contract"], r["dtype"]) for r in runner.results if r["seed"] == seed and r["status"] == PASSED}
+        # partial: every expectation it could be held to held, so a mutant failing one of those is a kill
+        baseline_ok = {(r["contract"], r["dtype"]) for r in runner.results
+                       if r["seed"] == seed and r["status"] in (PASSED, PARTIAL)}
         if runner.status is None:
             for m, fn in single_function_mutants(plan):
+                if adapter is not None and (fn in adapter["absent"] or not set(adapter["own"]) - {fn}):
+                    # swapping in the function it lacks, or its only own one, would check the project's code
+                    adapter.setdefault("mutants_not_run", []).append(
+                        {"id": m["id"], "replaced": fn, "why": f"the candidate has no {fn} of its own" if fn in
+                         adapter["absent"] else f"{fn} is all the candidate has of its own"})
+                    continue
                 calls = [{"contract": by_id[cid], "seed": seed, "dtype": d} for cid in m["killed_by"]
                          for d in by_id[cid]["dtypes"]]
                 unit = Unit(label=m["id"], calls=calls, replace={"function": fn, "mutant": m["mutant"]})
@@ -406,10 +422,35 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
         runner.run_mutants()  # the registered implementation's mutants, here: trusted code, no candidate loaded
 
 
+def _adapted_identity(cand: "CandidateRun", ident: dict, target) -> dict | None:
+    """For a framework target: check that the file defining the adapted object is bound, and record in `ident`
+    which object it is and what the method's adapter made of it. None for other targets."""
+    from engine.run.impl_loader import subject_of
+
+    info = cand.loaded.get("function")
+    if target.form != "framework" or not isinstance(info, dict):
+        return None
+    subject = subject_of(ident, str(info.get("source") or ""))
+    if subject is None:
+        where = Path(str(info.get("source") or "?")).name
+        raise UsageError(f"--impl {ident['target']}: {target.framework}'s {target.name!r} is defined in {where}, "
+                         f"which this target does not bind; name that file or module: "
+                         f"{target.framework}:path/to/{where}:{target.name}")
+    ident["function"] = {"name": str(info.get("name")), "qualname": str(info.get("qualname")),
+                         "file": subject["name"], "sha256": subject["digest"]["sha256"]}
+    raw = cand.loaded.get("adapter") or {}
+    adapter = {"own": [str(x) for x in raw.get("own") or []],
+               "supplied": {str(k): str(v) for k, v in (raw.get("supplied") or {}).items()},
+               "absent": {str(k): str(v) for k, v in (raw.get("absent") or {}).items()},
+               "notes": [str(x) for x in raw.get("notes") or []]}
+    ident["adapter"] = adapter
+    return adapter
+
+
 def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
     """An engine.run.runner.Runner whose receipt names the candidate: its identity in the predicate, its files as
     `impl:` subjects, its replaced-function mutants (a surviving one fails the run like any mutant)."""
-    from engine.run.runner import FAILED, PASSED, Runner
+    from engine.run.runner import FAILED, PARTIAL, PASSED, Runner
 
     class CandidateRunner(Runner):
         candidate_mutants: list = []
@@ -419,7 +460,7 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
 
         def verdict(self) -> str:
             v = super().verdict()
-            if v == PASSED and any(not m["killed"] for m in self.candidate_mutants):
+            if v in (PASSED, PARTIAL) and any(not m["killed"] for m in self.candidate_mutants):
                 return FAILED
             return v
 

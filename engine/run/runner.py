@@ -33,6 +33,11 @@ from engine.store.receipts import statement, subjects, utc_now
 from engine.spec.loader import Spec
 
 PASSED, FAILED, ERROR, INTERRUPTED = "passed", "failed", "error", "interrupted"
+# For an implementation that lacks some interface functions (an adapted framework loss): a contract whose every
+# expectation it can be held to held, some not being measurable on it (PARTIAL), or none measurable (NOT_APPLICABLE).
+# Neither is ever "passed": the gate counts only PASSED, and a run with either is PARTIAL at best.
+PARTIAL, NOT_APPLICABLE = "partial", "not_applicable"
+RESULT_STATUSES = (PASSED, FAILED, ERROR, PARTIAL, NOT_APPLICABLE)
 
 
 class Interrupted(Exception):
@@ -186,20 +191,30 @@ class Runner:
                 raise CheckTimeout(f"check ran past the per-contract limit of {limit} s")
             measurements = _plain_measurements(raw)
             result["measurements"] = measurements
-            records = [evaluate(e, measurements, dtype) for e in contract["expect"] if applies(e, dtype)]
+            records = [_not_measured(e, ctx.not_measured[e["metric"]])
+                       if e["metric"] in ctx.not_measured and e["metric"] not in measurements
+                       else evaluate(e, measurements, dtype) for e in contract["expect"] if applies(e, dtype)]
             result["expectations"] = records
+            measured = [r for r in records if "not_applicable" not in r]
             if not records:
                 result["message"] = f"no expectation applies to dtype {dtype}"
                 result["status"] = ERROR
             else:
-                result["status"] = PASSED if all(r["passed"] for r in records) else FAILED
-                failed = [r for r in records if not r["passed"]]
+                failed = [r for r in measured if not r["passed"]]
+                result["status"] = FAILED if failed else PARTIAL if len(measured) < len(records) else PASSED
+                if not measured:
+                    result["status"] = NOT_APPLICABLE
                 if failed:
                     # Worded as true statements ("max_rel_err 0.356 > limit 1e-12"), never as the rule it broke.
                     result["message"] = "; ".join(r.get("message") or describe_expectation(r) for r in failed)
+                elif len(measured) < len(records):
+                    result["message"] = _not_measured_message(records)
         except (ContractViolation, BudgetExceeded, CheckTimeout) as exc:
             result["status"] = FAILED
             result["message"] = f"{type(exc).__name__}: {exc}"
+        except registry_mod.NotProvided as exc:  # the check needs a function this implementation does not have
+            result["status"] = NOT_APPLICABLE
+            result["message"] = f"not applicable: {exc}"
         except (KeyboardInterrupt, Interrupted):
             raise
         except BaseException as exc:  # a raising check (even sys.exit() in one) is recorded, and the run goes on
@@ -239,12 +254,19 @@ class Runner:
     def run_mutants(self) -> None:
         seed = self.plan.seeds[0]
         by_id = {c["id"]: c for c in self.plan.contracts}
-        baseline_ok = {(r["contract"], r["dtype"]) for r in self.results if r["seed"] == seed and r["status"] == PASSED}
+        # partial: the expectations the implementation could be held to held, so a kill there is a kill
+        baseline_ok = {(r["contract"], r["dtype"]) for r in self.results
+                       if r["seed"] == seed and r["status"] in (PASSED, PARTIAL)}
+        na = self.not_applicable_contracts()
         for m in self.plan.mutants:
             entry = self.registry.get_mutant(m["mutant"])
             record = {"id": m["id"], "mutant": m["mutant"], "description": m["description"],
                       "expected_killers": list(m["killed_by"]), "killed_by": [], "killed": False,
                       "seed": seed, "results": []}
+            if all(cid in na for cid in m["killed_by"]):
+                record["not_applicable"] = "every contract that kills it is not applicable to this implementation"
+                self.mutant_results.append(record)
+                continue
             try:
                 impl = entry.factory()
             except Exception as exc:
@@ -252,6 +274,8 @@ class Runner:
                 self.mutant_results.append(record)
                 continue
             for cid in m["killed_by"]:
+                if cid in na:
+                    continue
                 contract = by_id[cid]
                 for dtype in contract["dtypes"]:
                     r = self.call(impl, contract, seed, dtype, record_mechanism=False)
@@ -281,6 +305,13 @@ class Runner:
             self.errors.append(f"budget: {exc}")
             self.status = FAILED
 
+    def not_applicable_contracts(self) -> set[str]:
+        """Contracts none of whose results could be measured on this implementation (every one not_applicable)."""
+        by: dict[str, set] = {}
+        for r in self.results:
+            by.setdefault(r["contract"], set()).add(r["status"])
+        return {cid for cid, st in by.items() if st == {NOT_APPLICABLE}}
+
     def proven(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {c["id"]: [] for c in self.plan.contracts}
         for m in self.mutant_results:
@@ -296,11 +327,31 @@ class Runner:
             return ERROR
         if FAILED in statuses or self.status == FAILED:
             return FAILED
-        if any(not m["killed"] for m in self.mutant_results):
+        if any(not m["killed"] and "not_applicable" not in m for m in self.mutant_results):
             return FAILED
-        if self.plan.mutants and any(not v for v in self.proven().values()):
+        na = self.not_applicable_contracts()
+        if self.plan.mutants and any(not v for cid, v in self.proven().items() if cid not in na):
             return FAILED
+        if statuses & {PARTIAL, NOT_APPLICABLE}:
+            return PARTIAL  # everything it could be held to held; the rest was not measurable on it
         return PASSED
+
+    def coverage(self) -> dict:
+        """Which contracts this implementation could be held to: complete, or the not-applicable contracts and the
+        partially measured ones with their unmeasured metrics and why."""
+        na: dict[str, str] = {}
+        partial: dict[str, dict] = {}
+        for r in self.results:
+            if r["status"] == NOT_APPLICABLE:
+                na.setdefault(r["contract"], r.get("message") or "")
+            elif any("not_applicable" in e for e in r["expectations"]):  # held or not, it was measured in part
+                entry = partial.setdefault(r["contract"], {"not_measured": [], "reasons": []})
+                for e in r["expectations"]:
+                    if "not_applicable" in e and e["metric"] not in entry["not_measured"]:
+                        entry["not_measured"].append(e["metric"])
+                        if e["not_applicable"] not in entry["reasons"]:
+                            entry["reasons"].append(e["not_applicable"])
+        return {"complete": not na and not partial, "not_applicable": na, "partial": partial}
 
     def implementation_files(self) -> list[str]:
         try:
@@ -319,8 +370,13 @@ class Runner:
                 "error": sum(r["status"] == ERROR for r in rs),
                 "requested": len(self.plan.seeds) * len(c["dtypes"]),
             }
+            for s in (PARTIAL, NOT_APPLICABLE):  # only where they occur: receipts of full implementations keep their shape
+                n = sum(r["status"] == s for r in rs)
+                if n:
+                    contracts[c["id"]][s] = n
         proven = self.proven()
-        unproven = sorted(cid for cid, ms in proven.items() if not ms) if self.plan.mutants else []
+        na = self.not_applicable_contracts()  # unproven there says nothing about this implementation
+        unproven = sorted(cid for cid, ms in proven.items() if not ms and cid not in na) if self.plan.mutants else []
         wall = time.perf_counter() - self.t0
         return {
             "method": spec.key,
@@ -361,13 +417,34 @@ class Runner:
             },
             "summary": {
                 "contracts": contracts,
-                "results": {s: sum(r["status"] == s for r in self.results) for s in (PASSED, FAILED, ERROR)},
+                "results": {s: n for s in RESULT_STATUSES
+                            if (n := sum(r["status"] == s for r in self.results)) or s in (PASSED, FAILED, ERROR)},
                 "mutants": {"killed": sum(m["killed"] for m in self.mutant_results),
-                            "survived": sum(not m["killed"] for m in self.mutant_results)},
+                            "survived": sum(not m["killed"] and "not_applicable" not in m
+                                            for m in self.mutant_results),
+                            **({"not_applicable": n} if (n := sum("not_applicable" in m
+                                                                  for m in self.mutant_results)) else {})},
             },
             "errors": self.errors,
             "status": self.verdict(),
+            **({} if (cov := self.coverage())["complete"] else {"coverage": cov}),
         }
+
+
+def _not_measured(expectation: dict, reason: str) -> dict:
+    """The receipt record of an expectation this implementation cannot be held to: no value, never passed."""
+    op = next((k for k in ("le", "lt", "ge", "gt", "eq") if k in expectation), "le")
+    return {"metric": expectation["metric"], "op": op, "threshold": expectation.get(op),
+            "tolerance_source": "spec", "value": None, "margin": None, "headroom": None, "passed": False,
+            "not_applicable": reason}
+
+
+def _not_measured_message(records: list[dict]) -> str:
+    reasons: dict[str, list[str]] = {}
+    for r in records:
+        if "not_applicable" in r:
+            reasons.setdefault(r["not_applicable"], []).append(r["metric"])
+    return "partial: " + "; ".join(f"{', '.join(ms)} not measured ({why})" for why, ms in reasons.items())
 
 
 def _max_per_seed(results: list[dict], key: str) -> int:

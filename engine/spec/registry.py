@@ -35,6 +35,34 @@ from engine.errors import LookupFailure
 METHODS_PACKAGE = "methods"
 
 
+class NotProvided(Exception):
+    """Raised by a function an implementation does not have (an adapted framework loss has no separate ratio, say):
+    the contract that needed it is recorded as not applicable to that implementation, never as passed."""
+
+    def __init__(self, function: str, reason: str):
+        super().__init__(f"the implementation provides no {function}: {reason}")
+        self.function = function
+        self.reason = reason
+
+
+def not_provided(function: str, reason: str) -> Callable[..., Any]:
+    """A stand-in for an interface function an implementation lacks: calling it raises NotProvided."""
+
+    def absent(*args: Any, **kwargs: Any) -> Any:
+        raise NotProvided(function, reason)
+
+    absent.not_provided = reason  # type: ignore[attr-defined]
+    absent.__name__ = function
+    return absent
+
+
+def provides(impl: Any, function: str) -> bool:
+    """Whether `impl` really has `function` (not a not_provided stand-in): checks that measure several functions
+    skip, and declare not applicable, the measurements of one it lacks."""
+    fn = getattr(impl, function, None)
+    return callable(fn) and getattr(fn, "not_provided", None) is None
+
+
 class Implementation(SimpleNamespace):
     """The functions a check tests, bundled so a mutant can replace one of them."""
 
@@ -76,6 +104,17 @@ class Registry:
     implementations: dict[str, Implementation] = field(default_factory=dict)
     checks: dict[str, Callable[..., Any]] = field(default_factory=dict)
     mutants: dict[str, MutantEntry] = field(default_factory=dict)
+    # (framework, implementation) -> adapt(obj) -> Adapted: how a framework's object (a verl policy loss) becomes
+    # a registered implementation's interface; the method owns the mapping, the engine only looks it up.
+    adapters: dict[tuple[str, str], Callable[..., Any]] = field(default_factory=dict)
+
+    def get_adapter(self, framework: str, implementation: str) -> Callable[..., Any]:
+        try:
+            return self.adapters[(framework, implementation)]
+        except KeyError:
+            have = sorted(impl for fw, impl in self.adapters if fw == framework)
+            raise LookupFailure(f"no {framework} adapter for implementation {implementation!r}; "
+                                f"{framework} targets can be checked against: {', '.join(have) or '(none)'}") from None
 
     def get_implementation(self, name: str) -> Implementation:
         return _lookup(self.implementations, name, "implementation")
@@ -132,6 +171,36 @@ def mutant(name: str, base: str) -> Callable[[Callable[[], Implementation]], Cal
         _claim(_REGISTRY.mutants, name, "mutant")
         _REGISTRY.mutants[name] = MutantEntry(name=name, base=base, factory=factory)
         return factory
+
+    return deco
+
+
+@dataclass
+class Adapted:
+    """What an adapter makes of a framework's object: the interface functions it provides (`functions`), which of
+    them are the framework object's own (`own`; the others the adapter supplies, each with the reason in
+    `supplied`), and the interface functions nobody provides (`absent`, with the reason)."""
+
+    functions: dict[str, Callable[..., Any]]
+    own: list[str]
+    supplied: dict[str, str] = field(default_factory=dict)
+    absent: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def implementation(self, name: str) -> Implementation:
+        stand_ins = {f: not_provided(f, why) for f, why in self.absent.items()}
+        return Implementation(name, **self.functions, **stand_ins)
+
+
+def adapter(framework: str, implementation: str) -> Callable[[Callable[..., Adapted]], Callable[..., Adapted]]:
+    """Register `adapt(obj) -> Adapted` for checking `framework` objects against `implementation`'s interface."""
+
+    def deco(fn: Callable[..., Adapted]) -> Callable[..., Adapted]:
+        key = (framework, implementation)
+        if key in _REGISTRY.adapters:
+            raise ValueError(f"{framework} adapter for {implementation!r} is registered twice")
+        _REGISTRY.adapters[key] = fn
+        return fn
 
     return deco
 

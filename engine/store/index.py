@@ -84,7 +84,8 @@ def integrity(data: dict, raw: bytes) -> tuple[str, str]:
 def contract_digest(results: list) -> dict[str, list]:
     """Per contract: [status, seeds passed, n passed, n results, worst expectation, kind].
 
-    status is the worst over seeds and dtypes (error > failed > passed); a seed
+    status is the worst over seeds and dtypes (error > failed > partial > passed; not_applicable when nothing
+    could be measured on the implementation); a seed
     counts as passed only when every dtype passed for it; the worst expectation
     is [metric, value, op, threshold, headroom, passed, margin], the one nearest to
     failing by headroom (engine.run.expect.worst_expectation: equality sanity
@@ -102,12 +103,14 @@ def contract_digest(results: list) -> dict[str, list]:
         c["passed"] += status == "passed"
         seed = r.get("seed")
         c["seeds"][seed] = c["seeds"].get(seed, True) and status == "passed"
-        records = [e for e in r.get("expectations") or [] if isinstance(e, dict)]
+        records = [e for e in r.get("expectations") or [] if isinstance(e, dict) and "not_applicable" not in e]
         c["worst"] = worst_expectation(records + ([c["worst"]] if c["worst"] else []))
     digest = {}
     for cid, c in out.items():
         s = c["statuses"]
-        status = "error" if "error" in s else "failed" if "failed" in s else "passed" if s == {"passed"} else "error"
+        status = ("error" if "error" in s else "failed" if "failed" in s else "passed" if s == {"passed"}
+                  else "not_applicable" if s == {"not_applicable"}
+                  else "partial" if s <= {"passed", "partial", "not_applicable"} else "error")
         seeds = sorted(k for k, ok in c["seeds"].items() if ok and isinstance(k, int))
         e = c["worst"]
         if e:

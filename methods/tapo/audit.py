@@ -16,6 +16,7 @@ import torch
 
 from methods.common.rollout import sequence_logprobs
 from methods.tapo import reference as ref
+from methods.tapo.checks import lacks
 
 # Relative distance to a clip bound inside which float32 may put a token on either side;
 # such tokens are left out of the gradient comparison (as in the loss_forward contract).
@@ -45,6 +46,7 @@ class ProximalAudit:
         self.clipped_tokens = 0
         self.later_clipped_tokens = 0
         self.max_response_tokens = 0
+        self.unmeasured: dict[str, str] = {}  # metric -> why (the implementation lacks the function it needs)
 
     def update(self, impl, behaviour, ro, k, logp, old_logp, adv, loss, met, eps_min, eps_max) -> None:
         mask = ro.mask
@@ -58,7 +60,12 @@ class ProximalAudit:
         arow = _rows(adv)
         adv_rows = [[a] * len(rows_m[0]) for a in arow]
         want_r = ref.prefix_ratio(rows_l, rows_o, rows_m)
-        got_r = _rows(impl.trajectory_ratio(logp.detach(), old_logp, mask))
+        no_ratio, no_clip = lacks(impl, "trajectory_ratio"), lacks(impl, "length_aware_clip")
+        if no_ratio:
+            self.unmeasured["run_ratio_max_rel_err"] = no_ratio
+        if no_clip:
+            self.unmeasured["run_eps_max_abs_err"] = no_clip
+        got_r = None if no_ratio else _rows(impl.trajectory_ratio(logp.detach(), old_logp, mask))
         want_l, want_g, near, scale = ref.loss_and_grad(rows_l, rows_o, adv_rows, rows_m, eps_min, eps_max, None, _MARGIN)
         (grad,) = torch.autograd.grad(loss, logp, retain_graph=True) if loss.requires_grad else (torch.zeros_like(logp),)
         got_g = _rows(grad)
@@ -68,7 +75,7 @@ class ProximalAudit:
             T = sum(mrow)
             self.max_response_tokens = max(self.max_response_tokens, T)
             eps = ref.clip_eps(T, eps_min, eps_max) if T else []
-            if T:
+            if T and not no_clip:
                 got_eps = impl.length_aware_clip(T, eps_min, eps_max, dtype=logp.dtype, device=logp.device)
                 got_eps = got_eps.detach().to("cpu", torch.float64).tolist()
                 if len(got_eps) != T:
@@ -80,7 +87,8 @@ class ProximalAudit:
                 if not valid:
                     continue
                 r = want_r[b][i]
-                self.ratio_err = max(self.ratio_err, _bad(abs(got_r[b][i] - r)) / r)
+                if got_r is not None:
+                    self.ratio_err = max(self.ratio_err, _bad(abs(got_r[b][i] - r)) / r)
                 e = eps[t]
                 t += 1
                 binds = (arow[b] > 0 and r > 1.0 + e) or (arow[b] < 0 and r < 1.0 - e)
@@ -101,6 +109,10 @@ class ProximalAudit:
         self.later_updates += int(k > 0)
 
     def measurements(self) -> dict:
+        """The audit's figures; those in `unmeasured` are left out (the check declares them not applicable)."""
+        return {k: v for k, v in self._all().items() if k not in self.unmeasured}
+
+    def _all(self) -> dict:
         return {
             "audited_updates": self.updates,
             "later_updates": self.later_updates,

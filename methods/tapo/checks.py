@@ -71,6 +71,14 @@ def _nan_to_inf(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
+def lacks(impl, function: str) -> str | None:
+    """Why `impl` has no `function` (an adapted framework loss has no separate ratio or schedule), or None when it
+    has it. A check measuring several functions skips, and declares not applicable, what needs a missing one."""
+    if registry.provides(impl, function):
+        return None
+    return f"no {function}: {getattr(getattr(impl, function, None), 'not_provided', None) or 'not in the implementation'}"
+
+
 # --- contracts ------------------------------------------------------------
 
 
@@ -149,10 +157,13 @@ def masked_junk_invariance(impl, ctx) -> dict:
     g = ctx.generator(3)
     ratio_diff = loss_diff = grad_diff = masked_grad = 0.0
     nonfinite = 0
+    no_ratio = lacks(impl, "trajectory_ratio")
+    if no_ratio:  # the loss, its gradient and masked gradients are still held to bit-for-bit invariance
+        ctx.not_applicable(no_ratio, "ratio_max_abs_diff")
 
     def run(lp, op, adv, m):
         lp = lp.clone().requires_grad_(True)
-        r = impl.trajectory_ratio(lp, op, m)
+        r = torch.ones(()) if no_ratio else impl.trajectory_ratio(lp, op, m)
         loss, _ = impl.tapo_loss(lp, op, adv, m, eps_min, eps_max)
         (grad,) = torch.autograd.grad(loss, lp)
         return r.detach(), loss.detach(), grad
@@ -180,7 +191,7 @@ def masked_junk_invariance(impl, ctx) -> dict:
         masked = torch.where(m, torch.zeros_like(g1), g1)
         masked_grad = max(masked_grad, float(torch.nan_to_num(masked.abs(), nan=math.inf).max()))
     return {
-        "ratio_max_abs_diff": ratio_diff,
+        **({} if no_ratio else {"ratio_max_abs_diff": ratio_diff}),
         "loss_abs_diff": loss_diff,
         "grad_max_abs_diff": grad_diff,
         "masked_grad_max_abs": masked_grad,
@@ -297,6 +308,9 @@ def on_policy_identity(impl, ctx) -> dict:
     eps_max = float(ctx.params.get("eps_max", 0.2))
     g = ctx.generator(6)
     ratio_dev = loss_err = grad_rel = grpo_rel = 0.0
+    no_ratio = lacks(impl, "trajectory_ratio")
+    if no_ratio:  # the loss -mean(A) and the vanilla policy gradient are still held
+        ctx.not_applicable(no_ratio, "ratio_max_abs_dev")
     for _ in range(ctx.cases):
         B, L = _dims(g, max_len, max_batch)
         logp, _, mask = _draw(g, B, L)
@@ -304,8 +318,10 @@ def on_policy_identity(impl, ctx) -> dict:
         lp = _dev(ctx, logp).requires_grad_(True)
         op = _dev(ctx, logp).clone()  # same values, a separate tensor without grad
         a, m = _dev(ctx, adv), _dev(ctx, mask)
-        r = impl.trajectory_ratio(lp, op, m).detach()
-        ratio_dev = max(ratio_dev, float(torch.nan_to_num((torch.where(m, r, torch.ones_like(r)) - 1).abs(), nan=math.inf).max()))
+        if not no_ratio:
+            r = impl.trajectory_ratio(lp, op, m).detach()
+            ratio_dev = max(ratio_dev, float(torch.nan_to_num((torch.where(m, r, torch.ones_like(r)) - 1).abs(),
+                                                              nan=math.inf).max()))
         loss, _ = impl.tapo_loss(lp, op, a, m, eps_min, eps_max)
         (grad,) = torch.autograd.grad(loss, lp)
         lq = _dev(ctx, logp).requires_grad_(True)
@@ -322,7 +338,7 @@ def on_policy_identity(impl, ctx) -> dict:
         grad_rel = max(grad_rel, max(_nan_to_inf(abs(got[b][t] - want[b][t])) for b in range(B) for t in range(L)) / scale)
         grpo_rel = max(grpo_rel, float(torch.nan_to_num((grad - grpo_grad).abs(), nan=math.inf).max()) / scale)
     return {
-        "ratio_max_abs_dev": ratio_dev,
+        **({} if no_ratio else {"ratio_max_abs_dev": ratio_dev}),
         "loss_max_scaled_err": loss_err,
         "grad_max_rel_err": grad_rel,
         "grpo_grad_max_rel_diff": grpo_rel,
@@ -427,6 +443,9 @@ def precision_agreement(impl, ctx) -> dict:
     ratio_rel = loss_err = grad_rel = 0.0
     excluded = tokens = 0
     margin = _margin(ctx.dtype)
+    no_ratio = lacks(impl, "trajectory_ratio")
+    if no_ratio:  # the loss and its gradient over ~8k tokens are still held to the float64 loop
+        ctx.not_applicable(no_ratio, "ratio_max_rel_err")
     for _ in range(max(1, ctx.cases // 4)):
         logp, old, mask = _draw(g, batch, length, delta_scale=0.3, prompt_max=64, hole_prob=0.05)
         # |A| in [0.5, 2]: with ~8k tokens a smaller |A| puts float16 gradients (|A| R / N)
@@ -435,7 +454,7 @@ def precision_agreement(impl, ctx) -> dict:
         adv = sign * (0.5 + 1.5 * torch.rand(batch, generator=g, dtype=torch.float64))
         lp = _dev(ctx, logp).requires_grad_(True)
         op, a, m = _dev(ctx, old), _dev(ctx, adv), _dev(ctx, mask)
-        r = impl.trajectory_ratio(lp, op, m).detach()
+        r = None if no_ratio else impl.trajectory_ratio(lp, op, m).detach()
         loss, _ = impl.tapo_loss(lp, op, a, m, eps_min, eps_max)
         (grad,) = torch.autograd.grad(loss, lp)
         rows_l, rows_o, mrows = _rows(lp), _rows(op), mask.tolist()
@@ -443,21 +462,22 @@ def precision_agreement(impl, ctx) -> dict:
         want_r = ref.prefix_ratio(rows_l, rows_o, mrows)
         adv_rows = [[arow[b]] * length for b in range(batch)]
         want_l, want_g, near, scale_l = ref.loss_and_grad(rows_l, rows_o, adv_rows, mrows, eps_min, eps_max, None, margin)
-        got_r, got_g = _rows(r), _rows(grad)
+        got_r, got_g = (None if r is None else _rows(r)), _rows(grad)
         scale = max(abs(x) for row in want_g for x in row) or 1.0
         for b in range(batch):
             for t in range(length):
                 if want_r[b][t] is None:
                     continue
                 tokens += 1
-                ratio_rel = max(ratio_rel, _nan_to_inf(abs(got_r[b][t] - want_r[b][t])) / want_r[b][t])
+                if got_r is not None:
+                    ratio_rel = max(ratio_rel, _nan_to_inf(abs(got_r[b][t] - want_r[b][t])) / want_r[b][t])
                 if near[b][t]:
                     excluded += 1
                     continue
                 grad_rel = max(grad_rel, _nan_to_inf(abs(got_g[b][t] - want_g[b][t])) / scale)
         loss_err = max(loss_err, _nan_to_inf(abs(float(loss.detach()) - want_l)) / max(scale_l, 1e-300))
     return {
-        "ratio_max_rel_err": ratio_rel,
+        **({} if no_ratio else {"ratio_max_rel_err": ratio_rel}),
         "loss_scaled_err": loss_err,
         "grad_max_rel_err": grad_rel,
         "grad_excluded": excluded,

@@ -108,6 +108,7 @@ def mechanism(impl, ctx) -> dict:
     res = {arm: {"updates": 0, "grad": [], "change": [], "nonfinite": 0, "skipped": 0, "zero": 0} for arm in ARMS}
     zero_not_rejected = 0
     first_ratio_dev = 0.0
+    no_ratio_metrics = False
     audit = ProximalAudit()
     acc = {}
     for arm in ARMS:
@@ -141,7 +142,9 @@ def mechanism(impl, ctx) -> dict:
                 before = state_copy(policy)
                 if arm == "tapo":
                     loss, met = impl.tapo_loss(logp, old_logp, adv, ro.mask, eps_min, eps_max, group_size=group_size)
-                    rmin, rmax, clip = met["ratio_min"], met["ratio_max"], met["clip_fraction"]
+                    rmin, rmax, clip = met.get("ratio_min"), met.get("ratio_max"), met.get("clip_fraction")
+                    if rmin is None or rmax is None:  # a framework loss may report none: its R^ stays unseen
+                        no_ratio_metrics = True
                     audit.update(impl, behaviour, ro, k, logp, old_logp, adv, loss, met, eps_min, eps_max)
                 else:
                     loss, met = grpo_token_loss(logp, old_logp, adv, ro.mask, clip_eps=control_eps)
@@ -150,7 +153,7 @@ def mechanism(impl, ctx) -> dict:
                         rmin = float(torch.where(ro.mask, ratio, torch.full_like(ratio, math.inf)).min())
                         rmax = float(torch.where(ro.mask, ratio, torch.full_like(ratio, -math.inf)).max())
                     clip = met["clip_fraction"]
-                if k == 0:  # first update: the policy is the behaviour policy, the ratio must be 1
+                if k == 0 and rmin is not None and rmax is not None:  # first update: on-policy, the ratio is 1
                     first_ratio_dev = max(first_ratio_dev, abs(rmin - 1.0), abs(rmax - 1.0))
                 opt.zero_grad(set_to_none=True)
                 if loss.requires_grad:
@@ -194,6 +197,11 @@ def mechanism(impl, ctx) -> dict:
     )
     _record_page_diagnostic(ctx, p, acc)
     t, c = res["tapo"], res["grpo-control"]
+    for metric, why in audit.unmeasured.items():
+        ctx.not_applicable(why, metric)
+    if no_ratio_metrics:
+        ctx.not_applicable("tapo_loss reported no ratio_min/ratio_max metrics, so its own ratio at the first "
+                           "(on-policy) update is unseen", "first_update_ratio_max_dev")
     return {
         "updates_made": t["updates"],
         "control_updates": c["updates"],
@@ -202,7 +210,7 @@ def mechanism(impl, ctx) -> dict:
         "control_min_grad_norm": min(c["grad"], default=0.0),
         "control_min_param_l2_change": min(c["change"], default=0.0),
         "nonfinite_steps": t["nonfinite"] + c["nonfinite"],
-        "first_update_ratio_max_dev": first_ratio_dev,
+        **({} if no_ratio_metrics else {"first_update_ratio_max_dev": first_ratio_dev}),
         "zero_adv_groups": t["zero"],
         "zero_adv_not_rejected": zero_not_rejected,
         "skipped_groups": t["skipped"] + c["skipped"],
