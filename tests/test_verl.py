@@ -96,8 +96,8 @@ def test_geo_mean_fails_and_the_receipt_says_which_contracts(tmp_path):
     assert {"loss_forward", "zero_advantage_rejection", "split_invariance", "masked_junk_invariance",
             "mechanism"} <= failed, st
     assert all(st[c] == {"not_applicable"} for c in RATIO_ONLY), st
-    assert set(pred["coverage"]["not_applicable"]) == RATIO_ONLY
-    assert "trajectory_ratio" in pred["coverage"]["partial"]["on_policy_identity"]["reasons"][0]
+    assert set(pred["applicability"]["not_applicable"]) == RATIO_ONLY
+    assert "trajectory_ratio" in pred["applicability"]["partial"]["on_policy_identity"]["reasons"][0]
     # which implementation: verl's version, the function, and the file defining it bound by its sha256
     impl = pred["implementation"]
     assert impl["framework"] == {"name": "verl", "version": verl.__version__, "object": "geo_mean"}
@@ -109,7 +109,7 @@ def test_geo_mean_fails_and_the_receipt_says_which_contracts(tmp_path):
     # the run's JSON says the same, contract by contract
     run = json.loads(r.stdout)["runs"][0]
     assert {x["contract"] for x in run["results"] if x["status"] == "failed"} == failed
-    assert run["coverage"] == pred["coverage"]
+    assert run["applicability"] == pred["applicability"]
 
 
 @pytest.mark.parametrize("name, also_failed", [
@@ -152,7 +152,7 @@ def test_a_verl_style_tapo_holds_every_contract_a_loss_can_be_held_to(tmp_path):
                 assert e["passed"] is False and e["value"] is None, (res["contract"], e)
             else:
                 assert e["passed"] is True, (res["contract"], e)
-    cov = pred["coverage"]
+    cov = pred["applicability"]
     assert cov["complete"] is False and set(cov["not_applicable"]) == RATIO_ONLY and set(cov["partial"]) == IN_PART
     assert cov["partial"]["mechanism"]["not_measured"] == ["run_ratio_max_rel_err", "run_eps_max_abs_err"]
     # the mechanism run trained through the verl loss, and re-scoring the old log-probs is still caught there

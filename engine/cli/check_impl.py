@@ -78,7 +78,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             "method": pred["method"], "implementation": pred["implementation"], "status": pred["status"],
             "coverage": run_coverage(pred, spec),
             "receipt": shown, "receipt_id": pred["receipt_id"], "summary": pred["summary"],
-            "unproven_contracts": pred["unproven_contracts"], "coverage": pred.get("coverage"),
+            "unproven_contracts": pred["unproven_contracts"], "applicability": pred.get("applicability"),
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
                         for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]],
@@ -125,7 +125,7 @@ def coverage_lines(pred: dict) -> list[str]:
             by_why.setdefault(m["why"], []).append(m["id"])
         for why, ids in by_why.items():
             lines.append(f"  single-function mutants not run in it ({why}): {', '.join(ids)}")
-    cov = pred.get("coverage")
+    cov = pred.get("applicability")
     if not cov:
         return lines
     total = len(pred["summary"]["contracts"])

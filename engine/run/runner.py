@@ -336,7 +336,7 @@ class Runner:
             return PARTIAL  # everything it could be held to held; the rest was not measurable on it
         return PASSED
 
-    def coverage(self) -> dict:
+    def applicability(self) -> dict:
         """Which contracts this implementation could be held to: complete, or the not-applicable contracts and the
         partially measured ones with their unmeasured metrics and why."""
         na: dict[str, str] = {}
@@ -427,7 +427,7 @@ class Runner:
             },
             "errors": self.errors,
             "status": self.verdict(),
-            **({} if (cov := self.coverage())["complete"] else {"coverage": cov}),
+            **({} if (cov := self.applicability())["complete"] else {"applicability": cov}),
         }
 
 

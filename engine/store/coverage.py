@@ -72,13 +72,18 @@ def facts(pred: dict) -> dict:
     for r in pred.get("results") if isinstance(pred.get("results"), list) else []:
         if isinstance(r, dict) and isinstance(r.get("contract"), str):
             ran_seeds.setdefault(r["contract"], set()).add(r.get("seed"))
-    complete = []
+    complete, held_in_part = [], []
     for cid in requested:
         s = per.get(cid)
         if isinstance(s, dict) and isinstance(s.get("requested"), int):
             done = sum(s.get(k) for k in ("passed", "failed", "error") if isinstance(s.get(k), int))
+            # partial / not_applicable cells: the implementation could not be held to all of the contract
+            # (an adapted framework loss); they finished, but they do not make the contract covered
+            part = sum(s.get(k) for k in ("partial", "not_applicable") if isinstance(s.get(k), int))
             if s["requested"] > 0 and done >= s["requested"]:
                 complete.append(cid)
+            elif s["requested"] > 0 and done + part >= s["requested"]:
+                held_in_part.append(cid)
         elif cid in ran_seeds and seeds <= ran_seeds[cid]:  # no count in the summary: a result for every seed
             complete.append(cid)
     budget = pred.get("budget") if isinstance(pred.get("budget"), dict) else {}
@@ -89,6 +94,7 @@ def facts(pred: dict) -> dict:
         "only": _ids(only) if isinstance(only, list) and only else None,
         "contracts": requested,
         "complete": complete,
+        "held_in_part": held_in_part,
         "mutants": _ids(req.get("mutants")),
         "mutants_run": actual.get("mutants_run") if isinstance(actual.get("mutants_run"), int) else None,
         "seeds": _ints(req.get("seeds")),
@@ -118,7 +124,10 @@ def coverage(pred: dict, spec: Any = None) -> Coverage:
     if f["only"]:
         why.append("--only " + ",".join(f["only"]))
     status = f["status"]
-    unfinished = len([c for c in requested if c not in f["complete"]])
+    in_part = [c for c in f.get("held_in_part") or [] if c in scope]
+    unfinished = len([c for c in requested if c not in f["complete"] and c not in in_part])
+    if in_part:
+        why.append(f"{len(in_part)} contract(s) not applicable to this implementation or measured in part")
     if status == "interrupted":
         why.append(f"interrupted after {len(f['complete'])} of {len(requested)} contracts" if unfinished
                    else "interrupted")
