@@ -147,7 +147,9 @@ class Evaluator:
             path, rid = self._run(spec, target, ident, verdict.missing)
             written.append(rid)
             _remember(self._key(ident), path)
-            evidence, refused = self._evidence(ident, kind, policy)
+            # The receipts read above were read for this verdict a moment ago; the new one is read back now.
+            more, why = self._evidence(ident, kind, policy, [path])
+            evidence, refused = evidence + more, refused + why
             verdict = SC.judge(spec.data, k, evidence, self.seeds)
         return SC.report(spec, k, verdict, evidence, refused, time.perf_counter() - t0, written, self.seeds)
 
@@ -204,13 +206,15 @@ class Evaluator:
             _SIGNERS[key] = signer
         return signer
 
-    def _evidence(self, ident: dict, kind: str, policy) -> tuple[list[SC.Evidence], list[str]]:
-        """The receipts written here for this candidate's exact bytes that may count, each read from its file."""
+    def _evidence(self, ident: dict, kind: str, policy, paths: list[Path] | None = None
+                  ) -> tuple[list[SC.Evidence], list[str]]:
+        """The receipts written here for this candidate's exact bytes (or `paths`) that may count, each read and
+        judged from its file: integrity, freshness, and its signature under a trust policy."""
         from engine.store.verify import assess
 
         root = _paths.project_root()
         out, refused = [], []
-        for path in _written(self._key(ident)):
+        for path in _written(self._key(ident)) if paths is None else paths:
             a = assess(path, root, self.specs_dir, display=f"{path.parent.name}/{path.name}",
                        folder_method=self.method, policy=policy)
             why = SC.usable(a, ident, kind, policy)

@@ -254,7 +254,17 @@ class ForkedWorker(_Worker):
         except PermissionError:
             pass
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds this worker has used so far (Linux /proc), None where that cannot be read."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
     def close(self, kill: bool = False) -> None:
+        self.cpu_used = self.cpu_s() if not self.server.exited(self.pid) else None
         if not kill:
             try:
                 self.send({"type": "stop"})
@@ -332,6 +342,10 @@ def _is_lost(r: dict) -> bool:
     return r["status"] == "error" and str(r.get("message") or "").startswith("no measurement: ")
 
 
+# What the last run_cells cost its workers: CPU seconds per thread of workers (for the benchmarks' idle projection).
+last_stats: dict = {}
+
+
 def run_cells(init: dict, calls: list[dict], timeout_s: float, jobs: int = 1) -> tuple[list[dict], list[dict], list[str]]:
     """Run check calls against the candidate `init` names in forked workers, `jobs` at a time.
 
@@ -346,8 +360,10 @@ def run_cells(init: dict, calls: list[dict], timeout_s: float, jobs: int = 1) ->
     for i, c in enumerate(calls):
         groups.setdefault((c["contract"]["id"], c["seed"]), []).append(i)
     units = queue.Queue()
-    for idx in groups.values():
+    # The mechanism runs are the long units: first, so the short ones fill in beside them (longest first).
+    for idx in sorted(groups.values(), key=lambda idx: calls[idx[0]]["contract"]["kind"] != "mechanism"):
         units.put(idx)
+    cpu: list[float] = []
     done: dict[int, dict] = {}
     mechanism: dict[int, list[dict]] = {}
     notes: list[str] = []
@@ -355,7 +371,14 @@ def run_cells(init: dict, calls: list[dict], timeout_s: float, jobs: int = 1) ->
     lost: list[str] = []
 
     def work() -> None:
-        cand = CandidateRun(init, timeout_s, worker_factory=lambda i: ForkedWorker(srv, i))
+        mine: list[ForkedWorker] = []
+
+        def fork(i: dict) -> ForkedWorker:
+            w = ForkedWorker(srv, i)
+            mine.append(w)
+            return w
+
+        cand = CandidateRun(init, timeout_s, worker_factory=fork)
         try:
             while True:
                 try:
@@ -384,12 +407,15 @@ def run_cells(init: dict, calls: list[dict], timeout_s: float, jobs: int = 1) ->
                 if n not in notes:
                     notes.append(n)
             cand.close()
+            cpu.append(sum(getattr(w, "cpu_used", None) or 0.0 for w in mine))
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(jobs, len(groups))))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    last_stats.clear()
+    last_stats["workers_cpu_s"] = sorted(cpu, reverse=True)
     if failures:
         raise failures[0]
     results = [done[i] for i in range(len(calls))]
