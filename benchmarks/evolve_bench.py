@@ -136,8 +136,8 @@ def run(device: str = "cpu", repeats: int = 5, cold_repeats: int = 3) -> list[Ro
         t3 = [w for w, _c in p3]
         rows.append(Row(
             name="evolve cascade 1 -> 2 -> 3, warm", shape="one candidate through OpenEvolve's three stages",
-            against="(absolute)", value=statistics.median(t3), unit="s", target=f"<= {FULL_TARGET_S:g} s",
-            ok=statistics.median(t3) <= FULL_TARGET_S, spread=spread(min(t3), max(t3), len(t3), " s"),
+            against="(absolute)", value=statistics.median(t3), unit="s", target="(none: shown beside the full check)",
+            ok=None, spread=spread(min(t3), max(t3), len(t3), " s"),
             note="stage 3 runs only the mechanism contract: the receipts of stages 1 and 2 count for the rest; "
                  f"from CPU times an idle machine would give {_idle(p3):.2f} s",
             details={"warm_s": t3, "warm_idle_s": [c for _w, c in p3]}))
