@@ -59,6 +59,15 @@ def receipts_in(store: Path) -> dict[str, dict]:
     return out
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_warm_server():
+    """The warm server these tests start in this process goes when they are done, not at the session's end."""
+    yield
+    from engine.run import warm
+
+    warm.shutdown()
+
+
 @pytest.fixture(scope="module")
 def evaluator(tmp_path_factory):
     folder = tmp_path_factory.mktemp("evolve")
