@@ -225,10 +225,16 @@ class ForkedWorker(_Worker):
         self.server = server
         self.pid, self._w, self._r, self.log = server.spawn()
         self._buf = b""
+        self.status: int | None = None  # its exit status, once the server has told us
         self.send(init)
 
+    def _ended(self, timeout: float) -> int | None:
+        if self.status is None:
+            self.status = self.server.exit_status(self.pid, timeout)
+        return self.status
+
     def _death(self) -> str:
-        code = self.server.exit_status(self.pid, EXIT_S)
+        code = self._ended(EXIT_S)
         if code is None:
             return "the worker closed its pipe"
         if code < 0:
@@ -242,7 +248,7 @@ class ForkedWorker(_Worker):
         return f"the worker process {how}" + (f" (last output: {tail})" if tail else "")
 
     def _kill(self) -> None:
-        if self.server.exited(self.pid):
+        if self.status is not None or self.server.exited(self.pid):
             return  # reaped already: the pid may belong to someone else by now
         try:
             os.killpg(self.pid, signal.SIGKILL)  # the worker made itself a group leader: its children go too
@@ -264,17 +270,18 @@ class ForkedWorker(_Worker):
             return None
 
     def close(self, kill: bool = False) -> None:
-        self.cpu_used = self.cpu_s() if not self.server.exited(self.pid) else None
-        if not kill:
+        ended = self.status is not None or self.server.exited(self.pid)
+        self.cpu_used = None if ended else self.cpu_s()
+        if not kill and not ended:
             try:
                 self.send({"type": "stop"})
-                if self.server.exit_status(self.pid, 5) is None:
+                if self._ended(5) is None:
                     kill = True
             except WorkerLost:
                 kill = True
-        if kill:
+        if kill and self.status is None:
             self._kill()
-            self.server.exit_status(self.pid, EXIT_S)
+            self._ended(EXIT_S)
         for fd in (self._w, self._r):
             try:
                 os.close(fd)
