@@ -244,12 +244,15 @@ class Evaluator:
         budget = spec.data["budget"]
         deadline = self.timeout_s or float(budget.get("per_contract_timeout_seconds") or 60)
         names = list(from_spec(spec.data, known_names().implementations.get(spec.data["implementation"])).names)
+        # the init `check --impl` sends its worker (engine.run.isolation.run_candidate), field for field
         init = {"type": "init", "method": spec.key, "shown": ident["target"], "name": f"impl:{ident['target']}",
+                "implementation": spec.data["implementation"],
                 "names": names, "device": str(dev), "threads": default_threads(self.device, self.threads),
                 "memory_mb": DEFAULT_MEMORY_MB if self.memory_mb is None else self.memory_mb,
                 "budget": dict(budget),
                 "target": {"form": target.form, "path": str(target.path) if target.path else None,
-                           "module": target.module, "attribute": target.attribute}}
+                           "module": target.module, "attribute": target.attribute,
+                           "framework": getattr(target, "framework", None), "name": getattr(target, "name", None)}}
         created = utc_now()
         runner = make_runner(plan, dev, ident)
         runner.candidate_mutants = []
