@@ -30,6 +30,7 @@ FRONT_DOORS = (
     "engine.store.verify",  # verify reads receipts; it never runs a check
     "engine.store.ledger",  # promotion history, written by promote
     "engine.store.locking",  # the promotion lock
+    "engine.evolve",  # the OpenEvolve evaluator drives runs like the CLI and scores their receipts
     "tui",  # the Textual app
 )
 # The project's test suite drives runs in-process (pytest's front door); its files are left out by path.
@@ -81,6 +82,11 @@ def _installed_dirs(root: Path) -> list[str]:
     return out
 
 
+# Where each loaded module's file lies in the checkout, by (root, module id, file): resolved once per module, so a
+# long-lived process (the OpenEvolve evaluator writes a receipt per candidate) does not resolve thousands again.
+_REL: dict[tuple, str | None] = {}
+
+
 def imported_files(root: Path, front_doors: bool = True) -> list[str]:
     """Repository-relative files of the checkout modules in sys.modules (without FRONT_DOORS when asked),
     widened to the whole folder of every `methods.<package>` among them. Files that no longer exist are
@@ -97,7 +103,8 @@ def imported_files(root: Path, front_doors: bool = True) -> list[str]:
         origin = getattr(mod, "__file__", None)
         if not isinstance(origin, str) or not os.path.isabs(origin):  # e.g. torch._classes says "_classes.py"
             continue
-        rel = _rel(origin, root)
+        key = (root, id(mod), origin)
+        rel = _REL[key] if key in _REL else _REL.setdefault(key, _rel(origin, root))
         # A file that is gone is kept: a module that deleted itself after its import still ran, and the
         # receipt must say so (git_state calls it untracked or modified; it cannot be a subject).
         if rel is None or rel.startswith(installed) or not ((root / rel).is_file() or not (root / rel).exists()):

@@ -69,23 +69,39 @@ def _where(exc: BaseException) -> str:
     return ""
 
 
+def import_harness() -> None:
+    """torch, the runner and every method package: what a worker needs before it loads a candidate (a warm
+    server, engine/run/warm_server.py, does this once and forks a worker per candidate)."""
+    from engine.run.imports import gc_paused
+
+    with gc_paused():
+        import torch  # noqa: F401
+
+        from engine.run import impl_loader, runner  # noqa: F401
+        from engine.spec import registry
+
+        registry.load()
+
+
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt means
     chan = _Channel(int(argv[0]), int(argv[1]))
     init = chan.recv()
     if init is None:
         return 0
-    from engine.run.imports import gc_paused
+    import_harness()
+    return serve(chan, init)
 
-    with gc_paused():
-        import torch
 
-        from engine.run.impl_loader import load
-        from engine.run.runner import Plan, Runner
-        from engine.spec import registry
-        from engine.spec.registry import Implementation
+def serve(chan: _Channel, init: dict) -> int:
+    """Load the candidate `init` names, then answer the units sent on `chan` until told to stop."""
+    import torch
 
-        registry.load()
+    from engine.run.impl_loader import load
+    from engine.run.runner import Plan, Runner
+    from engine.spec import registry
+    from engine.spec.registry import Implementation
+
     if init.get("threads"):
         torch.set_num_threads(int(init["threads"]))
     framework = init["target"].get("framework")

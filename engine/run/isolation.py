@@ -211,8 +211,11 @@ class CandidateRun:
     """Runs units against a candidate, one worker at a time; a lost worker costs only the calls it owned."""
 
     def __init__(self, init: dict, timeout_s: float, on_result: Callable[[dict], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, startup_s: float = STARTUP_S):
+                 should_stop: Callable[[], bool] | None = None, startup_s: float = STARTUP_S,
+                 worker_factory: Callable[[dict], Any] | None = None):
         self.init = init
+        # a fresh `python` per worker by default; engine.run.warm forks one from a warm server instead
+        self.worker_factory = worker_factory or _Worker
         self.timeout_s = timeout_s
         self.startup_s = startup_s
         self.on_result = on_result or (lambda r: None)
@@ -226,7 +229,7 @@ class CandidateRun:
     # -- worker life -------------------------------------------------------------
 
     def _start(self) -> _Worker:
-        w = _Worker(self.init)
+        w = self.worker_factory(self.init)
         try:
             msg = w.recv(self.startup_s)
         except WorkerLost as lost:

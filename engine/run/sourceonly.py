@@ -137,6 +137,11 @@ def _accepted_pyc(source: Path) -> Path | None:
     return cached
 
 
+# Modules check_loaded has already cleared, by (root, name, id, origin): a loaded module's code does not change,
+# so a long-lived process (the OpenEvolve evaluator builds a runner per candidate) checks each one once.
+_CLEARED: set = set()
+
+
 def check_loaded(root: Path) -> None:
     """Refuse when a checkout module already in sys.modules may have run from bytecode other than its source."""
     from engine.run.binding import _installed_dirs
@@ -148,15 +153,20 @@ def check_loaded(root: Path) -> None:
         origin = getattr(spec, "origin", None) if spec is not None else None
         if not origin or not origin.endswith(".py") or isinstance(getattr(spec, "loader", None), SourceOnlyLoader):
             continue
+        key = (root_s, name, id(mod), origin)
+        if key in _CLEARED:
+            continue
         source = Path(origin)
         try:
             resolved = str(source.resolve())
         except OSError:
             continue
         if not resolved.startswith(root_s + "/") or resolved.startswith(installed):
+            _CLEARED.add(key)
             continue
         cached = _accepted_pyc(source)
         if cached is None:
+            _CLEARED.add(key)
             continue
         try:
             code = marshal.loads(cached.read_bytes()[16:])
@@ -167,3 +177,4 @@ def check_loaded(root: Path) -> None:
             raise StaleBytecode(f"{_rel(str(cached.resolve()), root_s)} does not match {_rel(str(source.resolve()), root_s)} "
                                 f"but was loaded for module {name}; delete it (find . -name __pycache__ -exec rm -r "
                                 "{} +) and run again")
+        _CLEARED.add(key)

@@ -582,6 +582,15 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
 
     reference_problems(data, functions, lambda path, message, fix: err(path, message, fix))
 
+    score = (data.get("evolve") or {}).get("score")  # [evolve] the candidate ranking contracts evolve-evaluator uses
+    if score is not None:
+        if score["contract"] not in contract_ids:
+            err(["evolve", "score", "contract"], f"evolve.score names no contract of this spec: {score['contract']!r}",
+                use_one_of(contract_ids, score["contract"]))
+        if not score["range"][0] < score["range"][1]:
+            err(["evolve", "score", "range"], f"range {list(score['range'])} is not [low, high] with low < high",
+                "give the score's worst and best values in increasing order, e.g. [0.0, 1.0]")
+
     budget = data["budget"]
     if len(budget["seeds"]) > budget["max_seeds"]:
         err(["budget", "seeds"], f"{len(budget['seeds'])} seeds listed but max_seeds is {budget['max_seeds']}",

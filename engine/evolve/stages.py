@@ -1,0 +1,57 @@
+"""Which contract cells (contract, seed, dtype) each OpenEvolve cascade stage needs before it can pass.
+
+Each stage needs everything the stages before it needed, so a stage's verdict
+never rests on a stage that did not run:
+
+  1  the value and gradient contracts, on the budget's first seed (cheap, catches most broken candidates);
+  2  every contract except the mechanism runs, on every budget seed;
+  3  every contract, mechanism runs included, on every budget seed: the whole check, and the spec's score.
+
+`evaluate()` (OpenEvolve without a cascade) needs what stage 3 needs.
+"""
+
+from __future__ import annotations
+
+STAGE1_KINDS = ("value", "gradient")
+MECHANISM = "mechanism"
+STAGES = (1, 2, 3)
+FULL = 3
+
+Cell = tuple  # (contract id, seed, dtype)
+
+
+def _in_stage(contract: dict, stage: int) -> bool:
+    if stage == 1:
+        return contract["kind"] in STAGE1_KINDS
+    if stage == 2:
+        return contract["kind"] != MECHANISM
+    return True
+
+
+def seeds_for(spec_data: dict, stage: int, seeds: list[int] | None = None) -> list[int]:
+    """The seeds a stage runs: `seeds` (default the budget's), only the first for stage 1."""
+    seeds = list(seeds or spec_data["budget"]["seeds"])
+    return seeds[:1] if stage == 1 else seeds
+
+
+def cells(spec_data: dict, stage: int, seeds: list[int] | None = None) -> list[Cell]:
+    """Every cell stage `stage` needs, in the spec's contract order."""
+    if stage not in STAGES:
+        raise ValueError(f"stage {stage!r}: OpenEvolve's cascade has stages {', '.join(map(str, STAGES))}")
+    out: list[Cell] = []
+    for c in spec_data["contracts"]:
+        if _in_stage(c, stage):
+            out += [(c["id"], s, d) for s in seeds_for(spec_data, stage, seeds) for d in c["dtypes"]]
+    return out
+
+
+def describe(spec_data: dict, stage: int, seeds: list[int] | None = None) -> str:
+    """`value and gradient contracts (4) on seed 42`: what a stage runs, for messages and artifacts."""
+    ids = contract_ids(spec_data, stage, seeds)
+    what = {1: "value and gradient contracts", 2: "every contract but the mechanism runs", 3: "every contract"}[stage]
+    seeds = seeds_for(spec_data, stage, seeds)
+    return f"{what} ({len(ids)}) on seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}"
+
+
+def contract_ids(spec_data: dict, stage: int, seeds: list[int] | None = None) -> list[str]:
+    return list(dict.fromkeys(cid for cid, _s, _d in cells(spec_data, stage, seeds)))
