@@ -39,10 +39,12 @@ from engine.store import bounded
 from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_receipt, receipt_id, serialize
 from engine.spec.loader import KEY_RE
 from engine.run.expect import headroom, worst_expectation
+from engine.store.coverage import facts as coverage_facts
 
 INDEX_NAME = ".index.jsonl"
 DETAIL_NAME = ".index-detail.jsonl"
-INDEX_VERSION = 7  # 5: worst expectation by headroom; 6: gate slice with git; 7: no gate slice (verdicts read files)
+INDEX_VERSION = 8  # 5: worst expectation by headroom; 6: gate slice with git; 7: no gate slice (verdicts read files);
+# 8: coverage facts (engine/store/coverage.py)
 OK, TAMPERED, INVALID = "ok", "tampered", "invalid"
 FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
@@ -131,7 +133,8 @@ def _light(rel: str, state: str, message: str) -> dict:
     folder, _, name = rel.rpartition("/")
     return {"state": state, "message": message, "method": folder or None, "receipt_id": None,
             "created_at": _stamp_time(name), "status": None, "device": None, "device_name": None, "seeds": [],
-            "commit": None, "dirty": None, "subjects": None, "cset": None, "spec_name": None, "spec_state": None}
+            "commit": None, "dirty": None, "subjects": None, "cset": None, "spec_name": None, "spec_state": None,
+            "coverage": None}
 
 
 def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, list | None, list | None, list | None]:
@@ -179,6 +182,7 @@ def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, li
             "commit": git.get("commit"), "dirty": git.get("dirty"),
             "subjects": _digest(pairs) if pairs else None, "cset": _digest(cids),
             "spec_name": spec.get("name"), "spec_state": spec.get("promotion_state"),
+            "coverage": coverage_facts(pred),  # full or partial: coverage.coverage(entry["coverage"], spec)
         })
         heavy = [{"c": contract_digest(results),
                   "m": {m["id"]: bool(m.get("killed")) for m in pred.get("mutants") or []
