@@ -784,6 +784,35 @@ def test_at_80x24_every_device_status_column_shows(store):
     run(go())
 
 
+def test_at_80x24_the_real_specs_status_columns_show(tmp_path):
+    """The shipped specs and receipts (long contract ids such as replay_reference_f64): the contract column
+    gives way so every device's status and the headroom stay on screen."""
+    import shutil
+
+    repo = Path(__file__).resolve().parent.parent
+    shutil.copytree(repo / "receipts", tmp_path / "receipts")
+
+    async def go():
+        app = create_app(repo / "specs", tmp_path / "receipts", repo, poll_seconds=None, persist_index=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            gave_way = []
+            for m in app.model.methods:
+                app.select_method(m.key)
+                await settle(app, pilot)
+                t = table(app, "#contracts-table")
+                labels = [c.label.plain for c in t.columns.values()]
+                assert labels[:len(m.devices) + 2] == ["contract", *m.devices, "headroom"]
+                used, shown = _visible_width(t, len(m.devices) + 2)
+                assert used <= shown, (m.key, used, shown)
+                natural = max(len(c.id) for c in m.contracts)
+                gave_way.append(list(t.columns.values())[0].get_render_width(t) - 2 < natural)
+            assert any(gave_way)  # at least one method's ids are too long for 80 columns as they are
+
+    run(go())
+
+
 def test_at_160x48_the_tree_takes_what_its_labels_need(tmp_path, demo_names):
     root = tmp_path / "p"
     specs = write_demo_project(root, keys=("demo-method", "a-rather-long-method-key-for-layout"))
