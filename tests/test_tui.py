@@ -745,6 +745,9 @@ def test_cli_tui_json_and_errors(store):
     data = json.loads(res.stdout)
     assert [m["method"] for m in data["methods"]] == ["demo-method", "other-method"]
     assert data["methods"][0]["gate"]["verdict"] == "closed" and data["receipts"] == 6
+    newest = data["methods"][0]["newest_receipt"]  # the truncated one: no coverage to tell
+    assert newest["evidence"] == "invalid" and newest["coverage"] is None
+    assert data["methods"][1]["newest_receipt"] is None
     res = runner.invoke(cli, ["tui", "--keys", "nope=x"])
     assert res.exit_code == 2 and "no binding with id nope" in res.stderr
     res = runner.invoke(cli, ["tui", "--specs", str(store["specs"]), "--receipts", str(store["receipts"])])

@@ -118,6 +118,11 @@ def test_every_receipt_row_and_header_says_full_or_partial(store):
             assert "(--no-mutants)" in text_of(app.screen.query_one("#receipt-header"))
             await pilot.press("2")
             assert "no mutants ran (--no-mutants)" in text_of(app.screen.query_one("#mutants-note"))
+            from tui.data import model_as_dict
+
+            newest = model_as_dict(app.model)["methods"][0]["newest_receipt"]  # `contracts tui --json`
+            assert newest["file"].endswith(partial["interrupted"].name)
+            assert newest["coverage"]["label"] == "partial 3/4" and "interrupted" in newest["coverage"]["why"][0]
 
     asyncio.run(go())
 

@@ -495,6 +495,9 @@ def model_as_dict(model: Model) -> dict:
             "gate": {"verdict": m.gate.verdict, "source": m.gate.source,
                      "unmet": [{"what": w, "how": h} for w, h in m.gate.unmet]},
             "summary": m.summary(), "problems": list(m.problems), "receipts": len(m.receipts),
+            "newest_receipt": None if not m.receipts else {
+                "file": m.receipts[0].file, "status": m.receipts[0].status, "evidence": m.receipts[0].freshness,
+                "coverage": m.receipts[0].coverage.as_dict() if m.receipts[0].coverage is not None else None},
             "contracts": [{"id": c.id, "kind": c.kind, "status": c.overall,
                            "devices": {d: {"status": s, "evidence": f} for d, (s, f) in c.cells.items()},
                            "worst_headroom": c.worst_headroom, "worst_margin": c.worst_margin, "latest": c.latest, "seeds_passed": c.seeds_passed}
