@@ -354,6 +354,27 @@ def test_c_opens_a_form_runs_the_child_and_x_stops_it_after_asking(store, tmp_pa
     asyncio.run(go())
 
 
+def test_a_check_that_cannot_run_says_why_in_the_panel(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            app.run_check("demo-method", "cuda", "", argv=[sys.executable, "-c", "import sys; sys.stderr.write("
+                           "'error: --device cuda: CUDA is not available on this machine\\n'); sys.exit(4)"])
+            for _ in range(500):
+                await pilot.pause(0.02)
+                if app.check_run.returncode is not None:
+                    break
+            await settle(app, pilot)
+            panel = text_of(app.screen.query_one("#run-panel"))
+            assert "ended contracts check demo-method --device cuda" in panel
+            assert "exit 4: this machine cannot do it; no receipt written" in panel
+            assert "CUDA is not available on this machine" in panel
+
+    asyncio.run(go())
+
+
 def test_a_real_check_from_the_tui_writes_a_receipt_that_then_shows(tmp_path):
     """The real `contracts check` as the child (one contract, one seed, to keep it short): its bar is read
     back, the receipt it writes is listed and selected when it finishes. The TUI process imports no torch."""

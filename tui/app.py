@@ -323,7 +323,8 @@ class ContractsApp(App):
             if values is not None:
                 self.run_check(key, *values)
 
-        self.push_screen(CheckForm(key, list(m.spec["budget"]["seeds"]), m.devices), chosen)
+        needed = list(m.spec.get("promotion", {}).get("requires", {}).get("devices") or [])
+        self.push_screen(CheckForm(key, list(m.spec["budget"]["seeds"]), needed), chosen)
 
     def run_check(self, key: str, device: str, seeds: str, argv: list[str] | None = None) -> None:
         """Start the child now (`argv` replaces the command line, for tests)."""

@@ -28,11 +28,12 @@ class CheckForm(ModalScreen):
     def compose(self) -> ComposeResult:
         with Vertical(id="form-box"):
             yield DataStatic(Text(f"run contracts check {self.method}", style="bold"), id="form-title")
-            yield Label("device (cpu, cuda or cuda:N)")
+            yield Label("device (cpu, cuda or cuda:N" + (f"; the gate needs {', '.join(self.devices)})"
+                                                         if self.devices else ")"))
             yield Input(value="cpu", id="form-device")
             yield Label("seeds (comma-separated; the spec's budget by default)")
             yield Input(value=",".join(map(str, self.seeds)), id="form-seeds")
-            yield DataStatic(Text("enter runs it; escape cancels. The receipt appears here when it finishes.",
+            yield DataStatic(Text("enter: next field, then run; escape cancels. The receipt appears when it finishes.",
                                   style="dim"), id="form-errors")
             yield KeyBar(classes="in-box")
 
