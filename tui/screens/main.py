@@ -124,7 +124,7 @@ class MainScreen(Screen):
             self.show_model(self.app.model)  # the labels change form
         else:
             self._size_tree()
-            self._stale_tabs |= {"contracts"}
+            self._stale_tabs |= {"contracts", "receipts"}  # both tables fit their columns to the width
             self._fill_tab(self.query_one(TabbedContent).active)
 
     def _size_tree(self) -> None:
