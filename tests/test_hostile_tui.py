@@ -150,3 +150,46 @@ def test_contracts_tui_exits_3_when_the_app_stopped_on_an_error(monkeypatch):
     assert CliRunner().invoke(cli.app, ["tui"]).exit_code == 3
     Crashed.return_code = 0
     assert CliRunner().invoke(cli.app, ["tui"]).exit_code == 0
+
+
+def test_step_record_keys_plot_literally_and_a_childs_output_stays_text(hostile_store):
+    """A step record key becomes a Plots row label; a check child's progress line (contract ids, messages)
+    reaches the run panel: both literal, control characters escaped."""
+    from tui.checkrun import CheckRun, Progress, parse_progress
+
+    async def go():
+        app = _app(hostile_store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            app.open_receipt(f"demo-method/{hostile_store['hostile'].name}")
+            await _settle(app, pilot)
+            await pilot.press("4")
+            await _settle(app, pilot)
+            view = app.screen.query_one("#plots-view")
+            from rich.console import Console
+
+            console = Console(width=200, record=True, color_system=None)
+            console.print(view.content)
+            assert "[/]" in console.export_text()
+            await pilot.press("escape")
+            await _settle(app, pilot)
+            frame = parse_progress(f"\r\x1b[2Kdemo-method: [@click=app.quit]x[/] {OSC52} failed ━━ 3/9 0:00:01")
+            assert frame is not None and "[@click=app.quit]x[/]" in frame.label
+            cr = CheckRun("demo-method", "cpu", "42", ["x"], proc=object(), progress=Progress(3, 9, "0:00:01",
+                                                                                       frame.label))
+            app.check_run = cr
+            app.screen.show_run(cr)
+            await _settle(app, pilot)
+            panel = str(app.screen.query_one("#run-panel").render())
+            assert "[@click=app.quit]x[/]" in panel and "\x1b" not in panel and app.is_running
+
+    asyncio.run(go())
+
+
+def test_palette_text_is_never_markup():
+    from textual.fuzzy import Matcher
+
+    from tui.commands import highlight
+
+    shown = highlight(Matcher("click"), "receipt: [@click=app.quit]x[/]")
+    assert shown.plain == "receipt: [@click=app.quit]x[/]"

@@ -188,7 +188,8 @@ def test_index_on_a_read_only_store_still_works(store):
 
 def test_no_torch_on_the_tui_import_path():
     code = ("import sys, engine.cli, engine.store.index, tui.app, tui.data, tui.screens.main, tui.screens.receipt, "
-            "tui.screens.diff, tui.commands; assert 'torch' not in sys.modules, 'torch was imported'")
+            "tui.screens.diff, tui.screens.forms, tui.screens.help, tui.commands, tui.checkrun, tui.plots; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr
@@ -328,16 +329,20 @@ def test_navigate_method_contract_receipt_result(store):
             labels = [str(tree.get_node_at_line(i).label) for i in range(tree.last_line + 1)]
             assert labels[0].startswith("✗ demo-method IN-REVIEW not-promoted")
             assert labels[2] == "✗ loss-gradient"
-            await pilot.press("j", "j", "enter")  # tree: method -> second contract -> Contracts tab
-            await settle(app, pilot)
-            t = table(app, "#contracts-table")
-            assert app.focused is t and rows(t)[t.cursor_row][0] == "loss-gradient"
-            await pilot.press("enter")  # its newest receipt, narrowed to that contract
+            await pilot.press("j", "j", "enter")  # tree: method -> second contract -> its receipt, at once
             await settle(app, pilot)
             assert isinstance(app.screen, ReceiptScreen)
             assert app.screen.row.file.endswith(store["failed"].name)
-            res = rows(table(app, "#results-table"))
-            assert res and {r[0] for r in res} == {"loss-gradient"} and {r[4] for r in res} == {"✗ failed"}
+            t = table(app, "#results-table")
+            res = rows(t)
+            assert len(res) == 15 and app.screen.filter_text == ""  # nothing hidden: the cursor is at the contract
+            assert res[t.cursor_row][0] == "loss-gradient" and res[t.cursor_row][4] == "✗ failed"
+            assert "opened at loss-gradient" in str(app.screen.query_one("#results-note").render())
+            await pilot.press("escape")
+            await settle(app, pilot)
+            await pilot.press("1", "enter")  # the Contracts table, its cursor on the tree's contract: the same receipt
+            await settle(app, pilot)
+            assert isinstance(app.screen, ReceiptScreen) and app.screen.contract == "loss-gradient"
             await pilot.press("enter")  # one result in full
             await settle(app, pilot)
             assert isinstance(app.screen, ResultScreen)
@@ -356,11 +361,11 @@ def test_receipts_tab_lists_every_state_and_filter_narrows(store):
             await pilot.press("2")
             await settle(app, pilot)
             t = table(app, "#receipts-table")
-            evidence = sorted(r[4] for r in rows(t))
+            evidence = sorted(r[5] for r in rows(t))
             assert evidence == ["CORRUPT", "TAMPERED", "fresh", "fresh", "fresh", "stale"]
             await pilot.press("slash", *"cuda")
             await settle(app, pilot)
-            assert [r[1] for r in rows(t)] == ["cuda"]
+            assert [r[2] for r in rows(t)] == ["cuda"]
             await pilot.press("q")  # typed into the filter, not a quit
             await settle(app, pilot)
             assert app.is_running and rows(t) == []
@@ -381,7 +386,7 @@ def test_failures_only(store):
             assert [r[0] for r in rows(table(app, "#contracts-table"))] == ["loss-gradient"]
             await pilot.press("2")
             await settle(app, pilot)
-            statuses = {(r[3], r[4]) for r in rows(table(app, "#receipts-table"))}
+            statuses = {(r[3], r[5]) for r in rows(table(app, "#receipts-table"))}
             assert statuses == {("✗ failed", "fresh"), ("? unknown", "CORRUPT"), ("✓ passed", "TAMPERED")}
             await pilot.press("f")
             await settle(app, pilot)
@@ -505,7 +510,12 @@ def test_a_receipt_of_any_shape_opens_and_diffs_without_crashing(store):
             await settle(app, pilot)
             app.pop_screen()
             await settle(app, pilot)
-            app.open_diff(row.file)
+            app.open_diff(row.file)  # no environment, so no device: nothing of its kind to compare with
+            await settle(app, pilot)
+            assert not isinstance(app.screen, DiffScreen) and app.is_running
+            app.toggle_mark(row.file)
+            app.toggle_mark(f"demo-method/{store['passed'].name}")
+            app.open_diff(row.file)  # two marked: those two
             await settle(app, pilot)
             assert isinstance(app.screen, DiffScreen) and app.is_running
 
@@ -735,7 +745,213 @@ def test_cli_tui_json_and_errors(store):
     data = json.loads(res.stdout)
     assert [m["method"] for m in data["methods"]] == ["demo-method", "other-method"]
     assert data["methods"][0]["gate"]["verdict"] == "closed" and data["receipts"] == 6
+    newest = data["methods"][0]["newest_receipt"]  # the truncated one: no coverage to tell
+    assert newest["evidence"] == "invalid" and newest["coverage"] is None
+    assert data["methods"][1]["newest_receipt"] is None
     res = runner.invoke(cli, ["tui", "--keys", "nope=x"])
     assert res.exit_code == 2 and "no binding with id nope" in res.stderr
     res = runner.invoke(cli, ["tui", "--specs", str(store["specs"]), "--receipts", str(store["receipts"])])
     assert res.exit_code == 4 and "needs an interactive terminal" in res.stderr
+
+
+# --- layout, focus, keys, palette, empty states ------------------------------------------------------
+
+
+def _visible_width(t: VimTable, upto: int) -> tuple[int, int]:
+    """(cells the first `upto` columns take, cells the table shows across)."""
+    cols = list(t.columns.values())[:upto]
+    return sum(c.get_render_width(t) for c in cols), t.scrollable_content_region.width
+
+
+def test_at_80x24_every_device_status_column_shows(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            assert app.screen.has_class("-narrow")
+            t = table(app, "#contracts-table")
+            labels = [c.label.plain for c in t.columns.values()]
+            assert labels[:4] == ["contract", "cpu", "cuda", "headroom"]
+            used, shown = _visible_width(t, 4)  # contract, cpu, cuda, headroom
+            assert used <= shown, (used, shown)
+            assert [c.get_render_width(t) - 2 for c in list(t.columns.values())[1:3]] >= [8, 8]  # "✓ passed"
+            tree = app.screen.query_one("#methods")
+            assert str(tree.get_node_at_line(0).label) == "✗ demo-method"  # the status line has the rest
+            await pilot.press("2")
+            await settle(app, pilot)
+            t = table(app, "#receipts-table")
+            used, shown = _visible_width(t, 5)  # mark, time, device, status, coverage
+            assert used <= shown and rows(t)[1][1] == "01-05 09:04"
+
+    run(go())
+
+
+def test_at_80x24_the_real_specs_status_columns_show(tmp_path):
+    """The shipped specs and receipts (long contract ids such as replay_reference_f64): the contract column
+    gives way so every device's status and the headroom stay on screen."""
+    import shutil
+
+    repo = Path(__file__).resolve().parent.parent
+    shutil.copytree(repo / "receipts", tmp_path / "receipts")
+
+    async def go():
+        app = create_app(repo / "specs", tmp_path / "receipts", repo, poll_seconds=None, persist_index=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            gave_way = []
+            for m in app.model.methods:
+                app.select_method(m.key)
+                await settle(app, pilot)
+                t = table(app, "#contracts-table")
+                labels = [c.label.plain for c in t.columns.values()]
+                assert labels[:len(m.devices) + 2] == ["contract", *m.devices, "headroom"]
+                used, shown = _visible_width(t, len(m.devices) + 2)
+                assert used <= shown, (m.key, used, shown)
+                natural = max(len(c.id) for c in m.contracts)
+                gave_way.append(list(t.columns.values())[0].get_render_width(t) - 2 < natural)
+            assert any(gave_way)  # at least one method's ids are too long for 80 columns as they are
+
+    run(go())
+
+
+def test_at_160x48_the_tree_takes_what_its_labels_need(tmp_path, demo_names):
+    root = tmp_path / "p"
+    specs = write_demo_project(root, keys=("demo-method", "a-rather-long-method-key-for-layout"))
+
+    async def go():
+        app = create_app(specs, root / "receipts", root, poll_seconds=None)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            tree = app.screen.query_one("#methods")
+            left = app.screen.query_one("#left")
+            labels = [str(tree.get_node_at_line(i).label) for i in range(tree.last_line + 1)
+                      if tree.get_node_at_line(i).data[0] == "method"]
+            assert labels[0] == "✗ a-rather-long-method-key-for-layout IN-REVIEW not-promoted"
+            assert left.size.width > 40  # not a fixed 40 or 42
+            assert tree.scrollable_content_region.width >= max(len(x) for x in labels) + 2  # nothing cut
+            before, tree_width = app.screen.query_one("#right").size.width, left.outer_size.width
+            await pilot.press("t")  # the tree folds away; the tables get the width
+            await settle(app, pilot)
+            assert not left.display and app.screen.query_one("#right").size.width == before + tree_width
+            await pilot.press("t")
+            await settle(app, pilot)
+            assert left.display
+
+    run(go())
+
+
+def test_focus_shows_after_tab(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            left, right = app.screen.query_one("#left"), app.screen.query_one("#right")
+            assert app.focused is app.screen.query_one("#methods")
+            assert left.styles.border_top[0] == "heavy" and right.styles.border_top[0] == "round"
+            await pilot.press("tab")
+            await settle(app, pilot)
+            assert app.focused is not None and right in app.focused.ancestors
+            assert right.styles.border_top[0] == "heavy" and left.styles.border_top[0] == "round"
+
+    run(go())
+
+
+def test_the_palette_lists_the_apps_commands_before_textuals(store):
+    from textual.command import CommandList
+
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            system = {c.title for c in app.get_system_commands(app.screen)}
+            await pilot.press("ctrl+p")
+            await pilot.pause(0.5)
+            options = app.screen.query_one(CommandList)
+            prompts = [str(options.get_option_at_index(i).prompt).split("\n")[0] for i in range(options.option_count)]
+            ours = [i for i, p in enumerate(prompts) if not any(p.startswith(s) for s in system)]
+            theirs = [i for i, p in enumerate(prompts) if any(p.startswith(s) for s in system)]
+            assert prompts[0].startswith("method: demo-method") and theirs and max(ours) < min(theirs), prompts
+            assert any(p.startswith("check: demo-method") for p in prompts)
+            assert any(p.startswith("promote: demo-method") for p in prompts)
+            await pilot.press(*"quit")  # typed: Textual's own still reachable, below any app match
+            await pilot.pause(0.5)
+            first = str(options.get_option_at_index(0).prompt)
+            assert "Quit" in first, first
+
+    run(go())
+
+
+def test_every_binding_has_an_id_shows_in_the_footer_and_in_help():
+    from textual.binding import Binding
+
+    from tui.app import binding_classes
+    from tui.screens.help import key_rows
+
+    for cls in binding_classes():
+        for b in cls.BINDINGS:
+            assert isinstance(b, Binding) and b.id, (cls.__name__, b)
+            assert b.show, (cls.__name__, b.id)  # the footer shows it where it applies
+    assert {bid for bid, _, _ in key_rows()} == binding_ids()
+    assert {"mark", "check", "check.stop", "promote", "demote", "tree", "tab.results", "tab.plots"} <= binding_ids()
+
+
+def test_the_footer_shows_what_applies_where_you_are(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            bar = app.screen.query_one("KeyBar")
+            entries = {desc for _keys, desc, _on in bar.entries()}
+            assert {"Filter", "Check", "Tree", "Tabs", "Move", "Quit"} <= entries
+            assert not {"Diff", "Mark", "Promote", "Demote", "Stop check"} & entries
+            assert ("1-5", "Tabs", True) in bar.entries() and ("j/k/g/G", "Move", True) in bar.entries()
+            assert len(bar.render_keys().plain.split("\n")) == 2  # 80 columns: wrapped, not cut
+            await pilot.press("2")
+            await settle(app, pilot)
+            assert {"Diff", "Mark"} <= {desc for _k, desc, _on in bar.entries()}
+            await pilot.press("5")
+            await settle(app, pilot)
+            assert "Promote" in {desc for _k, desc, _on in bar.entries()}
+
+    run(go())
+
+
+def test_empty_states_say_so(store):
+    async def go():
+        app = make_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await app.wait_loaded()
+            await settle(app, pilot)
+            app.select_method("other-method")
+            await pilot.press("f")
+            await settle(app, pilot)
+            tree = app.screen.query_one("#methods")
+            other = next(n for n in tree.root.children if n.data == ("method", "other-method"))
+            assert [str(n.label) for n in other.children] == ["no failing contracts (f shows all)"]
+            note = app.screen.query_one("#contracts-note")
+            assert note.display and "no failures: none of the 4 contracts failed in its newest receipt (4 never run)" \
+                in str(note.render())
+            assert table(app, "#contracts-table").row_count == 0
+            await pilot.press("2")
+            await settle(app, pilot)
+            assert "no receipts for other-method yet: press c" in str(app.screen.query_one("#receipts-note").render())
+            await pilot.press("f")
+            app.open_receipt(f"demo-method/{store['passed'].name}")
+            await settle(app, pilot)
+            await pilot.press("f")
+            await settle(app, pilot)
+            assert "no failures: all 15 result(s) passed" in str(app.screen.query_one("#results-note").render())
+            await pilot.press("2")
+            assert "no survivors: all 3 mutant(s) were killed" in str(app.screen.query_one("#mutants-note").render())
+            row = app.model.receipt(f"demo-method/{store['passed'].name}")
+            app.push_screen(DiffScreen(row, row, "a receipt with itself"))
+            await settle(app, pilot)
+            assert "no differences" in str(app.screen.query_one("#diff-header").render())
+
+    run(go())

@@ -14,7 +14,7 @@ from textual.binding import Binding
 from engine.store.index import Freshness, ReceiptIndex
 from engine.spec.loader import display_path
 from tui.commands import ContractsCommands
-from tui.data import GateView, Model, build_model, gate_flags, gate_for, gate_views, previous_receipt
+from tui.data import GateView, Model, build_model, gate_flags, gate_for, gate_views, previous_full_receipt
 
 DEFAULT_POLL_SECONDS = 3.0
 GATE_PROCESS_THRESHOLD = 1000  # receipts; above this the gate runs in another process
@@ -25,11 +25,12 @@ class ContractsApp(App):
 
     CSS_PATH = "app.tcss"
     TITLE = "contracts"
-    COMMANDS = App.COMMANDS | {ContractsCommands}
+    COMMANDS = {ContractsCommands}  # it lists Textual's own commands too, after the app's
     BINDINGS = [
         Binding("q", "quit", "Quit", id="quit"),
         Binding("question_mark", "help", "Help", id="help"),
         Binding("r", "reload", "Reload", id="reload"),
+        Binding("x", "stop_check", "Stop check", id="check.stop"),
     ]
 
     def __init__(self, specs_dir: Path, receipts_dir: Path, root: Path,
@@ -47,6 +48,10 @@ class ContractsApp(App):
         self._signature: tuple | None = None
         self.flags = gate_flags(self.receipts_dir, self.specs_dir, self.root)  # for commands we suggest or copy
         self._receipt_screen = None  # the one ReceiptScreen, installed on first use
+        self.marked: list[str] = []  # receipts marked with `m` (two at most), compared by `d`
+        self.check_run = None  # the `contracts check` child started with `c` (tui.checkrun.CheckRun)
+        self._select_receipt_id: str | None = None  # a finished check's receipt, selected once it is loaded
+        self._quit_after_check = False
         if keymap:
             self.set_keymap(keymap)
 
@@ -131,6 +136,8 @@ class ContractsApp(App):
                 screen.show_model(model)
         gc.freeze()  # long-lived: keep the cyclic GC from walking the index on every collection
         self.refine_gates(model)
+        if self._select_receipt_id:
+            self._show_new_receipt(model)
         if announce or (before is not None and before != model.receipts_total):
             added = model.receipts_total - (before or 0)
             self.notify(f"reloaded: {model.receipts_total} receipt(s)"
@@ -236,15 +243,41 @@ class ContractsApp(App):
         screen.show(row, contract)
 
     def open_diff(self, file: str) -> None:
+        """`d`: the two marked receipts if two are marked, else `file` against the previous full receipt of its
+        method on the same device (a partial run is never the default baseline)."""
+        if len(self.marked) == 2:
+            self.compare_marked()
+            return
+        row = self.model.receipt(file) if self.model else None
+        prev = previous_full_receipt(self.model, file) if row else None
+        if prev is None:
+            self.notify(f"no earlier full receipt of {file.split('/', 1)[0]} on {row.device if row else '?'} to "
+                        "compare with; mark any two receipts with m, then press d", severity="warning")
+            return
+        self._push_diff(prev, row, f"previous full receipt on {row.device}")
+
+    def compare_marked(self) -> None:
+        rows = [self.model.receipt(f) if self.model else None for f in self.marked]
+        if len(rows) != 2 or None in rows:
+            self.notify("mark two receipts with m first (a marked receipt is gone: press r)", severity="warning")
+            return
+        old, new = sorted(rows, key=lambda r: r.created_at or "")  # older first, whatever the marking order
+        self._push_diff(old, new, "the two marked receipts")
+
+    def _push_diff(self, old, new, why: str) -> None:
         from tui.screens.diff import DiffScreen
 
-        row = self.model.receipt(file) if self.model else None
-        prev = previous_receipt(self.model, file) if row else None
-        if prev is None:
-            self.notify(f"no earlier readable receipt of {file.split('/', 1)[0]} to compare with",
-                        severity="warning")
-            return
-        self.push_screen(DiffScreen(prev, row))
+        self.push_screen(DiffScreen(old, new, why))
+
+    def toggle_mark(self, file: str) -> None:
+        """Mark a receipt for `d` (two at most: a third mark drops the oldest one); unmark it if marked."""
+        if file in self.marked:
+            self.marked.remove(file)
+        else:
+            self.marked = (self.marked + [file])[-2:]
+        n = len(self.marked)
+        self.notify(f"{n} receipt(s) marked" + ("; d compares them" if n == 2 else "; mark one more to compare"),
+                    timeout=3)
 
     def select_method(self, key: str) -> None:
         from tui.screens.main import MainScreen
@@ -262,10 +295,212 @@ class ContractsApp(App):
         if action is not None:
             action()
 
+    def toggle_tree(self) -> None:
+        action = getattr(self.screen, "action_toggle_tree", None)
+        if action is not None:
+            action()
+
     def copy_text(self, text: str) -> None:
         """Copy to the terminal clipboard (OSC 52 works over SSH) and say what was copied."""
         self.copy_to_clipboard(text)
         self.notify(f"copied: {text if len(text) <= 80 else text[:77] + '...'}", timeout=3)
+
+    # -- `c`: a check in a child process; `x` stops it ---------------------------------------
+
+    def start_check(self, key: str) -> None:
+        """Ask for device and seeds, then run `contracts check KEY` as a child (never in this process)."""
+        from tui.screens.forms import CheckForm
+
+        if self.check_run is not None and self.check_run.running:
+            self.notify(f"a check of {self.check_run.method} is running (x stops it)", severity="warning")
+            return
+        m = self.model.method(key) if self.model else None
+        if m is None or m.spec is None:
+            self.notify(f"{key}: no readable spec to check", severity="warning")
+            return
+
+        def chosen(values) -> None:
+            if values is not None:
+                self.run_check(key, *values)
+
+        needed = list(m.spec.get("promotion", {}).get("requires", {}).get("devices") or [])
+        self.push_screen(CheckForm(key, list(m.spec["budget"]["seeds"]), needed), chosen)
+
+    def run_check(self, key: str, device: str, seeds: str, argv: list[str] | None = None) -> None:
+        """Start the child now (`argv` replaces the command line, for tests)."""
+        from tui.checkrun import CheckRun, check_argv
+
+        cr = CheckRun(key, device, seeds, argv or check_argv(key, device, seeds, self.specs_dir, self.receipts_dir))
+        self.check_run = cr
+        self._follow_check(cr)
+
+    @work(exclusive=True, group="check", description="contracts check (child process)")
+    async def _follow_check(self, cr) -> None:
+        from tui import checkrun
+
+        self._show_run(cr)
+        try:
+            await checkrun.run(cr, self.root, self._show_run)
+        except OSError as err:
+            cr.returncode = -1
+            cr.stderr_tail.append(f"could not start contracts check: {err}")
+        self._check_finished(cr)
+
+    def _show_run(self, cr) -> None:
+        from tui.screens.main import MainScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                screen.show_run(cr)
+        self.screen.refresh_bindings()
+
+    def _check_finished(self, cr) -> None:
+        self._show_run(cr)
+        runs = cr.receipts()
+        self.notify(f"contracts check {cr.method}: {cr.summary()}",
+                    severity="information" if cr.returncode == 0 else "warning", timeout=8)
+        if runs and runs[-1].get("receipt_id"):
+            self._select_receipt_id = runs[-1]["receipt_id"]
+        self.load_model()  # the new receipt appears (the poll would find it too, a little later)
+        if self._quit_after_check:
+            self.exit()
+
+    def _show_new_receipt(self, model) -> None:
+        """Select the receipt a finished check wrote, on its method's Receipts tab."""
+        from tui.screens.main import MainScreen
+
+        rid, self._select_receipt_id = self._select_receipt_id, None
+        row = next((r for m in model.methods for r in m.receipts if r.receipt_id == rid), None)
+        if row is None:
+            return
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                screen.show_receipt_row(row)
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "stop_check":
+            return self.check_run is not None and self.check_run.running
+        return True
+
+    def action_stop_check(self) -> None:
+        from rich.text import Text
+
+        from tui.screens.forms import ConfirmScreen
+
+        cr = self.check_run
+        if cr is None or not cr.running:
+            return
+
+        def answered(yes) -> None:
+            if yes:
+                self._stop_check(cr)
+
+        self.push_screen(ConfirmScreen(Text(f"Stop the check of {cr.method} on {cr.device}?\nWhat finished so far "
+                                            "is kept in an interrupted receipt (coverage: partial).", style="bold"),
+                                       "stop check"), answered)
+
+    def _stop_check(self, cr) -> None:
+        from tui import checkrun
+
+        checkrun.stop(cr)
+        self.set_timer(checkrun.STOP_GRACE_S, lambda: checkrun.force_stop(cr))
+        self._show_run(cr)
+
+    async def action_quit(self) -> None:
+        """Quit; with a check running, ask first and let it write its interrupted receipt."""
+        from rich.text import Text
+
+        from tui.screens.forms import ConfirmScreen
+
+        cr = self.check_run
+        if cr is None or not cr.running:
+            self.exit()
+            return
+
+        def answered(yes) -> None:
+            if yes:
+                self._quit_after_check = True
+                self._stop_check(cr)
+                self.notify("stopping the check; quitting once its receipt is written", timeout=5)
+
+        self.push_screen(ConfirmScreen(Text(f"A check of {cr.method} is running. Stop it and quit?\nWhat "
+                                            "finished is kept in an interrupted receipt.", style="bold"), "quit"),
+                         answered)
+
+    # -- `p` on the Gate tab: promote / demote through `contracts promote|demote` ----------------
+
+    def change_promotion(self, key: str, action: str) -> None:
+        """Read the gate from the files (never the index or a cache), then refuse with its reasons or ask why."""
+        self._gate_then_ask(key, action)
+
+    @work(thread=True, group="promote", exclusive=True, description="gate verdict for a promotion")
+    def _gate_then_ask(self, key: str, action: str) -> None:
+        try:
+            view = gate_for(key, self.receipts_dir, self.root, self.specs_dir, self.trust)
+        except Exception as err:  # a bug here must not take the browser down
+            self.ui(self.notify, f"engine.gate raised {type(err).__name__}: {err}", severity="error")
+            return
+        self.ui(self._ask_promotion, key, action, view)
+
+    def _ask_promotion(self, key: str, action: str, view) -> None:
+        from tui import fmt
+        from tui.screens.forms import MessageScreen, ReasonForm
+
+        if self.model is not None and self.model.method(key) is not None:
+            self._apply_gate(self.model, key, view)  # what was just read is what the tab shows
+        m = self.model.method(key) if self.model else None
+        if m is None:
+            return
+        if action == "promote" and view.verdict != "open":
+            self.push_screen(MessageScreen(refusal_text(key, view), "not promoted"))
+            return
+        new = "promoted" if action == "promote" else "not-promoted"
+
+        def given(reason) -> None:
+            if reason:
+                self._run_promotion(key, action, reason)
+
+        self.push_screen(ReasonForm(action, key, m.promotion, new, fmt.gate(view.verdict)), given)
+
+    def promotion_argv(self, key: str, action: str, reason: str) -> list[str]:
+        import sys
+
+        argv = [sys.executable, "-m", "engine.cli", action, key, "--reason", reason, "--json",
+                "--specs", str(self.specs_dir.resolve()), "--receipts", str(self.receipts_dir.resolve())]
+        if self.trust is not None:
+            argv += ["--trust", str(self.trust.resolve())]
+        return argv
+
+    @work(exclusive=True, group="promote", description="contracts promote/demote (child process)")
+    async def _run_promotion(self, key: str, action: str, reason: str) -> None:
+        """`contracts promote|demote KEY --reason R --json`: it holds the promotion lock, reads the gate from the
+        files again and writes the ledger; the TUI only shows what it says."""
+        import asyncio
+        import json
+
+        from tui.data import gate_view
+        from tui.screens.forms import MessageScreen
+
+        proc = await asyncio.create_subprocess_exec(*self.promotion_argv(key, action, reason), cwd=str(self.root),
+                                                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        try:
+            result = json.loads(out.decode("utf-8", errors="replace"))
+        except ValueError:
+            result = None
+        last = (err.decode("utf-8", errors="replace").strip().splitlines() or ["(no message)"])[-1]
+        if proc.returncode == 0 and isinstance(result, dict):
+            entry = result.get("ledger_entry") or {}
+            self.notify(f"{key}: promotion.state {result.get('old_state')} -> {result.get('new_state')}, ledger "
+                        f"entry {entry.get('seq')}" if result.get("changed") else
+                        f"{key} is already {result.get('new_state')}: nothing changed", timeout=6)
+        elif proc.returncode == 1 and isinstance(result, dict) and isinstance(result.get("gate"), dict):
+            self.push_screen(MessageScreen(refusal_text(key, gate_view(result["gate"], f"contracts {action}")),
+                                           "not promoted"))
+        else:
+            self.notify(f"contracts {action} {key} exited {proc.returncode}: {last}", severity="error", timeout=10)
+        self.action_reload()
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -292,19 +527,44 @@ class ContractsApp(App):
             await asyncio.sleep(0.01)
 
 
+def refusal_text(key: str, view: GateView):
+    """Why the gate refuses: every unmet requirement with what would meet it."""
+    from rich.text import Text
+
+    out = Text()
+    out.append(f"{key} cannot be promoted: the gate is closed (verdict from {view.source}, read from the "
+               "files just now)\n\n", style="bold red")
+    for what, how in view.unmet:
+        out.append("✗ ", style="bold red")
+        out.append(what + "\n")
+        if how:
+            out.append(f"    {'$ ' if how.startswith('contracts ') else '-> '}{how}\n", style="cyan")
+    for w in view.warnings:
+        out.append("⚠ ", style="yellow")
+        out.append(w + "\n")
+    out.append("\nescape closes this", style="dim")
+    return out
+
+
 def binding_ids() -> set[str]:
     """Every binding id a user may remap with --keys."""
+    ids = set()
+    for cls in binding_classes():
+        ids.update(b.id for b in cls.BINDINGS if getattr(b, "id", None))
+    return ids
+
+
+def binding_classes() -> list[type]:
+    """Every class of ours that declares bindings (the keymap, the help screen and a test walk them)."""
     from tui.screens.diff import DiffScreen
+    from tui.screens.forms import CheckForm, ConfirmScreen, MessageScreen, ReasonForm
     from tui.screens.help import HelpScreen
     from tui.screens.main import MainScreen
     from tui.screens.receipt import ReceiptScreen, ResultScreen
     from tui.widgets import FilterBar, MethodTree, VimTable
 
-    ids = set()
-    for cls in (ContractsApp, MainScreen, ReceiptScreen, ResultScreen, DiffScreen, HelpScreen, VimTable, MethodTree,
-                FilterBar):
-        ids.update(b.id for b in cls.BINDINGS if getattr(b, "id", None))
-    return ids
+    return [ContractsApp, MainScreen, ReceiptScreen, ResultScreen, DiffScreen, HelpScreen, CheckForm, ConfirmScreen,
+            ReasonForm, MessageScreen, VimTable, MethodTree, FilterBar]
 
 
 def parse_keys(text: str | None) -> dict[str, str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.store.coverage import Coverage, coverage, previous_full
 from engine.store.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of
 from engine.spec.loader import display_path
 from engine.run.expect import describe, format_headroom, is_sanity, worst_expectation
@@ -34,6 +35,21 @@ class ReceiptRow:
     freshness: str  # fresh | stale | tampered | invalid
     changed: tuple = ()
     contracts: list = field(default_factory=list)  # contract ids it holds results for
+    spec_data: Any = field(default=None, repr=False, compare=False)  # its method's spec, for coverage's total
+
+    @property
+    def coverage(self) -> Coverage | None:
+        """`full` or `partial 1/10` with why (engine.store.coverage, from the facts the index keeps); None for a
+        file that is not a readable receipt. Worked out when first asked: a start lists thousands of rows."""
+        if "_coverage" not in self.__dict__:
+            facts = self.entry.get("coverage")
+            self.__dict__["_coverage"] = coverage(facts, self.spec_data) if isinstance(facts, dict) else None
+        return self.__dict__["_coverage"]
+
+    @property
+    def coverage_label(self) -> str:
+        c = self.coverage
+        return c.label() if c is not None else "–"
 
     @property
     def folder(self) -> str:
@@ -79,7 +95,7 @@ class ReceiptRow:
         e = self.entry
         return " ".join(str(x) for x in (self.file, e.get("created_at"), e.get("device"), e.get("device_name"),
                                          e.get("status"), self.freshness, e.get("receipt_id"), e.get("commit"),
-                                         " ".join(map(str, e.get("seeds") or [])))).lower()
+                                         " ".join(map(str, e.get("seeds") or [])), self.coverage_label)).lower()
 
 
 @dataclass
@@ -307,6 +323,8 @@ def build_model(specs_dir: Path, receipts_dir: Path, root: Path, index: ReceiptI
             "receipts outside any method folder (see contracts verify)"]
         spec_obj, shown, errs = specs.get(key, (None, f"specs/{key}.yaml", missing))
         receipts = by_method.get(key, [])
+        for r in receipts:
+            r.spec_data = spec_obj.data if spec_obj is not None else None
         if spec_obj is None:
             methods.append(MethodModel(key=key or "(no folder)", spec=None, spec_file=shown, problems=errs,
                                        receipts=receipts, contracts=[], mutants=[],
@@ -381,12 +399,29 @@ def gate_for(key: str, receipts_dir: Path, root: Path, specs_dir: Path, trust: P
     except ContractsError as err:
         return GateView("closed", [(err.line(), f"contracts gate {key}{flags}")], "engine.gate")
     result = engine_gate.evaluate(spec, Path(receipts_dir), Path(root), Path(specs_dir), flags, policy=policy)
+    return gate_view(result)
+
+
+def gate_view(result: dict, source: str = "engine.gate") -> GateView:
+    """engine.gate.verdict.evaluate's result (or the `gate` of `contracts promote --json`) as the Gate tab shows
+    it: every unmet requirement with what would meet it."""
     reqs = [r for r in result.get("requirements") or [] if isinstance(r, dict)]
-    unmet = [(f"{r.get('id')}: {r.get('detail')}", r.get("fix") or "") for r in reqs
+    unmet = [(f"{r.get('id')}: {r.get('detail')}", fix_text(r.get("fix"), r.get("note"))) for r in reqs
              if r.get("required", True) and not r.get("met")]
     met = [f"{r.get('id')}: {r.get('detail')}" for r in reqs if r.get("met")]
-    return GateView("open" if result.get("promotable") else "closed", unmet, "engine.gate", met,
+    return GateView("open" if result.get("promotable") else "closed", unmet, source, met,
                     list(result.get("warnings") or []))
+
+
+def fix_text(fix: Any, note: Any = None) -> str:
+    """A requirement's fix as one line: a command (`{"argv": [...]}` or a string) or, with no command, its note."""
+    import shlex
+
+    if isinstance(fix, dict) and isinstance(fix.get("argv"), list):
+        return shlex.join(str(a) for a in fix["argv"])
+    if isinstance(fix, str) and fix:
+        return fix
+    return str(note) if note else ""
 
 
 # --- details, on demand -------------------------------------------------------------
@@ -434,14 +469,15 @@ def load_detail(receipts_dir: Path, file: str) -> Detail:
     return Detail(file, data, shown(statement))  # a signed receipt shows its Statement, not base64
 
 
-def previous_receipt(model: Model, file: str) -> ReceiptRow | None:
-    """The receipt of the same method written just before this one (parseable ones only)."""
+def previous_full_receipt(model: Model, file: str) -> ReceiptRow | None:
+    """What `d` compares a receipt with: the newest older receipt of the same method on the same device whose
+    coverage is full (engine.store.coverage.previous_full); tampered and corrupt files never count."""
     row = model.receipt(file)
     if row is None:
         return None
-    rows = next(m.receipts for m in model.methods if row in m.receipts)  # newest first
-    i = next(i for i, r in enumerate(rows) if r.file == file)
-    return next((r for r in rows[i + 1:] if r.freshness in (FRESH, STALE)), None)
+    rows = next(m.receipts for m in model.methods if row in m.receipts)
+    usable = [r for r in rows if r.freshness in (FRESH, STALE) and isinstance(r.entry.get("coverage"), dict)]
+    return previous_full(row, usable, row.spec_data, summary=lambda r: r.entry)
 
 
 def as_text(value: Any) -> str:
@@ -459,6 +495,9 @@ def model_as_dict(model: Model) -> dict:
             "gate": {"verdict": m.gate.verdict, "source": m.gate.source,
                      "unmet": [{"what": w, "how": h} for w, h in m.gate.unmet]},
             "summary": m.summary(), "problems": list(m.problems), "receipts": len(m.receipts),
+            "newest_receipt": None if not m.receipts else {
+                "file": m.receipts[0].file, "status": m.receipts[0].status, "evidence": m.receipts[0].freshness,
+                "coverage": m.receipts[0].coverage.as_dict() if m.receipts[0].coverage is not None else None},
             "contracts": [{"id": c.id, "kind": c.kind, "status": c.overall,
                            "devices": {d: {"status": s, "evidence": f} for d, (s, f) in c.cells.items()},
                            "worst_headroom": c.worst_headroom, "worst_margin": c.worst_margin, "latest": c.latest, "seeds_passed": c.seeds_passed}

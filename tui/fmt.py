@@ -65,10 +65,14 @@ def clean(value: Any) -> Any:
 
 
 def cell(value: Any) -> Any:
-    """A DataTable cell or label: a str as DataTable would show it (no line end), but never as markup."""
+    """A DataTable cell or label: a str as DataTable would show it (no line end), but never as markup; text
+    wider than its column ends in `…` instead of wrapping out of sight."""
     if isinstance(value, str):
-        return Text(term_safe(value), end="")
-    return clean(value)
+        return Text(term_safe(value), end="", no_wrap=True, overflow="ellipsis")
+    value = clean(value)
+    if isinstance(value, Text):
+        value.no_wrap, value.overflow = True, "ellipsis"
+    return value
 
 
 def status(value: str | None, extra: str = "") -> Text:
@@ -79,6 +83,13 @@ def status(value: str | None, extra: str = "") -> Text:
 
 def state(value: str) -> Text:
     return Text(STATE_WORD.get(value, value), style=STATE_STYLE.get(value, ""))
+
+
+def coverage(c: Any) -> Text:
+    """'full' plain, 'partial 1/10' in yellow (a partial pass must never read like a full one); '–' unknown."""
+    if c is None:
+        return Text("–", style="dim")
+    return Text(c.label(), style="" if c.full else "bold yellow")
 
 
 def gate(verdict: str) -> Text:
@@ -108,11 +119,11 @@ def expectation(metric: Any, value: Any, op: Any, threshold: Any) -> str:
     return f"{metric} {num(value)} {OPS.get(op, op or '?')} {num(threshold)}"
 
 
-def when(created_at: str | None) -> str:
-    """'2026-05-01 12:03:04' from an RFC 3339 UTC stamp (UTC, to the second)."""
+def when(created_at: str | None, short: bool = False) -> str:
+    """'2026-05-01 12:03:04' from an RFC 3339 UTC stamp (UTC, to the second); short: '05-01 12:03'."""
     if not created_at:
         return "?"
-    return created_at[:19].replace("T", " ")
+    return created_at[5:16].replace("T", " ") if short else created_at[:19].replace("T", " ")
 
 
 def commit(c: Any, dirty: Any) -> str:

@@ -18,6 +18,8 @@ from textual.widgets import DataTable, Input, Static, Tree
 
 from tui import fmt
 
+MOVE = Binding.Group("Move")  # j/k/g/G share one footer entry
+
 
 class VimTable(DataTable):
     """DataTable with j/k/g/G; `enter` opens the row. Every binding has an id users can remap.
@@ -28,10 +30,10 @@ class VimTable(DataTable):
 
     BINDINGS = [
         Binding("enter", "select_cursor", "Open", id="open"),
-        Binding("j", "cursor_down", "Down", show=False, id="table.down"),
-        Binding("k", "cursor_up", "Up", show=False, id="table.up"),
-        Binding("g", "scroll_top", "Top", show=False, id="table.top"),
-        Binding("G", "scroll_bottom", "Bottom", show=False, id="table.bottom"),
+        Binding("j", "cursor_down", "Down", id="table.down", group=MOVE),
+        Binding("k", "cursor_up", "Up", id="table.up", group=MOVE),
+        Binding("g", "scroll_top", "Top", id="table.top", group=MOVE),
+        Binding("G", "scroll_bottom", "Bottom", id="table.bottom", group=MOVE),
     ]
 
     class Opened(Message):
@@ -67,12 +69,17 @@ class VimTable(DataTable):
         self._pending_raw = raw
         return self.add_row(*cells, key=key)
 
-    def fill(self, columns: list, rows: list) -> None:
+    def fill(self, columns: list, rows: list, fit: int | None = None, shrink: dict[int, int] | None = None,
+             keep: int | None = None) -> None:
         """Replace every column and row: `columns` are labels or (label, key); `rows` are (cells, raw, key).
 
         Column widths are computed here from the text (capped at MAX_WIDTH), not
         left to DataTable's measuring pass on idle: the picture is the same
-        whenever it is taken, and no cell is measured twice.
+        whenever it is taken, and no cell is measured twice. With `fit` (the
+        cells the table has across), the columns in `shrink` (index -> the
+        narrowest it may get, in the order given) give up width until the
+        columns up to `keep` (default: the last shrinkable one) fit; a cut cell
+        ends in `…`, and `y`/`enter` still give it whole.
         """
         cols = [(fmt.cell(label), key) for label, key in (c if isinstance(c, tuple) else (c, None) for c in columns)]
         widths = [label.cell_len for label, _ in cols]
@@ -82,6 +89,8 @@ class VimTable(DataTable):
                 w = cell.cell_len if isinstance(cell, Text) else cell_len(str(cell))
                 if w > widths[i]:
                     widths[i] = min(w, self.MAX_WIDTH)
+        if fit is not None and shrink:
+            widths = fitted_widths(widths, fit, shrink, 2 * self.cell_padding, keep)
         self.clear(columns=True)
         for (label, key), width in zip(cols, widths):
             self.add_column(label, width=width, key=key)
@@ -122,15 +131,31 @@ class VimTable(DataTable):
         return value.plain if hasattr(value, "plain") else value
 
 
+def fitted_widths(widths: list[int], fit: int, shrink: dict[int, int], padding: int,
+                  keep: int | None = None) -> list[int]:
+    """`widths` with the `shrink` columns narrowed (to no less than their minimum) until every column up to
+    and including `keep` (default: the last shrinkable one) fits in `fit` cells; later ones may scroll off."""
+    widths = list(widths)
+    last = max(shrink) if keep is None else keep
+    need = sum(w + padding for w in widths[:last + 1]) - fit
+    for i, least in shrink.items():
+        if need <= 0:
+            break
+        give = min(need, max(0, widths[i] - least))
+        widths[i] -= give
+        need -= give
+    return widths
+
+
 class MethodTree(Tree):
     """The method tree, with the same binding ids as the tables."""
 
     BINDINGS = [
         Binding("enter", "select_cursor", "Open", id="open"),
-        Binding("j", "cursor_down", "Down", show=False, id="table.down"),
-        Binding("k", "cursor_up", "Up", show=False, id="table.up"),
-        Binding("g", "scroll_home", "Top", show=False, id="table.top"),
-        Binding("G", "scroll_end", "Bottom", show=False, id="table.bottom"),
+        Binding("j", "cursor_down", "Down", id="table.down", group=MOVE),
+        Binding("k", "cursor_up", "Up", id="table.up", group=MOVE),
+        Binding("g", "scroll_home", "Top", id="table.top", group=MOVE),
+        Binding("G", "scroll_end", "Bottom", id="table.bottom", group=MOVE),
     ]
 
     def process_label(self, label) -> Text:
@@ -174,7 +199,8 @@ class FilterBar(Input):
 
 
 class KeyBar(Static):
-    """The footer: the keys that apply here, on one line, from the screen's active bindings.
+    """The footer: the keys that apply here, from the screen's active bindings, wrapped onto a second line
+    when the terminal is narrow; bindings of one group (tabs, moving) share one entry, e.g. `1-5 Tabs`.
 
     One widget rather than Textual's Footer, which mounts a widget per key and
     rebuilds them on every focus change (about 100 ms per screen opened here).
@@ -184,7 +210,8 @@ class KeyBar(Static):
     KeyBar {
         dock: bottom;
         width: 100%;
-        height: 1;
+        height: auto;
+        max-height: 3;
         background: $footer-background;
         color: $footer-foreground;
     }
@@ -198,7 +225,7 @@ class KeyBar(Static):
         self.screen.bindings_updated_signal.unsubscribe(self)
 
     def on_resize(self, event) -> None:
-        if event.size.width != getattr(self, "_width", None):  # only a new width moves the palette hint
+        if event.size.width != getattr(self, "_width", None):  # only a new width re-wraps the keys
             self._width = event.size.width
             self._changed(self.screen)
 
@@ -206,20 +233,59 @@ class KeyBar(Static):
         if screen is self.screen:
             self.update(self.render_keys())
 
-    def render_keys(self) -> Text:
-        """' ⏎ Open  / Filter  ...' with the palette key at the right edge."""
-        text, seen, palette = Text(), set(), None
+    def entries(self) -> list[tuple[str, str, bool]]:
+        """(keys, description, enabled) per footer entry, in binding order; a group is one entry."""
+        out: list[tuple[str, str, bool]] = []
+        groups: dict = {}
+        seen = set()
         for _node, binding, enabled, _tip in self.screen.active_bindings.values():
-            if binding.action == "command_palette":
-                palette = binding
-                continue
-            if not binding.show or binding.action in seen:
+            if binding.action == "command_palette" or binding.system or not binding.show or binding.action in seen:
                 continue
             seen.add(binding.action)
-            text.append(f" {self.app.get_key_display(binding)} ", style="bold" if enabled else "dim")
-            text.append(f"{binding.description} ", style="" if enabled else "dim")
-        if palette is not None and self.app.ENABLE_COMMAND_PALETTE:
-            hint = f" {self.app.get_key_display(palette)} palette "
-            gap = max(1, self.size.width - text.cell_len - len(hint))
-            text.append(" " * gap + hint, style="dim")
-        return text
+            key = self.app.get_key_display(binding)
+            if binding.group is not None:
+                if binding.group in groups:
+                    keys, desc, on = out[groups[binding.group]]
+                    out[groups[binding.group]] = (keys + [key], desc, on or enabled)
+                    continue
+                groups[binding.group] = len(out)
+                out.append(([key], binding.group.description, enabled))
+            else:
+                out.append(([key], binding.description, enabled))
+        return [(_keys(keys), desc, on) for keys, desc, on in out]
+
+    def palette_hint(self) -> str:
+        if not self.app.ENABLE_COMMAND_PALETTE:
+            return ""
+        for _node, binding, _enabled, _tip in self.screen.active_bindings.values():
+            if binding.action == "command_palette":
+                return f" {self.app.get_key_display(binding)} palette "
+        return ""
+
+    def render_keys(self) -> Text:
+        """' ⏎ Open  / Filter  ...' packed into lines of the bar's width, the palette key at the right edge."""
+        width = self.size.width or self.app.size.width or 80
+        lines: list[Text] = [Text()]
+        for keys, desc, enabled in self.entries():
+            item = Text()
+            item.append(f" {keys} ", style="bold reverse" if enabled else "dim reverse")
+            item.append(f" {desc} ", style="" if enabled else "dim")
+            if lines[-1].cell_len and lines[-1].cell_len + item.cell_len > width:
+                lines.append(Text())
+            lines[-1].append_text(item)
+        hint = self.palette_hint()
+        if hint:
+            if lines[-1].cell_len + len(hint) + 1 > width:
+                lines.append(Text())
+            gap = max(1, width - lines[-1].cell_len - len(hint))
+            lines[-1].append(" " * gap + hint, style="dim")
+        return Text("\n").join(lines)
+
+
+def _keys(keys: list[str]) -> str:
+    """'1-5' for a run of digits, else the keys joined by '/'."""
+    if len(keys) > 2 and all(len(k) == 1 and k.isdigit() for k in keys):
+        digits = [int(k) for k in keys]
+        if digits == list(range(digits[0], digits[0] + len(digits))):
+            return f"{keys[0]}-{keys[-1]}"
+    return "/".join(keys)

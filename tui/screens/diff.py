@@ -1,4 +1,4 @@
-"""`d`: a receipt against the previous receipt of the same method."""
+"""`d`: a receipt against the previous full receipt of its method on the same device, or two marked receipts."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ class DiffScreen(Screen):
         Binding("y", "copy", "Copy", id="copy"),
     ]
 
-    def __init__(self, old: ReceiptRow, new: ReceiptRow) -> None:
+    def __init__(self, old: ReceiptRow, new: ReceiptRow, why: str = "") -> None:
         super().__init__(id="diff")
-        self.old, self.new = old, new
+        self.old, self.new, self.why = old, new, why
         self.rows: list[DiffRow] = []
         self.same = 0
         self.filter_text = ""
@@ -42,8 +42,8 @@ class DiffScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield DataStatic(Text(f"old {self.old.file}  ({fmt.when(self.old.created_at)})\n"
-                          f"new {self.new.file}  ({fmt.when(self.new.created_at)})\ncomparing ...", style="bold"),
-                     id="diff-header")
+                              f"new {self.new.file}  ({fmt.when(self.new.created_at)})\ncomparing ...", style="bold"),
+                         id="diff-header")
         yield VimTable(id="diff-table", cursor_type="cell")
         yield FilterBar(placeholder="filter changes (enter: keep, escape: clear)", id="filter")
         yield KeyBar()
@@ -78,14 +78,22 @@ class DiffScreen(Screen):
     def _fill(self) -> None:
         moved = sum(r.kind == "measurement" for r in self.rows)
         statuses = sum(r.kind == "status" for r in self.rows)
-        head = Text(f"old {self.old.file}  ({fmt.when(self.old.created_at)}, {self.old.status})\n"
-                    f"new {self.new.file}  ({fmt.when(self.new.created_at)}, {self.new.status})\n", style="bold")
+        head = Text(style="bold")
+        for word, r in (("old", self.old), ("new", self.new)):
+            head.append(f"{word} {r.file}  ({fmt.when(r.created_at)}, {r.device}, {r.status}, {r.coverage_label})\n")
+        if self.why:
+            head.append(f"comparing {self.why}\n", style="dim")
         if self.error:
             head.append(self.error, style="bold red")
+        elif not self.rows:
+            head.append(f"no differences: every one of the {self.same} measurement(s), every status and every mutant "
+                        "verdict is the same", style="green")
         else:
             head.append(f"{moved} measurement(s) moved, {statuses} status(es) changed, "
                         f"{sum(r.kind == 'mutant' for r in self.rows)} mutant verdict(s) changed, "
                         f"{self.same} measurement(s) unchanged")
+            if self.failures_only and not any(r.kind in ("status", "mutant", "run") for r in self.rows):
+                head.append("\nno status, mutant or run changes (f shows the moved measurements)", style="italic")
         self.query_one("#diff-header", Static).update(head)
         rows = []
         needle = self.filter_text.lower()

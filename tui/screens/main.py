@@ -17,6 +17,10 @@ from tui.widgets import DataStatic, FilterBar, KeyBar, MethodTree, VimTable
 
 MAX_RECEIPT_ROWS = 300  # a DataTable measures every cell; the store can hold 10,000+ receipts
 TABS = ("contracts", "receipts", "spec", "paper", "gate")
+TAB_KEYS = Binding.Group("Tabs")
+NARROW = 110  # columns: below this the tree drops review/promotion from its labels (the status line has them)
+TREE_MIN, TREE_SHARE_WIDE, TREE_SHARE_NARROW = 20, 0.45, 0.34  # the tree's width: least, most (share of screen)
+STATUS_MIN = 8  # "✓ passed": a device status column is never narrower
 
 
 class MainScreen(Screen):
@@ -24,15 +28,20 @@ class MainScreen(Screen):
 
     BINDINGS = [
         Binding("slash", "filter", "Filter", id="filter"),
-        Binding("f", "failures", "Failures only", id="failures"),
+        Binding("f", "failures", "Failures", id="failures"),
         Binding("y", "copy", "Copy", id="copy"),
         Binding("d", "diff", "Diff", id="diff"),
-        Binding("escape", "back", "Clear filter", id="back", show=False),
-        Binding("1", "tab('contracts')", "Contracts", show=False, id="tab.contracts"),
-        Binding("2", "tab('receipts')", "Receipts", show=False, id="tab.receipts"),
-        Binding("3", "tab('spec')", "Spec", show=False, id="tab.spec"),
-        Binding("4", "tab('paper')", "Paper", show=False, id="tab.paper"),
-        Binding("5", "tab('gate')", "Gate", show=False, id="tab.gate"),
+        Binding("m", "mark", "Mark", id="mark"),
+        Binding("c", "check", "Check", id="check"),
+        Binding("p", "promote", "Promote", id="promote"),
+        Binding("p", "demote", "Demote", id="demote"),
+        Binding("t", "toggle_tree", "Tree", id="tree"),
+        Binding("escape", "back", "Back", id="back"),
+        Binding("1", "tab('contracts')", "Contracts", id="tab.contracts", group=TAB_KEYS),
+        Binding("2", "tab('receipts')", "Receipts", id="tab.receipts", group=TAB_KEYS),
+        Binding("3", "tab('spec')", "Spec", id="tab.spec", group=TAB_KEYS),
+        Binding("4", "tab('paper')", "Paper", id="tab.paper", group=TAB_KEYS),
+        Binding("5", "tab('gate')", "Gate", id="tab.gate", group=TAB_KEYS),
     ]
 
     def __init__(self) -> None:
@@ -44,6 +53,8 @@ class MainScreen(Screen):
         self._stale_tabs: set[str] = set()  # tabs whose content predates the current model or filter
         self.filter_text = ""
         self.failures_only = False
+        self._width = 0  # the screen's width in cells, set on mount and on every resize
+        self._tree_width = TREE_MIN
 
     # -- layout ------------------------------------------------------------------
 
@@ -57,21 +68,23 @@ class MainScreen(Screen):
             with Vertical(id="right"):
                 yield DataStatic("loading specs and the receipt index ...", id="status")
                 with TabbedContent(id="tabs", initial="contracts"):
-                    with TabPane("Contracts", id="contracts"):
+                    with TabPane("1 Contracts", id="contracts"):
+                        yield DataStatic("", id="contracts-note")
                         yield VimTable(id="contracts-table", cursor_type="cell")
-                    with TabPane("Receipts", id="receipts"):
+                    with TabPane("2 Receipts", id="receipts"):
                         yield DataStatic("", id="receipts-note")
                         yield VimTable(id="receipts-table")
-                    with TabPane("Spec", id="spec"):
+                    with TabPane("3 Spec", id="spec"):
                         with VerticalScroll():
                             yield DataStatic("", id="spec-view")
-                    with TabPane("Paper", id="paper"):
+                    with TabPane("4 Paper", id="paper"):
                         with VerticalScroll():
                             yield DataStatic("", id="paper-view")
-                    with TabPane("Gate", id="gate"):
+                    with TabPane("5 Gate", id="gate"):
                         with VerticalScroll():
                             yield DataStatic("", id="gate-view")
         yield FilterBar(placeholder="filter (enter: keep, escape: clear)", id="filter")
+        yield DataStatic("", id="run-panel")
         yield KeyBar()
 
     def on_mount(self) -> None:
@@ -79,10 +92,57 @@ class MainScreen(Screen):
         tree = self.query_one(MethodTree)
         tree.show_root = False
         tree.guide_depth = 2
+        self.query_one("#left").border_title = "methods"
         self.query_one("#filter").display = False
+        self.query_one("#contracts-note").display = False
+        self.query_one("#run-panel").display = False
+        self._apply_width(self.app.size.width)
+        if self.app.check_run is not None:
+            self.show_run(self.app.check_run)
         if self.app.model is not None:
             self.show_model(self.app.model)
         self.refresh_bindings()
+
+    # -- layout: the tree takes what its labels need, the tables the rest ------------
+
+    @property
+    def narrow(self) -> bool:
+        return self._width < NARROW
+
+    def _apply_width(self, width: int) -> None:
+        self._width = width
+        self.set_class(self.narrow, "-narrow")
+
+    def on_resize(self, event) -> None:
+        if event.size.width == self._width:
+            return
+        was = self.narrow
+        self._apply_width(event.size.width)
+        if self.app.model is None:
+            return
+        if was != self.narrow:
+            self.show_model(self.app.model)  # the labels change form
+        else:
+            self._size_tree()
+            self._stale_tabs |= {"contracts", "receipts"}  # both tables fit their columns to the width
+            self._fill_tab(self.query_one(TabbedContent).active)
+
+    def _size_tree(self) -> None:
+        """The tree as wide as its widest label (plus border and scroll bar), within a share of the screen."""
+        tree = self.query_one(MethodTree)
+        need = 0  # a line is its toggle or guide (2 cells) and its label; problem lines may scroll
+        for node in tree.root.children:
+            for n in (node, *node.children):
+                if n.data and n.data[0] in ("method", "contract"):
+                    need = max(need, 2 + tree.process_label(n.label).cell_len)
+        share = TREE_SHARE_NARROW if self.narrow else TREE_SHARE_WIDE
+        self._tree_width = max(TREE_MIN, min(need + 3, int(self._width * share)))
+        self.query_one("#left").styles.width = self._tree_width
+
+    def _table_width(self) -> int:
+        """Cells across the right panel's tables (borders and the scroll bar taken off)."""
+        left = self._tree_width if self.query_one("#left").display else 0
+        return max(20, self._width - left - 3)
 
     # -- model -> widgets ----------------------------------------------------------
 
@@ -103,11 +163,12 @@ class MainScreen(Screen):
             self.method = model.methods[0].key if model.methods else None
         for m in model.methods:
             node = tree.root.add(self._method_label(m), data=("method", m.key),
-                                 expand=m.key in expanded or (not expanded and m.key == self.method))
-            for c in m.contracts:
-                if self.failures_only and not c.failing:
-                    continue
+                                 expand=m.key in expanded or m.key == self.method)
+            shown = [c for c in m.contracts if not (self.failures_only and not c.failing)]
+            for c in shown:
                 node.add_leaf(self._contract_label(c), data=("contract", m.key, c.id))
+            if self.failures_only and m.contracts and not shown:
+                node.add_leaf(Text("no failing contracts (f shows all)", style="dim italic"), data=("note", m.key))
             for p in m.problems[:5]:
                 node.add_leaf(Text(f"⚠ {p}", style="bold red"), data=("problem", m.key))
         for p in model.problems:
@@ -115,6 +176,7 @@ class MainScreen(Screen):
         if not model.methods:
             self.query_one("#status", Static).update(Text("\n".join(model.problems) or "nothing to show",
                                                           style="yellow"))
+        self._size_tree()
         self._select_tree_line()
         self.refresh_method()
 
@@ -145,14 +207,15 @@ class MainScreen(Screen):
                 tree.move_cursor_to_line(line)
                 return
 
-    @staticmethod
-    def _method_label(m: MethodModel) -> Text:
+    def _method_label(self, m: MethodModel) -> Text:
+        """'✗ mrtpo DONE not-promoted'; on a narrow screen only the mark and the key (the status line says the
+        rest)."""
         t = Text()
         t.append(f"{fmt.GATE_MARK.get(m.gate.verdict, '?')} ", style=fmt.GATE_STYLE.get(m.gate.verdict, ""))
         t.append(m.key, style="bold")
         if m.spec is None:
             t.append(" BROKEN SPEC", style="bold red")
-        else:
+        elif not self.narrow:
             t.append(f" {m.review}", style="green" if m.review == "DONE" else "yellow")
             t.append(f" {m.promotion}", style="green" if m.promotion == "promoted" else "dim")
         return t
@@ -178,6 +241,7 @@ class MainScreen(Screen):
         # receipt table or a long spec is work the first screen need not wait for).
         self._stale_tabs = set(TABS)
         self._fill_tab(self.query_one(TabbedContent).active or "contracts")
+        self.refresh_bindings()
 
     def _fill_tab(self, tab: str) -> None:
         m = self.current
@@ -199,6 +263,8 @@ class MainScreen(Screen):
         return not self.filter_text or self.filter_text.lower() in text
 
     def _fill_contracts(self, m: MethodModel) -> None:
+        """Contract, a status per device (never squeezed out: the contract column gives way first), headroom,
+        seeds, the newest error against its limit, kind."""
         t = self.query_one("#contracts-table", VimTable)
         cursor_key = self._cursor_key(t)
         rows = []
@@ -209,11 +275,27 @@ class MainScreen(Screen):
             for dev in m.devices:
                 st, fr = c.cells.get(dev, (None, None))
                 cells.append(fmt.status(st, " (stale)" if fr == "stale" else ""))
-            rows.append(([c.id, c.kind, *cells, c.worst_headroom, c.latest, c.seeds_passed],
-                         [c.id, c.kind, *[fmt_plain(x) for x in cells], c.worst_headroom, c.latest, c.seeds_passed],
+            rows.append(([c.id, *cells, c.worst_headroom, c.seeds_passed, c.latest, c.kind],
+                         [c.id, *[fmt_plain(x) for x in cells], c.worst_headroom, c.seeds_passed, c.latest, c.kind],
                          c.id))
-        t.fill(["contract", "kind", *m.devices, "worst headroom", "latest value vs tolerance", "seeds passed"], rows)
+        shrink = {0: 12, **{1 + i: STATUS_MIN for i in range(len(m.devices))}}
+        t.fill(["contract", *m.devices, "headroom", "seeds", "newest error vs limit", "kind"], rows,
+               fit=self._table_width(), shrink=shrink, keep=len(m.devices) + 1)
+        note = self.query_one("#contracts-note", Static)
+        note.display = not rows
+        if not rows:
+            note.update(Text(self._empty_contracts(m), style="italic"))
         self._restore_cursor(t, self.contract or cursor_key)
+
+    def _empty_contracts(self, m: MethodModel) -> str:
+        """Why the contracts table is empty, and the key that brings rows back."""
+        if not m.contracts:
+            return f"{m.key} has no contracts" + ("" if m.spec else " (its spec could not be read: 3 for why)")
+        if self.failures_only and not any(c.failing for c in m.contracts):
+            never = sum(c.overall is None for c in m.contracts)
+            return (f"no failures: none of the {len(m.contracts)} contracts failed in its newest receipt"
+                    + (f" ({never} never run)" if never else "") + "; f shows them all")
+        return f"no contract matches '{self.filter_text}'; escape clears the filter"
 
     def _visible_receipts(self, m: MethodModel) -> list:
         rows = m.receipts
@@ -231,11 +313,13 @@ class MainScreen(Screen):
         cursor_key = self.selected_receipt()
         rows = self._visible_receipts(m)
         shown = rows[:MAX_RECEIPT_ROWS]
-        t.fill(["time (UTC)", "device", "seeds", "status", "evidence", "commit", "id"], [
-            ([fmt.when(r.created_at), r.device, ",".join(map(str, r.entry.get("seeds") or [])) or "–",
-              fmt.status(r.status) if r.status else Text("? unknown", style="bold red"), fmt.state(r.freshness),
+        marked = self.app.marked
+        t.fill(["", "time (UTC)", "device", "status", "coverage", "evidence", "seeds", "commit", "id"], [
+            ([_mark(r.file, marked), fmt.when(r.created_at, short=self.narrow), r.device,
+              fmt.status(r.status) if r.status else Text("? unknown", style="bold red"), fmt.coverage(r.coverage),
+              fmt.state(r.freshness), ",".join(map(str, r.entry.get("seeds") or [])) or "–",
               fmt.commit(r.entry.get("commit"), r.entry.get("dirty")), r.short_id], None, None)
-            for r in shown])
+            for r in shown], fit=self._table_width(), shrink={2: 4}, keep=4)
         self._receipt_files = [r.file for r in shown]  # row index -> file (rows are not keyed)
         parts = [f"{len(m.receipts)} receipt(s)"]
         if self.contract:
@@ -250,7 +334,15 @@ class MainScreen(Screen):
         elif rows is not m.receipts:
             note += f"; {len(rows)} shown"
         if not m.receipts:
-            note = f"no receipts for {m.key} yet: run contracts check {m.key} --device cpu"
+            note = f"no receipts for {m.key} yet: press c to run a check (or contracts check {m.key} --device cpu)"
+        elif not rows and self.failures_only:
+            note = (f"no failures: every one of the {len(m.receipts)} receipt(s)"
+                    + (f" holding {self.contract}" if self.contract else "") + " passed and reads as written; "
+                    "f shows them all")
+        elif not rows:
+            note += "; nothing matches (escape clears)"
+        if marked:
+            note += f"; marked {len(marked)} of 2" + (" (d compares them)" if len(marked) == 2 else "")
         self.query_one("#receipts-note", Static).update(Text(note, style="dim"))
         if cursor_key in self._receipt_files:
             t.move_cursor(row=self._receipt_files.index(cursor_key), animate=False)
@@ -370,10 +462,21 @@ class MainScreen(Screen):
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
         data = event.node.data
         if data and data[0] == "contract":
-            self.action_tab("contracts")
-            self.query_one("#contracts-table", VimTable).focus()
+            self.open_contract(data[1], data[2])
         elif data and data[0] == "problem":
             self.action_tab("spec")
+
+    def open_contract(self, key: str, cid: str) -> None:
+        """The receipt behind a contract's worst cell (else its newest), at that contract's rows."""
+        m = self.app.model.method(key) if self.app.model else None
+        row = next((c for c in m.contracts if c.id == cid), None) if m else None
+        if row is None:
+            return
+        if row.open_file is None:
+            self.notify(f"{row.id} has no receipt yet: press c to run contracts check {m.key}, or run contracts "
+                        f"check {m.key} --only {row.id} --device cpu", severity="warning")
+            return
+        self.app.open_receipt(row.open_file, contract=row.id)
 
     def on_vim_table_opened(self, event: VimTable.Opened) -> None:
         m = self.current
@@ -383,15 +486,8 @@ class MainScreen(Screen):
             file = self.selected_receipt()
             if file:
                 self.app.open_receipt(file, contract=self.contract)
-        elif event.table.id == "contracts-table":
-            row = next((c for c in m.contracts if c.id == event.key), None)
-            if row is None:
-                return
-            if row.open_file is None:
-                self.notify(f"{row.id} has no receipt yet: contracts check {m.key} --only {row.id} --device cpu",
-                            severity="warning")
-                return
-            self.app.open_receipt(row.open_file, contract=row.id)
+        elif event.table.id == "contracts-table" and event.key:
+            self.open_contract(m.key, event.key)
 
     def on_input_changed(self, event: FilterBar.Changed) -> None:
         if event.input.id != "filter":
@@ -447,11 +543,92 @@ class MainScreen(Screen):
             self.refresh_method()
 
     def action_diff(self) -> None:
+        if len(self.app.marked) == 2:
+            self.app.compare_marked()
+            return
         file = self.selected_receipt()
         if file is None:
             self.notify("select a receipt on the Receipts tab first", severity="warning")
             return
         self.app.open_diff(file)
+
+    def action_mark(self) -> None:
+        file = self.selected_receipt()
+        if file is None:
+            return
+        self.app.toggle_mark(file)
+        self.marks_changed()
+
+    def marks_changed(self) -> None:
+        """Redraw the receipt list's mark column (and note) after `m` here or on the receipt screen."""
+        self._stale_tabs.add("receipts")
+        self._fill_tab(self.query_one(TabbedContent).active)
+        self.refresh_bindings()
+
+    def action_check(self) -> None:
+        if self.method:
+            self.app.start_check(self.method)
+
+    def action_promote(self) -> None:
+        if self.method:
+            self.app.change_promotion(self.method, "promote")
+
+    def action_demote(self) -> None:
+        if self.method:
+            self.app.change_promotion(self.method, "demote")
+
+    def show_run(self, cr) -> None:
+        """The check panel: what runs, how far it got, how it ended."""
+        if not self._ready:
+            return
+        panel = self.query_one("#run-panel", Static)
+        panel.display = True
+        t = Text()
+        args = f"contracts check {cr.method} --device {cr.device}" + (f" --seeds {cr.seeds}" if cr.seeds else "")
+        if cr.running:
+            t.append("stopping " if cr.stopping else "running ", style="bold yellow")
+        else:
+            ok = cr.returncode == 0
+            t.append("finished " if ok else "ended ", style="bold green" if ok else "bold red")
+        t.append(args)
+        p = cr.progress
+        if p is not None:
+            width = max(10, min(40, self._width - 40))
+            filled = int(width * p.done / p.total) if p.total else 0
+            t.append("\n")
+            t.append("━" * filled, style="green")
+            t.append("─" * (width - filled), style="dim")
+            t.append(f" {p.done}/{p.total} {p.elapsed}  ")
+            t.append(p.label, style="dim")
+        elif cr.running:
+            t.append("\nstarting (importing torch and the methods) ...", style="dim")
+        if not cr.running:
+            t.append("\n" + cr.summary(), style="" if cr.returncode == 0 else "bold")
+            if cr.returncode not in (0, 1, 130) and cr.stderr_tail:
+                t.append("\n" + cr.stderr_tail[-1], style="red")
+        else:
+            t.append("\nx stops it (what finished is kept)", style="dim")
+        panel.update(t)
+        self.refresh_bindings()
+
+    def show_receipt_row(self, row) -> None:
+        """Put the cursor on `row` on its method's Receipts tab (a check from `c` just wrote it)."""
+        self.method, self.contract = row.folder, None
+        self._select_tree_line()
+        self.refresh_method()
+        self._fill_tab("receipts")
+        self.action_tab("receipts")
+        if row.file in self._receipt_files:
+            self.query_one("#receipts-table", VimTable).move_cursor(row=self._receipt_files.index(row.file),
+                                                                    animate=False)
+
+    def action_toggle_tree(self) -> None:
+        left = self.query_one("#left")
+        left.display = not left.display
+        if not left.display and self.query_one(MethodTree).has_focus:
+            self._focus_table()
+        self._stale_tabs |= {"contracts", "receipts"}
+        self._fill_tab(self.query_one(TabbedContent).active)
 
     def action_copy(self) -> None:
         focused = self.focused
@@ -472,16 +649,31 @@ class MainScreen(Screen):
         # The footer shows only what applies here; asked before on_mount too, when nothing can be queried.
         if not self._ready:
             return True
+        tab = self.query_one(TabbedContent).active
         if action == "diff":
-            return self.query_one(TabbedContent).active == "receipts" and bool(self._receipt_files)
+            return (tab == "receipts" and bool(self._receipt_files)) or len(self.app.marked) == 2
+        if action == "mark":
+            return tab == "receipts" and bool(self._receipt_files)
         if action == "back":
             return bool(self.filter_text or self.contract)
+        if action in ("promote", "demote"):
+            m = self.current
+            if tab != "gate" or m is None or m.spec is None:
+                return False
+            return (m.promotion == "promoted") == (action == "demote")
+        if action == "check":
+            return self.current is not None and self.current.spec is not None
         return True
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane is not None and event.pane.id:
             self._fill_tab(event.pane.id)
         self.refresh_bindings()
+
+
+def _mark(file: str, marked: list[str]) -> Text:
+    """'●1' / '●2' for a receipt marked with `m`."""
+    return Text(f"●{marked.index(file) + 1}", style="bold cyan") if file in marked else Text("")
 
 
 def fmt_plain(value) -> str:

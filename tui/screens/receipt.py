@@ -10,16 +10,17 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Header, Log, Static, TabbedContent, TabPane
 
 from engine.text import term_safe
-from tui import fmt
+from tui import fmt, plots
 from tui.data import Detail, ReceiptRow, load_detail
 from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable
 
 MAX_STEP_COLUMNS = 8
+TAB_KEYS = Binding.Group("Tabs")
 
 
 class ReceiptScreen(Screen):
@@ -30,9 +31,15 @@ class ReceiptScreen(Screen):
     BINDINGS = [
         Binding("escape", "back", "Back", id="back"),
         Binding("slash", "filter", "Filter", id="filter"),
-        Binding("f", "failures", "Failures only", id="failures"),
-        Binding("d", "diff", "Diff vs previous", id="diff"),
+        Binding("f", "failures", "Failures", id="failures"),
+        Binding("d", "diff", "Diff", id="diff"),
+        Binding("m", "mark", "Mark", id="mark"),
         Binding("y", "copy", "Copy", id="copy"),
+        Binding("1", "tab('results')", "Results", id="tab.results", group=TAB_KEYS),
+        Binding("2", "tab('mutants')", "Mutants", id="tab.mutants", group=TAB_KEYS),
+        Binding("3", "tab('mechanism')", "Mechanism", id="tab.mechanism", group=TAB_KEYS),
+        Binding("4", "tab('plots')", "Plots", id="tab.plots", group=TAB_KEYS),
+        Binding("5", "tab('raw')", "Raw JSON", id="tab.raw", group=TAB_KEYS),
     ]
 
     AUTO_FOCUS = "#results-table"  # focused at mount, so the key bar is built once, not again on load
@@ -40,50 +47,58 @@ class ReceiptScreen(Screen):
     def __init__(self, row: ReceiptRow, contract: str | None = None) -> None:
         super().__init__(id="receipt")
         self.row = row
-        self.filter_text = contract or ""
+        self.contract = contract  # opened from this contract: the cursor starts on its worst row, nothing hidden
+        self.filter_text = ""
         self.failures_only = False
         self.detail: Detail | None = None
         self._results: list[dict] = []
         self._result_rows: list[dict] = []  # results-table row index -> result
         self._raw_shown = False
+        self._plots_shown = False
         self._opened = 0  # counts show() calls: a worker that reports for an older receipt is ignored
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield DataStatic(self._header_text(), id="receipt-header")
         with TabbedContent(id="receipt-tabs", initial="results"):
-            with TabPane("Results", id="results"):
+            with TabPane("1 Results", id="results"):
                 yield DataStatic("", id="results-note")
                 yield VimTable(id="results-table", cursor_type="cell")
-            with TabPane("Mutants", id="mutants"):
+            with TabPane("2 Mutants", id="mutants"):
+                yield DataStatic("", id="mutants-note")
                 yield VimTable(id="mutants-table")
-            with TabPane("Mechanism", id="mechanism"):
+            with TabPane("3 Mechanism", id="mechanism"):
+                yield DataStatic("", id="steps-note")
                 yield VimTable(id="steps-table", cursor_type="cell")
                 yield DataStatic("", id="comparisons")
-            with TabPane("Raw JSON", id="raw"):
+            with TabPane("4 Plots", id="plots"):
+                with VerticalScroll(id="plots-scroll"):
+                    yield DataStatic("", id="plots-view")
+            with TabPane("5 Raw JSON", id="raw"):
                 # Log draws only the visible lines; a TextArea spent 0.5 s on a 300 KB receipt.
                 yield Log(id="raw-text", highlight=False, auto_scroll=False)
-        yield FilterBar(value=self.filter_text, placeholder="filter results (enter: keep, escape: clear)",
-                        id="filter")
+        yield FilterBar(placeholder="filter results (enter: keep, escape: clear)", id="filter")
         yield KeyBar()
 
     def on_mount(self) -> None:
-        self.show(self.row, self.filter_text or None)
+        self.show(self.row, self.contract)
 
     def show(self, row: ReceiptRow, contract: str | None = None) -> None:
         """Show `row`: clear what the previous receipt left, then read the file in a worker."""
-        self.row, self.filter_text, self.failures_only = row, contract or "", False
+        self.row, self.contract, self.filter_text, self.failures_only = row, contract, "", False
         self.detail, self._results, self._result_rows, self._raw_shown = None, [], [], False
+        self._plots_shown = False
         self._opened += 1
         self.sub_title = fmt.plain(row.file).plain  # a file name is data: control characters escaped
         bar = self.query_one("#filter", FilterBar)
-        bar.value = self.filter_text
-        bar.display = bool(self.filter_text)
+        bar.value = ""
+        bar.display = False
         self.query_one("#receipt-header", Static).update(self._header_text())
         self.query_one("#results-note", Static).update(Text("reading the receipt ...", style="dim"))
         for table in ("#results-table", "#mutants-table", "#steps-table"):
             self.query_one(table, VimTable).fill([], [])
-        self.query_one("#comparisons", Static).update("")
+        for note in ("#mutants-note", "#steps-note", "#comparisons", "#plots-view"):
+            self.query_one(note, Static).update("")
         self.query_one("#raw-text", Log).clear()
         self.query_one(TabbedContent).active = "results"
         self.query_one("#results-table").focus()
@@ -106,8 +121,12 @@ class ReceiptScreen(Screen):
         try:
             self.query_one("#receipt-header", Static).update(self._header_text(pred, detail.error))
             self._fill_results()
+            self._goto_contract()
             self._fill_mutants(pred)
             self._fill_mechanism(pred)
+            self._plots_shown = False
+            if self.query_one(TabbedContent).active == "plots":
+                self._show_plots()
         except Exception as err:  # a tampered file can hold any JSON at all: show it raw, never crash
             self.detail = Detail(detail.file, None, detail.text,
                                  f"cannot be shown as a receipt ({type(err).__name__}: {err})")
@@ -121,6 +140,16 @@ class ReceiptScreen(Screen):
         elif self.focused is None:
             self.query_one("#results-table").focus()
 
+    def _goto_contract(self) -> None:
+        """The cursor on the opened contract's worst row (its first failed or errored one, else its first)."""
+        if not self.contract:
+            return
+        rows = [i for i, r in enumerate(self._result_rows) if r.get("contract") == self.contract]
+        if not rows:
+            return
+        bad = [i for i in rows if self._result_rows[i].get("status") != "passed"]
+        self.query_one("#results-table", VimTable).move_cursor(row=(bad or rows)[0], column=0, animate=False)
+
     def _show_raw(self) -> None:
         """The file's text, written into the Raw JSON tab the first time it is shown."""
         if self.detail is None or self._raw_shown:
@@ -131,9 +160,20 @@ class ReceiptScreen(Screen):
         log.write_lines([term_safe(line) for line in self.detail.text.splitlines()])  # raw bytes: never raw
         log.scroll_home(animate=False)
 
+    def _show_plots(self) -> None:
+        """The step records as sparklines, drawn the first time the Plots tab is shown."""
+        if self.detail is None or self._plots_shown:
+            return
+        self._plots_shown = True
+        pred = (self.detail.data or {}).get("predicate") or {}
+        self.query_one("#plots-view", Static).update(plots.render(pred, self.size.width - 4))
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane is not None and event.pane.id == "raw":
             self._show_raw()
+        elif event.pane is not None and event.pane.id == "plots":
+            self._show_plots()
+        self.refresh_bindings()
 
     # -- drawing -----------------------------------------------------------------------
 
@@ -147,19 +187,24 @@ class ReceiptScreen(Screen):
         t.append_text(fmt.status(r.status))
         t.append("  ")
         t.append_text(fmt.state(r.freshness))
-        t.append(f"  id {r.receipt_id or '?'}\n")
-        t.append(f"time {fmt.when(r.created_at)} UTC"
-                 + (f" -> {fmt.when(pred.get('finished_at'))}" if pred.get("finished_at") else "")
-                 + f"   device {e.get('device') or '?'} ({e.get('device_name') or '?'})"
+        cov = r.coverage
+        if cov is not None:
+            t.append("  coverage ")
+            t.append(cov.text(), style="" if cov.full else "bold yellow")
+        narrow = self.app.size.width < 110
+        t.append(f"  id {(r.short_id if narrow else r.receipt_id) or '?'}\n")
+        t.append(f"{fmt.when(r.created_at)} UTC"
+                 + (f" -> {fmt.when(pred.get('finished_at'))[11:]}" if pred.get("finished_at") else "")
+                 + f"  {e.get('device') or '?'} ({e.get('device_name') or '?'})"
                  + (f" cuda {dev.get('cuda')}" if dev.get("cuda") else "")
-                 + f"   commit {fmt.commit(e.get('commit'), e.get('dirty'))}\n")
+                 + f"  commit {fmt.commit(e.get('commit'), e.get('dirty'))}\n")
         if env:
-            t.append(f"python {env.get('python')}  torch {env.get('torch')}  {env.get('platform')}  "
-                     f"threads {env.get('torch_threads')}", style="dim")
             req, act = pred.get("request") or {}, pred.get("actual") or {}
-            t.append(f"  seeds requested {req.get('seeds')} run {act.get('seeds')}", style="dim")
             cost = pred.get("cost") or {}
-            t.append(f"  wall {cost.get('wall_s')} s, {cost.get('optimizer_updates')} updates\n", style="dim")
+            t.append(f"seeds requested {_seeds(req.get('seeds'))} run {_seeds(act.get('seeds'))}  "
+                     f"wall {cost.get('wall_s')} s, {cost.get('optimizer_updates')} updates  "
+                     f"python {env.get('python')} torch {env.get('torch')} {env.get('platform')} "
+                     f"threads {env.get('torch_threads')}\n", style="dim")
         problem = error or r.problem
         if problem:
             label = {"stale": "stale", "tampered": "TAMPERED", "invalid": "CORRUPT"}.get(r.freshness, "problem")
@@ -184,24 +229,31 @@ class ReceiptScreen(Screen):
             worst = _worst(r.get("expectations") if isinstance(r.get("expectations"), list) else [])
             cells = [str(r.get("contract")), str(r.get("kind")), fmt.num(r.get("seed")), str(r.get("dtype")),
                      fmt.status(r.get("status") if isinstance(r.get("status"), str) else None),
-                     fmt.expectation(worst.get("metric"), worst.get("value"), worst.get("op"), worst.get("threshold")),
-                     fmt.num(worst.get("margin")), str(r.get("message") or "")[:120]]
+                     _describe(worst), _headroom(worst), str(r.get("message") or "")[:120]]
             raw = [r.get("contract"), r.get("kind"), r.get("seed"), r.get("dtype"), r.get("status"),
-                   worst.get("value"), worst.get("margin"), r.get("message") or ""]
+                   worst.get("value"), worst.get("headroom"), r.get("message") or ""]
             rows.append((cells, raw, None))
             self._result_rows.append(r)
-        t.fill(["contract", "kind", "seed", "dtype", "status", "worst expectation", "margin", "message"], rows)
+        t.fill(["contract", "kind", "seed", "dtype", "status", "worst expectation", "headroom", "message"], rows)
         total, shown = len(self._results), len(rows)
         parts = [f"{shown} of {total} result(s)"]
         if self.failures_only:
             parts.append("failures only")
         if self.filter_text:
             parts.append(f"matching '{self.filter_text}' (escape clears)")
+        if self.contract and not self.filter_text:
+            parts.append(f"opened at {self.contract}")
+        style = "dim"
         if self.detail is not None and self.detail.data is None:
             parts = [f"unreadable receipt: {self.detail.error}; see Raw JSON"]
-        elif total and not shown and self.failures_only:
-            parts.append("every result passed")
-        self.query_one("#results-note", Static).update(Text(", ".join(parts), style="dim"))
+        elif not total:
+            parts, style = ["no results in this receipt" + (" (it was interrupted before the first one)"
+                                                             if self.row.status == "interrupted" else "")], "italic"
+        elif not shown and self.failures_only and not self.filter_text:
+            parts, style = [f"no failures: all {total} result(s) passed; f shows them all"], "italic"
+        elif not shown:
+            parts.append("nothing matches; escape clears the filter")
+        self.query_one("#results-note", Static).update(Text(", ".join(parts), style=style))
 
     def _fill_mutants(self, pred: dict) -> None:
         rows = []
@@ -219,6 +271,17 @@ class ReceiptScreen(Screen):
                          [m.get("id"), m.get("killed"), killers, expected, desc], None))
         self.query_one("#mutants-table", VimTable).fill(["mutant", "killed", "killed by", "expected killers",
                                                          "breaks"], rows)
+        ran = [m for m in pred.get("mutants") or [] if isinstance(m, dict)]
+        if not ran:
+            cov = self.row.coverage
+            note = "no mutants ran" + (" (--no-mutants)" if cov is not None and "--no-mutants" in cov.why else "")
+        elif not rows:
+            note = f"no survivors: all {len(ran)} mutant(s) were killed; f shows them all"
+        else:
+            note = ""
+        widget = self.query_one("#mutants-note", Static)
+        widget.update(Text(note, style="italic"))
+        widget.display = bool(note)
 
     def _fill_mechanism(self, pred: dict) -> None:
         mech = [m for m in pred.get("mechanism") or [] if isinstance(m, dict)]
@@ -239,10 +302,11 @@ class ReceiptScreen(Screen):
                               *[f"[{len(v)} values]" if isinstance(v, list) else fmt.num(v) for v in vals]],
                              [m.get("contract"), m.get("seed"), m.get("dtype"), i, *vals], None))
         self.query_one("#steps-table", VimTable).fill(["contract", "seed", "dtype", "#", *fields], rows)
+        note = self.query_one("#steps-note", Static)
+        note.update(Text("no mechanism run in this receipt (its step records and comparisons would be here)"
+                         if not mech else "step records (4 plots them per seed)", style="italic" if not mech else "dim"))
         out = Text()
         comps = [(m, c) for m in mech for c in m.get("comparisons") or [] if isinstance(c, dict)]
-        if not mech:
-            out.append("no mechanism run in this receipt\n", style="dim")
         for m, c in comps:
             label = "FORMAL" if c.get("formal") else "diagnostic only (the gate never counts it)"
             out.append(f"{c.get('name')} [{label}]: {c.get('method')} vs {c.get('control')} on {c.get('metric')} "
@@ -277,6 +341,21 @@ class ReceiptScreen(Screen):
 
     def action_diff(self) -> None:
         self.app.open_diff(self.row.file)
+
+    def action_mark(self) -> None:
+        self.app.toggle_mark(self.row.file)
+        self.refresh_bindings()
+        from tui.screens.main import MainScreen
+
+        for screen in self.app.screen_stack:
+            if isinstance(screen, MainScreen):
+                screen.marks_changed()
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        target = {"results": "#results-table", "mutants": "#mutants-table", "mechanism": "#steps-table",
+                  "plots": "#plots-scroll", "raw": "#raw-text"}[tab]
+        self.query_one(target).focus()
 
     def action_copy(self) -> None:
         focused = self.focused
@@ -317,38 +396,70 @@ class ResultScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         r = self.result
-        with VerticalScroll(id="result-box"):
-            head = Text()
-            head.append(f"{r.get('contract')}  seed {r.get('seed')}  {r.get('dtype')}  ", style="bold")
-            head.append_text(fmt.status(r.get("status")))
-            lines = [head]
-            for e in r.get("expectations") or []:
-                ok = e.get("passed")
-                line = Text(("✓ " if ok else "✗ "), style="green" if ok else "bold red")
-                line.append(f"{fmt.expectation(e.get('metric'), e.get('value'), e.get('op'), e.get('threshold'))}"
-                            f"  margin {fmt.num(e.get('margin'))}  (tolerance from {e.get('tolerance_source')})")
-                lines.append(line)
-            if r.get("message"):
-                lines.append(Text(f"message: {r['message']}", style="magenta"))
-            lines.append(Text("measurements (full precision):", style="bold"))
-            lines.append(Pretty(r.get("measurements") or {}))
-            yield DataStatic(Group(*lines))
+        head = Text()
+        head.append(f"{r.get('contract')}  seed {r.get('seed')}  {r.get('dtype')}  ", style="bold")
+        head.append_text(fmt.status(r.get("status")))
+        lines = [head]
+        for e in r.get("expectations") or []:
+            ok = e.get("passed")
+            line = Text(("✓ " if ok else "✗ "), style="green" if ok else "bold red")
+            line.append(f"{_describe(e) if isinstance(e, dict) else e}  (limit from "
+                        f"{e.get('tolerance_source') if isinstance(e, dict) else '?'})")
+            lines.append(line)
+        if r.get("message"):
+            lines.append(Text(f"message: {r['message']}", style="magenta"))
+        lines.append(Text("measurements (full precision):", style="bold"))
+        lines.append(Pretty(r.get("measurements") or {}))
+        with Vertical(id="result-box"):
+            with VerticalScroll(id="result-scroll"):
+                yield DataStatic(Group(*lines))
+            yield KeyBar(classes="in-box")
 
     def action_dismiss(self) -> None:
         self.app.pop_screen()
 
 
 def _worst(expectations: list) -> dict:
-    """The expectation with the smallest margin (a missing margin counts as worst)."""
-    best, key = {}, None
-    for e in expectations:
-        if not isinstance(e, dict):
-            continue
-        m = e.get("margin")
-        k = m if isinstance(m, (int, float)) and not isinstance(m, bool) else float("-inf")
-        if key is None or k < key:
-            best, key = e, k
-    return best
+    """The expectation nearest to failing by headroom (engine.run.expect.worst_expectation: an equality sanity
+    check only when nothing scaled is there); {} when there is none."""
+    from engine.run.expect import worst_expectation
+
+    try:
+        return worst_expectation([e for e in expectations if isinstance(e, dict)]) or {}
+    except Exception:  # a tampered receipt can hold any values at all
+        return next((e for e in expectations if isinstance(e, dict)), {})
+
+
+def _describe(e: dict) -> str:
+    """`max_abs_err 3e-16 <= 1e-12 (10^3.5x headroom)`, `max_rel_err 0.356 > limit 1e-12`: true as printed."""
+    from engine.run.expect import describe
+
+    if not e or e.get("metric") is None:
+        return "–"
+    try:
+        return describe(e)
+    except Exception:
+        return fmt.expectation(e.get("metric"), e.get("value"), e.get("op"), e.get("threshold"))
+
+
+def _headroom(e: dict) -> str:
+    """The worst expectation's headroom as the main screen shows it: a ratio, or held / not held."""
+    from engine.run.expect import format_headroom, headroom, is_sanity
+
+    if not e:
+        return "–"
+    try:
+        if is_sanity(e):
+            return "held" if e.get("passed") else "not held"
+        h = e.get("headroom") if "headroom" in e else headroom(e.get("op"), e.get("value"), e.get("threshold"))
+        return format_headroom(h) if h is not None else ("held" if e.get("passed") else "not held")
+    except Exception:
+        return "?"
+
+
+def _seeds(value) -> str:
+    """'42,43,44' for a list of seeds; anything else as its text (a tampered receipt may hold anything)."""
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _numbers(values) -> list[float]:
