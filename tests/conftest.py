@@ -10,17 +10,15 @@ the hypothesis plugin reads `--hypothesis-profile`, so that
 """
 
 import sys
-import types
 from pathlib import Path
 
-# `tests.x` is this folder, whatever is installed: verl (the [verl] extra) ships a top-level `tests` package of its
-# own, and a regular package anywhere on sys.path wins over this folder, a namespace package. Bound here, before
-# any test module imports `tests.fuzz_support` and the like.
+# tests/ is a regular package (tests/__init__.py) so that `tests.x` is this folder even where verl (the [verl]
+# extra) has installed a top-level `tests` package of its own: a regular package found first on sys.path wins,
+# and the repository root is first, in pytest and in the `python -c` children the tests start from it. The
+# folder itself stays importable too, for the helpers and toy methods some tests import by bare name.
 _HERE = str(Path(__file__).resolve().parent)
-if list(getattr(sys.modules.get("tests"), "__path__", None) or []) != [_HERE]:
-    _pkg = types.ModuleType("tests", "The project's tests (bound to this folder by tests/conftest.py).")
-    _pkg.__path__ = [_HERE]
-    sys.modules["tests"] = _pkg
+if _HERE not in sys.path:
+    sys.path.insert(1, _HERE)
 
 try:
     from hypothesis import HealthCheck, Phase, settings

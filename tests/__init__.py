@@ -1,0 +1,1 @@
+"""The project's tests: a regular package, so `tests.x` names this folder whatever else is installed."""
