@@ -20,6 +20,10 @@ from engine.spec import registry
 from methods.tapo import objective
 from methods.tapo.checks import _dev, _dims, _draw
 
+# Check code, not a mutation target: a contract driving the fused and the composed loss on the same
+# inputs; both paths live in objective.py, which is mutated.
+__mutate__ = False
+
 _COMPOSED = objective.build_tapo_loss(fused=False)
 METRICS = ("ratio_min", "ratio_max", "clip_fraction", "clip_active_fraction", "tokens", "eps_lo", "eps_hi")
 # The metrics the spec's interface requires of any implementation; the others are compared when present.
