@@ -534,12 +534,14 @@ def input_validation(impl, ctx) -> dict:
             ref_out = out
         elif not (out[0] == ref_out[0] and torch.equal(out[1], ref_out[1]) and out[2] == ref_out[2]):
             mask_forms_agree = False
-    # horizon: an integer >= 1 and at least the longest response
-    horizon_refused = all(_refused(loss, horizon=h)[0] for h in (True, 2.5, 0, -1, longest - 1))
+    # horizon: an integer >= 1 (refused on one-token responses too, which no length check would) and at least
+    # the longest response
     one_token = torch.zeros(B, L, dtype=torch.bool)
     one_token[:, 1] = True
-    horizon_edges_accepted = (_accepted(loss, horizon=longest)
-                              and _accepted(loss, mask_=_dev(ctx, one_token), horizon=1))
+    m1 = _dev(ctx, one_token)
+    horizon_refused = (all(_refused(loss, horizon=h)[0] for h in (0, -1, longest - 1))
+                       and all(_refused(loss, mask_=m1, horizon=h)[0] for h in (True, 2.5, 0)))
+    horizon_edges_accepted = _accepted(loss, horizon=longest) and _accepted(loss, mask_=m1, horizon=1)
     # group_size: an integer >= 1 that divides the batch
     groups_refused = all(_refused(loss, group_size=s)[0] for s in (0, -1, 3))
     groups_edges_accepted = _accepted(loss, group_size=1) and _accepted(loss, group_size=B)

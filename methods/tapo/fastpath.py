@@ -8,11 +8,13 @@ branch of the fused path is taken: [B] and [B, T] advantages, per-response T and
 must refuse it), one-, two- and three-token and empty rows, a zero-advantage group whose
 only non-zero advantage sits on an empty row (both must refuse it), groups of a
 `group_size` (all with signal, or one without), per-token advantages with exact zeros,
-ratios exactly on a zero-width clip bound, and a ratio that overflows on a row of either
-advantage sign (the fallback). Loss, gradient and every metric must agree; advantages that
-require grad get none; the metrics' names are the same on every call; and every case
-without an overflow runs the fused path itself (no silent fallback). `*_cases` counts
-prove each branch was reached.
+ratios exactly on a zero-width clip bound, an empty row beside 10-token rows (whose eps_1
+rounds below eps_max in float32), and a ratio that overflows on a row of either advantage
+sign (the fallback). Loss, gradient and every metric must agree, with the fused loss asked
+for explicitly too (eps_lo / eps_hi bit for bit); advantages that require grad get no
+gradient; the metrics' names are the same on every call; and every case without an overflow
+runs the fused path itself (no silent fallback). `*_cases` counts prove each branch was
+reached.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from methods.tapo.checks import _dev, _dims, _draw
 __mutate__ = False
 
 _COMPOSED = objective.build_tapo_loss(fused=False)
+_FUSED = objective.build_tapo_loss(fused=True)  # the fused path asked for explicitly: the same as the default
 METRICS = ("ratio_min", "ratio_max", "clip_fraction", "clip_active_fraction", "tokens", "eps_lo", "eps_hi")
 # The metrics the spec's interface requires of any implementation; the others are compared when present.
 REQUIRED_METRICS = ("tokens", "ratio_min", "ratio_max", "clip_fraction")
@@ -56,11 +59,11 @@ def _run(loss_fn, lp, op, adv, m, eps_min, eps_max, horizon, group_size):
     return loss.detach(), grad, met, None, leak
 
 
-KINDS = 14
+KINDS = 15
 
 
 def _case(g: torch.Generator, kind: int, rep: int, max_len: int, max_batch: int):
-    """(logp, old, adv, mask, horizon, group_size, overflow?, eps override) in float64 on the CPU, kind 0..13;
+    """(logp, old, adv, mask, horizon, group_size, overflow?, eps override) in float64 on the CPU, kind 0..14;
     `rep` counts the cases of this kind so far."""
     B, L = _dims(g, max_len, max_batch)
     B = max(B, 2)
@@ -118,6 +121,11 @@ def _case(g: torch.Generator, kind: int, rep: int, max_len: int, max_batch: int)
     elif kind == 13:  # on-policy with eps_min = eps_max = 0: every ratio lies exactly on its (zero-width) bounds
         old = logp.clone()
         eps = (0.0, 0.0)
+    elif kind == 14:  # an empty row beside rows of 10 tokens, whose eps_1 rounds below eps_max in float32: the
+        L = max(L, 12)  # empty row must not enter eps_lo / eps_hi
+        logp, old, _ = _draw(g, B, L, delta_scale=0.6)
+        mask = torch.zeros(B, L, dtype=torch.bool)
+        mask[1:, L - 10:] = True
     return logp, old, adv, mask, horizon, group_size, kind in (4, 12), eps
 
 
@@ -129,7 +137,7 @@ def fused_matches_composed(impl, ctx) -> dict:
     eps_min = float(ctx.params.get("eps_min", 0.1))
     eps_max = float(ctx.params.get("eps_max", 0.2))
     g = ctx.generator(10)
-    loss_err = grad_err = metric_err = 0.0
+    loss_err = grad_err = metric_err = eps_err = 0.0
     outcome_mismatch = adv_grad_leaks = unexpected_fallbacks = 0
     keys = None
     key_mismatch = 0
@@ -142,8 +150,9 @@ def fused_matches_composed(impl, ctx) -> dict:
         lp, op, a, m = _dev(ctx, logp), _dev(ctx, old), _dev(ctx, adv), _dev(ctx, mask)
         fast = _run(impl.tapo_loss, lp, op, a, m, lo, hi, horizon, group_size)
         plain = _run(_COMPOSED, lp, op, a, m, lo, hi, horizon, group_size)
+        forced = _run(_FUSED, lp, op, a, m, lo, hi, horizon, group_size)
         counts["cases"] += 1
-        if fast[3] != plain[3]:
+        if not fast[3] == plain[3] == forced[3]:
             outcome_mismatch += 1
             continue
         if plain[3] is not None:
@@ -151,7 +160,7 @@ def fused_matches_composed(impl, ctx) -> dict:
             counts["empty_row_refused_cases"] += int(kind == 6)
             counts["group_refused_cases"] += int(kind in (8, 9))
             continue
-        adv_grad_leaks += int(fast[4]) + int(plain[4])
+        adv_grad_leaks += int(fast[4]) + int(plain[4]) + int(forced[4])
         # the project's fused path itself: it must take the fallback on an overflow, and only then
         fused = objective._fused_tapo_loss(lp, op, a, m, lo, hi, horizon, group_size)
         if overflow:  # the inputs must really take the fallback, or this case proves nothing about it
@@ -162,18 +171,22 @@ def fused_matches_composed(impl, ctx) -> dict:
         counts["horizon_cases"] += int(horizon is not None)
         counts["token_adv_cases"] += int(a.dim() == 2)
         counts["group_cases"] += int(group_size is not None)
-        (l_f, g_f, met_f, *_), (l_p, g_p, met_p, *_) = fast, plain
+        l_p, g_p, met_p, *_ = plain
         if keys is None:
-            keys = set(met_f)
-        key_mismatch += int(set(met_f) != keys)  # one implementation, one set of metric names, on every path
+            keys = set(fast[2])
+        key_mismatch += int(set(fast[2]) != keys)  # one implementation, one set of metric names, on every path
         scale = max(float(g_p.detach().double().abs().nan_to_num(nan=0.0, posinf=0.0).max()), 1e-300)
-        loss_err = max(loss_err, _diff(l_f, l_p) / max(abs(float(l_p)) if math.isfinite(float(l_p)) else 1.0, 1e-3))
-        grad_err = max(grad_err, _diff(g_f, g_p) / scale)
-        for key in METRICS:
-            if key not in met_f:
-                metric_err = math.inf if key in REQUIRED_METRICS else metric_err
-                continue
-            metric_err = max(metric_err, _diff(torch.tensor(float(met_f[key])), torch.tensor(float(met_p[key]))))
+        for l_f, g_f, met_f, *_ in (fast, forced):
+            loss_err = max(loss_err, _diff(l_f, l_p) / max(abs(float(l_p)) if math.isfinite(float(l_p)) else 1.0, 1e-3))
+            grad_err = max(grad_err, _diff(g_f, g_p) / scale)
+            for key in METRICS:
+                if key not in met_f:
+                    metric_err = math.inf if key in REQUIRED_METRICS else metric_err
+                    continue
+                gap = _diff(torch.tensor(float(met_f[key])), torch.tensor(float(met_p[key])))
+                metric_err = max(metric_err, gap)
+                if key in ("eps_lo", "eps_hi"):  # the same float operations on both paths: bit for bit
+                    eps_err = max(eps_err, gap)
     return {"loss_max_rel_diff": loss_err, "grad_max_rel_diff": grad_err, "metric_max_abs_diff": metric_err,
-            "outcome_mismatches": outcome_mismatch, "adv_grad_leaks": adv_grad_leaks,
+            "eps_metric_max_abs_diff": eps_err, "outcome_mismatches": outcome_mismatch, "adv_grad_leaks": adv_grad_leaks,
             "unexpected_fallbacks": unexpected_fallbacks, "metric_name_mismatches": key_mismatch, **counts}
