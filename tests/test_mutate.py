@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from engine.cli import app
 from engine.run.mutate import execute, operators
-from engine.run.mutate.generate import Mutant, Target, mutants_of
+from engine.run.mutate.generate import Mutant, Target, mutants_of, target_modules
 from engine.run.mutate.operators import apply, collect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +142,22 @@ def test_only_executed_lines_are_mutated():
     everywhere = mutants_of(Target(target.module, target.path, target.display, frozenset(range(1, len(lines) + 1))),
                             src)
     assert unused in {m.line for m in everywhere}  # the filter, not the operators, kept them out
+
+
+def test_a_module_that_declares_itself_check_code_is_not_a_target(tmp_path):
+    pkg = tmp_path / "meth"
+    pkg.mkdir()
+    (pkg / "objective.py").write_text("def f(x):\n    return x + 1\n")
+    (pkg / "audit.py").write_text('"""Checks f."""\n\n__mutate__ = False  # check code\n\ndef g(x):\n    return x\n')
+    (pkg / "helper.py").write_text("__mutate__ = True\n\ndef h(x):\n    return x * 2\n")
+    (pkg / "checks.py").write_text("def c():\n    pass\n")
+    got = target_modules(["meth.objective"], {"meth.objective": str(pkg / "objective.py")})
+    assert [m for m, _ in got] == ["meth.helper", "meth.objective"]  # audit.py declared, checks.py by name
+    # The real packages: TAPO's run audit and fast-path comparison are declared check code.
+    tapo = ROOT / "methods" / "tapo"
+    names = [m for m, _ in target_modules(["methods.tapo.objective"], {"methods.tapo.objective": str(tapo / "objective.py")})]
+    assert "methods.tapo.audit" not in names and "methods.tapo.fastpath" not in names
+    assert {"methods.tapo.objective", "methods.tapo.proximal", "methods.tapo.mechanism"} <= set(names)
 
 
 # --- runs --------------------------------------------------------------------------------------------------------

@@ -18,6 +18,10 @@ from methods.common.rollout import sequence_logprobs
 from methods.tapo import reference as ref
 from methods.tapo.checks import lacks
 
+# Check code, not a mutation target: it measures the mechanism run's updates against reference.py and
+# decides nothing the run does (which log-probs an update uses is proximal.py's, in IMPL).
+__mutate__ = False
+
 # Relative distance to a clip bound inside which float32 may put a token on either side;
 # such tokens are left out of the gradient comparison (as in the loss_forward contract).
 _MARGIN = 1e-4

@@ -227,6 +227,18 @@ def old_logp_recomputed():
     return IMPL.replace("tapo.old_logp_recomputed", proximal_logprobs=_proximal_recomputed)
 
 
+def _proximal_unchecked(policy, rollout, inner_updates):
+    """No check of inner_updates: 0 (or a negative count) silently takes no update, True takes one."""
+    for k in range(inner_updates):
+        logp, _ = sequence_logprobs(policy, rollout.prompts, rollout.responses)
+        yield k, logp, rollout.old_logp
+
+
+@registry.mutant("tapo.inner_updates_unchecked", base="tapo")
+def inner_updates_unchecked():
+    return IMPL.replace("tapo.inner_updates_unchecked", proximal_logprobs=_proximal_unchecked)
+
+
 # --- fused-path defects ----------------------------------------------------------
 # The default loss runs `_fused_tapo_loss` (and its autograd node `_FusedLoss`). These mutants
 # are that very source with one edit, compiled beside the module, so each is a defect of the code
@@ -262,7 +274,7 @@ def fused_no_overflow_fallback():
     """The fused loss keeps its result when a ratio overflowed (inf * 0 = NaN at masked slots)."""
     return _fused_mutant("tapo.fused_no_overflow_fallback", [(
         "_fused_tapo_loss",
-        "if not (math.isfinite(stats[0]) and math.isfinite(stats[2])):\n        return None",
+        "if not math.isfinite(stats[2]):\n        return None",
         "pass",
     )])
 

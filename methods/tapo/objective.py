@@ -140,15 +140,12 @@ def trajectory_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
 
 
 def clip_schedule(pos: torch.Tensor, T: torch.Tensor, eps_min: float, eps_max: float) -> torch.Tensor:
-    """eps at position `pos` (1-based) of a response with horizon `T` (broadcasting tensors).
+    """eps at position `pos` (1-based) of a response with horizon `T` (broadcasting floating tensors).
 
-    Computed in the wider of the inputs' floating dtypes and float32 (float64
-    for integer inputs). T = 1 gives eps_max (see the module docstring).
+    Computed in the wider of the inputs' dtypes and float32. T = 1 gives eps_max (see the module docstring).
     """
     _check_eps(eps_min, eps_max)
-    cdt = torch.promote_types(pos.dtype, T.dtype) if (pos.is_floating_point() or T.is_floating_point()) \
-        else torch.float64
-    cdt = compute_dtype(cdt)
+    cdt = compute_dtype(torch.promote_types(pos.dtype, T.dtype))
     T = T.to(cdt)
     rT = T.rsqrt()
     longer = T > 1
@@ -179,6 +176,11 @@ def length_aware_clip(
 def _check_eps(eps_min: float, eps_max: float) -> None:
     if not (0.0 <= float(eps_min) <= float(eps_max)):
         raise ValueError(f"need 0 <= eps_min <= eps_max, got eps_min={eps_min}, eps_max={eps_max}")
+
+
+def _check_horizon(horizon) -> None:
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
 
 
 def reject_zero_advantage_groups(adv: torch.Tensor, mask: torch.Tensor, group_size: int | None) -> None:
@@ -293,9 +295,7 @@ def _fused_tapo_loss(logp, old_logp, advantages, m, eps_min, eps_max, horizon, g
 
     if horizon is None:
         T = count[:, -1:]
-    else:
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-            raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+    else:  # an integer >= 1: tapo_loss checked it
         longest = int(n_row.max())
         if longest > horizon:
             raise ValueError(f"a response has {longest} valid tokens, more than horizon={horizon}")
@@ -336,7 +336,9 @@ def _fused_tapo_loss(logp, old_logp, advantages, m, eps_min, eps_max, horizon, g
         torch.where(has_tok, ends[:, 1:], inf).amin(),
         torch.where(has_tok, ends[:, :1], -inf).amax(),
     ]).tolist()
-    if not (math.isfinite(stats[0]) and math.isfinite(stats[2])):
+    # A ratio overflowed (or is NaN). With every ratio finite a non-finite loss (R A overflowing) has the same
+    # per-token terms in the composed loss, so only the ratio decides.
+    if not math.isfinite(stats[2]):
         return None
     if logp.requires_grad:
         loss = _FusedLoss.apply(logp, loss, coef, r, n)
@@ -393,6 +395,8 @@ def build_tapo_loss(
             raise ValueError(f"old_logp has shape {tuple(old_logp.shape)}, expected {tuple(logp.shape)}")
         m = as_bool_mask(mask, logp.shape)
         _check_eps(eps_min, eps_max)
+        if horizon is not None:
+            _check_horizon(horizon)
         cdt = compute_dtype(logp.dtype)
         zero = torch.zeros((), dtype=cdt, device=logp.device)
 
@@ -424,8 +428,6 @@ def build_tapo_loss(
         if horizon is None:
             T = count[:, -1:]
         else:
-            if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-                raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
             longest = int(m.sum(dim=-1).max())
             if longest > horizon:
                 raise ValueError(f"a response has {longest} valid tokens, more than horizon={horizon}")

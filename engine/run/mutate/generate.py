@@ -8,6 +8,7 @@ what a spec's `equivalent_mutants` entries name.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from engine.run.mutate.operators import Edit, apply, collect, edits_on_lines
 
 # Modules of a method package that test the method rather than implement it, or only register it.
 NOT_MUTATED = frozenset({"__init__", "impl", "checks", "check", "mutants", "reference", "references", "cases"})
+# Any other module that only checks the method (an audit, a fast-path comparison) says so itself with a
+# top-level `__mutate__ = False`: the package declares its check code, no global list grows.
+MARKER = "__mutate__"
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ class Mutant:
 
 
 def target_modules(module_names: list[str], files: dict[str, str]) -> list[tuple[str, str]]:
-    """(module, file) for every module beside the implementation's modules, less NOT_MUTATED.
+    """(module, file) for every module beside the implementation's modules, less NOT_MUTATED and the
+    modules that declare themselves check code (`__mutate__ = False`).
 
     `files` maps each implementation module to its file. The method package is
     the directory those files live in; its sub-packages are not walked.
@@ -70,10 +75,23 @@ def target_modules(module_names: list[str], files: dict[str, str]) -> list[tuple
         path = Path(files[name])
         package = name.rpartition(".")[0]
         for f in sorted(path.parent.glob("*.py")):
-            if f.stem in NOT_MUTATED:
+            if f.stem in NOT_MUTATED or declares_check_code(f):
                 continue
             out[f"{package}.{f.stem}" if package else f.stem] = str(f)
     return sorted(out.items())
+
+
+def declares_check_code(path: Path) -> bool:
+    """True when the module sets `__mutate__ = False` at top level (read from its text, never imported)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == MARKER for t in targets):
+            return isinstance(node.value, ast.Constant) and node.value.value is False
+    return False
 
 
 def mutant_id(display: str, line: int, operator: str, mutated_lines: str) -> str:
