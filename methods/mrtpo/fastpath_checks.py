@@ -18,6 +18,9 @@ from methods.mrtpo.cases import response_mask, to_lists
 from methods.mrtpo.credit import js_block_shape
 from methods.mrtpo.reference import js_distance_ref
 
+# Check code: drives the fast and plain paths and compares them; implements nothing the method uses.
+__mutate__ = False  # `contracts mutate` does not plant bugs here
+
 NAN = float("nan")
 
 

@@ -27,6 +27,9 @@ from methods.mrtpo.reference import (
     mrtpo_advantages_ref,
 )
 
+# Check code: these audits rebuild each step independently and compare; they implement nothing the run uses.
+__mutate__ = False  # `contracts mutate` does not plant bugs here
+
 NAN = float("nan")
 
 # The page's local-protocol figures (page 003, "结果、代码映射与边界"): NVIDIA A100, seeds 42/43/44,

@@ -8,6 +8,7 @@ what a spec's `equivalent_mutants` entries name.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 from dataclasses import dataclass, field
@@ -17,6 +18,23 @@ from engine.run.mutate.operators import Edit, apply, collect, edits_on_lines
 
 # Modules of a method package that test the method rather than implement it, or only register it.
 NOT_MUTATED = frozenset({"__init__", "impl", "checks", "check", "mutants", "reference", "references", "cases"})
+# Any other module that only checks or measures the method declares so itself, at module level:
+#     __mutate__ = False
+# (its own package knows which of its modules are check code; a global list of names would grow per method).
+MARKER = "__mutate__"
+
+
+def declares_not_mutated(source: str) -> bool:
+    """True when the module's top level assigns `__mutate__ = False` (read from the text: nothing is imported)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == MARKER for t in node.targets)
+                and isinstance(node.value, ast.Constant) and node.value.value is False):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -60,7 +78,8 @@ class Mutant:
 
 
 def target_modules(module_names: list[str], files: dict[str, str]) -> list[tuple[str, str]]:
-    """(module, file) for every module beside the implementation's modules, less NOT_MUTATED.
+    """(module, file) for every module beside the implementation's modules, less NOT_MUTATED and those that
+    declare `__mutate__ = False`.
 
     `files` maps each implementation module to its file. The method package is
     the directory those files live in; its sub-packages are not walked.
@@ -70,7 +89,7 @@ def target_modules(module_names: list[str], files: dict[str, str]) -> list[tuple
         path = Path(files[name])
         package = name.rpartition(".")[0]
         for f in sorted(path.parent.glob("*.py")):
-            if f.stem in NOT_MUTATED:
+            if f.stem in NOT_MUTATED or declares_not_mutated(f.read_text(encoding="utf-8")):
                 continue
             out[f"{package}.{f.stem}" if package else f.stem] = str(f)
     return sorted(out.items())
