@@ -144,6 +144,25 @@ def test_only_executed_lines_are_mutated():
     assert unused in {m.line for m in everywhere}  # the filter, not the operators, kept them out
 
 
+def test_a_module_that_declares_itself_check_code_is_not_a_target(tmp_path):
+    from engine.run.mutate.generate import declares_not_mutated, target_modules
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "method.py").write_text("def f(x):\n    return x + 1\n")
+    (pkg / "audit.py").write_text('"""Checks."""\n\nimport math\n\n__mutate__ = False  # check code\n')
+    (pkg / "helper.py").write_text("__mutate__ = True\nFLAG = False\n")  # only `False` opts out
+    (pkg / "checks.py").write_text("def c():\n    pass\n")
+    got = dict(target_modules(["pkg.method"], {"pkg.method": str(pkg / "method.py")}))
+    assert sorted(got) == ["pkg.helper", "pkg.method"]
+    assert declares_not_mutated("__mutate__ = False\n") and not declares_not_mutated("def f():\n    __mutate__ = False\n")
+    assert not declares_not_mutated("x = (\n")  # unparsable text is not a declaration
+    # the MRTPO package's check code declares itself; what the default run executes does not
+    mrtpo = ROOT / "methods" / "mrtpo"
+    declared = sorted(f.stem for f in mrtpo.glob("*.py") if declares_not_mutated(f.read_text(encoding="utf-8")))
+    assert declared == ["fastpath_checks", "input_checks", "measure", "mechanism_checks", "memory"]
+
+
 # --- runs --------------------------------------------------------------------------------------------------------
 
 
