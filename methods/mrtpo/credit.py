@@ -120,8 +120,9 @@ def js_block_shape(n: int, V: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tu
 
     columns < V means each row is cut into column blocks (few rows, large
     vocabulary); columns == V means whole rows, rows of them per block.
+    chunk_elems >= 1 (js_distance refuses less).
     """
-    block = max(1, min(int(chunk_elems), max(_MIN_BLOCK, -(-n * V // _MIN_BLOCKS))))
+    block = min(int(chunk_elems), max(_MIN_BLOCK, -(-n * V // _MIN_BLOCKS)))
     return max(1, block // V), min(V, block)
 
 
@@ -160,6 +161,8 @@ def js_distance(
         )
     if logp_a.device != logp_b.device:
         raise ValueError(f"js_distance: inputs on different devices: {logp_a.device} vs {logp_b.device}")
+    if int(chunk_elems) < 1:
+        raise ValueError(f"js_distance: chunk_elems must be at least 1, got {chunk_elems}")
     cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
     lead = logp_a.shape[:-1]
     V = logp_a.shape[-1]

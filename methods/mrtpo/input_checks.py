@@ -53,6 +53,7 @@ def _js_cases(impl, g, dev, dt):
         (lambda: js(a, b.long()), TypeError),  # one of them not floating point
         (lambda: js(a.clone().requires_grad_(True), b), ValueError),  # the replay is frozen
         (lambda: js(a, b.clone().requires_grad_(True)), ValueError),
+        (lambda: js(a, b, chunk_elems=0), ValueError),  # a block of no elements
     ]
     if dev.type == "cuda":
         refusals.append((lambda: js(a, b.cpu()), ValueError))
@@ -69,6 +70,7 @@ def _js_cases(impl, g, dev, dt):
         (lambda: js(a[:0], b[:0]), lambda q: tuple(q.shape) == (0,)),  # no rows
         (lambda: js(a[None, :0], b[None, :0]), lambda q: tuple(q.shape) == (1, 0)),
         (js_no_grad, lambda q: near(q, ref)),  # under no_grad a grad-requiring input is only data
+        (lambda: js(a, b, chunk_elems=1), lambda q: near(q, ref)),  # one element a block
         (lambda: js(a.double(), b.float()), lambda q: q.dtype == torch.float64 and near(q, ref)),  # promoted
         # mixed half/float32: each input upcast on its own, the same numbers as both in float32
         (lambda: js(a.bfloat16(), b.float()),
