@@ -64,7 +64,7 @@ def _js_blocked(defect: str):
     "column_tail_dropped": the column loop stops at the last whole block (V // cols * cols), so a partial
     last column block of a long row is never summed; "float32_accumulation": per-row sums accumulate in
     float32 instead of float64; "fewer_blocks": inputs are cut into 8 blocks instead of 16, so the scratch
-    is twice the documented block."""
+    is twice the documented block; "rows_one_by_one": one row a block, whatever fits (a loop over rows)."""
 
     def js_distance(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
         cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
@@ -75,6 +75,8 @@ def _js_blocked(defect: str):
         if n == 0:
             return acc.to(cdt).reshape(lead)
         rows_per_block, cols = credit.js_block_shape(n, V, chunk_elems)
+        if defect == "rows_one_by_one":  # DEFECT: one row a block: a Python loop over rows
+            rows_per_block = 1
         if defect == "fewer_blocks":  # DEFECT: cut into 8 blocks, not 16: twice the scratch
             block = max(1, min(int(chunk_elems), max(credit._MIN_BLOCK, -(-n * V // 8))))
             rows_per_block, cols = max(1, block // V), min(V, block)
@@ -453,3 +455,9 @@ def freeze_without_bias():
 @registry.mutant("mrtpo.student_context_padded", base="mrtpo")
 def student_context_padded():
     return IMPL.replace("mrtpo.student_context_padded", student_context=_student_context_padded)
+
+
+@registry.mutant("mrtpo.js_rows_one_by_one", base="mrtpo")
+def js_rows_one_by_one():
+    js = _js_blocked("rows_one_by_one")
+    return IMPL.replace("mrtpo.js_rows_one_by_one", js_distance=js, credit_weights=_weights_variant("none", js=js))
