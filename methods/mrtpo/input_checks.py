@@ -18,11 +18,13 @@ from methods.mrtpo.reference import gdpo_uniform_ref, js_distance_ref
 __mutate__ = False  # `contracts mutate` does not plant bugs here
 
 
-def _refused(call, expected: type) -> bool:
+def _refused(call, expected: type, names: tuple) -> bool:
+    """The call raised `expected` with the function's own one-line message ("name: ..."), not an error of
+    something it went on to do."""
     try:
         call()
-    except expected:
-        return True
+    except expected as exc:
+        return str(exc).startswith(tuple(f"{n}: " for n in names)) and "\n" not in str(exc)
     except Exception:  # noqa: BLE001  (the wrong exception is a miss, whatever it is)
         return False
     return False
@@ -156,20 +158,24 @@ def _advantage_cases(impl, g, dev, dt, eps):
 
 @registry.check("mrtpo.input_checks")
 def input_checks(impl, ctx):
-    """Bad inputs are refused with the documented exception (ValueError, TypeError for non-float log-probs);
+    """Bad inputs are refused with the documented exception (ValueError, TypeError for non-float log-probs) and
+    the function's own one-line message;
     inputs at the edge of what is allowed (one row, V = 1, no rows, beta or beta_max at 0 and 1, K = 1, every
     form of empty_block, no valid token, all-zero advantages, the default eps, mixed dtypes) are answered."""
     g = ctx.generator(901)
     dev, dt = ctx.device, ctx.dtype
     eps = float(ctx.params.get("eps", 1e-6))
     refusals, acceptances = [], []
-    for r, a in (_js_cases(impl, g, dev, dt), _schedule_cases(impl),
-                 _weights_cases(impl, g, dev, dt, "credit_weights"),
-                 _weights_cases(impl, g, dev, dt, "credit_weights_from_logits"),
-                 _advantage_cases(impl, g, dev, dt, eps)):
-        refusals += r
+    # the empty_block checks are credit_weights' own, shared by credit_weights_from_logits
+    for names, (r, a) in ((("js_distance",), _js_cases(impl, g, dev, dt)),
+                          (("beta_schedule",), _schedule_cases(impl)),
+                          (("credit_weights",), _weights_cases(impl, g, dev, dt, "credit_weights")),
+                          (("credit_weights_from_logits", "credit_weights"),
+                           _weights_cases(impl, g, dev, dt, "credit_weights_from_logits")),
+                          (("mrtpo_advantages",), _advantage_cases(impl, g, dev, dt, eps))):
+        refusals += [(call, exc, names) for call, exc in r]
         acceptances += a
-    missed_refusals = [i for i, (call, exc) in enumerate(refusals) if not _refused(call, exc)]
+    missed_refusals = [i for i, (call, exc, names) in enumerate(refusals) if not _refused(call, exc, names)]
     missed_acceptances = [i for i, (call, judge) in enumerate(acceptances) if not _accepted(call, judge)]
     return {
         "refusals_missed": len(missed_refusals),
