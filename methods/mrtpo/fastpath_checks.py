@@ -15,7 +15,7 @@ import torch
 
 from engine.spec import registry
 from methods.mrtpo.cases import response_mask, to_lists
-from methods.mrtpo.checks import _scratch_budget
+from methods.mrtpo.checks import _OpCount, _scratch_budget
 from methods.mrtpo.credit import js_block_shape
 from methods.mrtpo.reference import js_distance_ref
 from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
@@ -117,10 +117,22 @@ def weights_from_logits(impl, ctx):
         plain = impl.credit_weights(torch.log_softmax(a, -1), [None if x is None else torch.log_softmax(x, -1) for x in on],
                                     m, beta, empty_block=empty, chunk_elems=chunk)
         err = _worst(err, _maxabs(fast.double() - plain.double()))
-    out = {"max_abs_diff": err, "multi_block_cases": multi, "partial_tail_cases": tail, "none_cases": none_cases}
+    out = {"max_abs_diff": err, "multi_block_cases": multi, "partial_tail_cases": tail, "none_cases": none_cases,
+           "row_ops_growth": _logits_ops(impl, ctx, 256) / _logits_ops(impl, ctx, 4)}
     if ctx.dtype == torch.float32:
         out["memory_budget_ratio"] = _logits_memory_ratio(impl, ctx, g)
     return out
+
+
+def _logits_ops(impl, ctx, rows: int) -> int:
+    """ATen operations of credit_weights_from_logits for `rows` valid rows of 16 logits at the default block
+    size (any number of such rows is one block: a loop over rows would show as more operations)."""
+    la = torch.zeros(1, rows, 16, dtype=ctx.dtype, device=ctx.device)
+    lb = torch.linspace(-1.0, 1.0, 16, dtype=ctx.dtype, device=ctx.device).expand(1, rows, 16)
+    m = torch.ones(1, rows, dtype=torch.bool, device=ctx.device)
+    with _OpCount() as count:
+        impl.credit_weights_from_logits(la, [lb], m, 0.5)
+    return count.ops
 
 
 def _logits_memory_ratio(impl, ctx, g) -> float:
