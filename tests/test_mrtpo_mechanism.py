@@ -75,8 +75,13 @@ def test_warmup_counts_the_first_update_as_one():
 
 
 def test_trace_keeps_what_each_update_used():
-    tr = mechanism.trace(IMPL, _ctx(43))
-    assert len(tr.updates) == 3 and tr.measurements["updates"] == 3
+    ctx = _ctx(43)
+    tr = mechanism.trace(IMPL, ctx)
+    assert len(tr.updates) == 3 and ctx.meter.updates == 3
+    # each update starts where the previous one ended, and moved the student
+    for u, nxt in zip(tr.updates, tr.updates[1:]):
+        assert mechanism_checks._state_maxabs(u.student_after, nxt.student_before) == 0
+    assert all(mechanism_checks._l2(u.student_before, u.student_after) > 0 for u in tr.updates)
     for u in tr.updates:
         K, B, T = u.weights.shape
         assert K == 2 and u.logp_all.shape == (B, T, mechanism.VOCAB) and len(u.logp_loo) == 2
@@ -155,3 +160,71 @@ def test_from_logits_mutant_copy_is_faithful_but_for_its_defect():
         assert torch.equal(same, credit_weights_from_logits(la, ll, mask, 0.7, block_elems=block))
     dropped = mrtpo_mutants._from_logits_variant("last_block_dropped")(la, ll, mask, 0.7, block_elems=3 * V)
     assert not torch.equal(dropped, same)  # 8 valid rows in blocks of 3: the last 2 rows are lost
+
+
+def test_the_run_measures_nothing_itself_and_the_watch_sees_every_student_call():
+    """The measurements come from check code: a watch put on the student through `observe`."""
+    seen = []
+    tr = mechanism.trace(IMPL, _ctx(), observe=seen.append)
+    assert len(seen) == 1 and isinstance(seen[0], torch.nn.Module)
+    ctx = _ctx()
+    tr2, out = mechanism_checks.measured_run(IMPL, ctx)
+    # sampling: one call for the prompt and one per new token; the update: one scoring call
+    assert out["student_forward_calls"] == 3 * (1 + RUN["max_new_tokens"] + 1)
+    assert out["student_verifier_tokens"] == 0 and out["replay_saw_blocks"] and out["snapshot_max_change"] == 0
+    assert out["updates"] == 3 and out["min_step_l2_change"] > 0
+    assert torch.equal(tr.updates[0].responses, tr2.updates[0].responses)  # the watch changes nothing
+    # the watch counts what a leaking student context would feed it
+    bad = IMPL.replace("leak", student_context=mrtpo_mutants._student_sees_block)
+    _, leaked = mechanism_checks.measured_run(bad, _ctx())
+    assert leaked["student_verifier_tokens"] > 0
+
+
+def test_update_replay_reproduces_the_run_and_catches_a_padded_context():
+    reg = registry.load()
+    out = reg.get_check("mrtpo.student_updates")(IMPL, _ctx())
+    assert out["after_state_max_err"] == 0 and out["step_row_mismatches"] == 0 and out["updates_replayed"] == 3
+    bad = reg.get_mutant("mrtpo.student_context_padded").factory()
+    out = reg.get_check("mrtpo.student_updates")(bad, _ctx())
+    assert out["behaviour_logp_max_err"] > 1e-3 and out["after_state_max_err"] > 1e-4
+
+
+def test_protocol_catches_a_snapshot_without_the_verifier_bias():
+    reg = registry.load()
+    params = {**RUN, "vocab": 32, "prompt_len": 4, "bias": -1.0e4, "hidden_size": 16}
+    out = reg.get_check("mrtpo.protocol")(IMPL, _ctx(params=params))
+    assert out["bias_mismatches"] == 0 and out["block_alphabet_is_verifier_tokens"] and out["foreign_tokens"] == 0
+    bad = reg.get_mutant("mrtpo.freeze_without_bias").factory()
+    out = reg.get_check("mrtpo.protocol")(bad, _ctx(params=params))
+    assert out["bias_mismatches"] == 3
+
+
+def test_input_checks_count_every_case_and_catch_missing_refusals():
+    reg = registry.load()
+    out = reg.get_check("mrtpo.input_checks")(IMPL, _ctx(dtype=F64, params={"eps": 1e-6}))
+    assert out["refusals_missed"] == 0 and out["acceptances_missed"] == 0 and out["refusal_cases"] >= 30
+    bad = reg.get_mutant("mrtpo.weights_unchecked").factory()
+    out = reg.get_check("mrtpo.input_checks")(bad, _ctx(dtype=F64, params={"eps": 1e-6}))
+    assert out["refusals_missed"] > 0
+
+
+def test_scratch_budget_is_the_documented_block():
+    from methods.mrtpo.checks import _scratch_budget
+
+    # 16 rows of 150k: 150000-element blocks of one row; 18 bytes an element in float32, 26 for bfloat16
+    assert _scratch_budget(16, 150_000, torch.float32, {}) == 18 * 150_000 + 16 * 16 + 16384
+    assert _scratch_budget(16, 150_000, torch.bfloat16, {}) == 26 * 150_000 + 16 * 16 + 16384
+    assert _scratch_budget(4, 1000, torch.float64, {}) == 34 * 65_000 + 16 * 4 + 16384  # 65 whole rows
+    assert _scratch_budget(128, 150_000, torch.float32, {}) == 18 * 6 * 150_000 + 16 * 128 + 16384  # capped
+
+
+def test_fewer_blocks_and_doubled_logits_blocks_only_change_memory():
+    g = torch.Generator().manual_seed(13)
+    a = torch.randn(16, 3000, generator=g, dtype=F64).log_softmax(-1)
+    b = torch.randn(16, 3000, generator=g, dtype=F64).log_softmax(-1)
+    assert torch.equal(mrtpo_mutants._js_blocked("fewer_blocks")(a, b), js_distance(a, b))
+    la = torch.randn(3, 5, 17, generator=g, dtype=F64)
+    ll = [la + torch.randn(3, 5, 17, generator=g, dtype=F64)]
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    doubled = mrtpo_mutants._from_logits_variant("block_doubled")(la, ll, mask, 0.4, block_elems=2 * 17)
+    assert torch.equal(doubled, credit_weights_from_logits(la, ll, mask, 0.4, block_elems=2 * 17))

@@ -158,6 +158,13 @@ def test_a_module_that_declares_itself_check_code_is_not_a_target(tmp_path):
     names = [m for m, _ in target_modules(["methods.tapo.objective"], {"methods.tapo.objective": str(tapo / "objective.py")})]
     assert "methods.tapo.audit" not in names and "methods.tapo.fastpath" not in names
     assert {"methods.tapo.objective", "methods.tapo.proximal", "methods.tapo.mechanism"} <= set(names)
+    # MRTPO's check code declares itself; what the default run executes does not
+    from engine.run.mutate.generate import declares_check_code
+
+    assert not declares_check_code(pkg / "helper.py")  # only `False` opts out
+    mrtpo = ROOT / "methods" / "mrtpo"
+    declared = sorted(f.stem for f in mrtpo.glob("*.py") if declares_check_code(f))
+    assert declared == ["fastpath_checks", "input_checks", "measure", "mechanism_checks", "memory"]
 
 
 # --- runs --------------------------------------------------------------------------------------------------------

@@ -13,11 +13,11 @@ import math
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.spec import registry
-from methods.mrtpo import mechanism
 from methods.mrtpo.cases import PAIR_KINDS, credit_batch, logp_pair, response_mask, to_lists
-from methods.mrtpo.mechanism_checks import PAGE_STUDENT_L2
+from methods.mrtpo.mechanism_checks import PAGE_STUDENT_L2, measured_run
 from methods.mrtpo.memory import AllocationMeter
 from methods.mrtpo.reference import (
     beta_schedule_ref,
@@ -26,26 +26,7 @@ from methods.mrtpo.reference import (
     js_distance_ref,
     mrtpo_advantages_ref,
 )
-
-NAN = float("nan")
-
-
-def _worst(*values: float) -> float:
-    """Largest value, NaN if any is NaN (Python's max would silently skip a NaN)."""
-    vals = [float(v) for v in values]
-    if any(math.isnan(v) for v in vals):
-        return NAN
-    return max(vals) if vals else 0.0
-
-
-def _maxabs(x: torch.Tensor) -> float:
-    """max |x| over all entries; NaN if any entry is NaN; 0 for an empty tensor."""
-    if x.numel() == 0:
-        return 0.0
-    x = x.detach().double().abs()
-    if bool(torch.isnan(x).any()):
-        return NAN
-    return float(x.max())
+from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
 
 
 def _scaled(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -163,36 +144,88 @@ def js_properties(impl, ctx):
     }
 
 
+def _scratch_budget(n: int, V: int, dtype: torch.dtype, p: dict) -> int:
+    """Bytes js_distance may allocate for n rows of V entries, by the spec's memory assumption: one block of
+    rows x cols elements, the block clamp(ceil(nV / min_blocks), min_block, chunk_elems) elements cut into whole
+    rows (or one row's columns), in four compute-dtype buffers and two bool masks (plus two upcast copies for
+    half inputs), plus 16 bytes a row for the per-row sums and the output, plus 16 KiB (allocator rounding)."""
+    chunk, min_block, min_blocks = int(p.get("chunk_elems", 1 << 20)), int(p.get("min_block", 1 << 16)), \
+        int(p.get("min_blocks", 16))
+    block = max(1, min(chunk, max(min_block, -(-n * V // min_blocks))))
+    elems = max(1, block // V) * min(V, block)
+    size = 8 if dtype == torch.float64 else 4
+    per = 4 * size + 2 + (2 * size if dtype in (torch.float16, torch.bfloat16) else 0)
+    return per * elems + 16 * n + 16384
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts the ATen operations dispatched inside the block (a Python loop over rows shows as many more)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(impl, n: int, V: int, ctx) -> int:
+    a = torch.full((n, V), -math.log(V), dtype=ctx.dtype, device=ctx.device)
+    b = torch.linspace(-1.0, 1.0, V, dtype=torch.float64).log_softmax(-1).to(ctx.device, ctx.dtype).expand(n, V)
+    with _OpCount() as count:
+        impl.js_distance(a, b)
+    return count.ops
+
+
+def _peak_bytes(impl, a: torch.Tensor, b: torch.Tensor) -> tuple[int, torch.Tensor, float]:
+    cuda = a.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(a.device)
+        torch.cuda.reset_peak_memory_stats(a.device)
+        base = torch.cuda.memory_allocated(a.device)
+    t0 = time.perf_counter()
+    with AllocationMeter() as meter:
+        q = impl.js_distance(a, b)
+    if cuda:
+        torch.cuda.synchronize(a.device)
+    seconds = time.perf_counter() - t0
+    peak = meter.peak_bytes
+    if cuda:
+        peak = max(peak, torch.cuda.max_memory_allocated(a.device) - base)
+    return peak, q, seconds
+
+
 @registry.check("mrtpo.js_memory")
 def js_memory(impl, ctx):
-    """Peak extra tensor memory of js_distance at a 150k vocabulary, against one [N, V] float32 buffer."""
+    """Peak extra tensor memory of js_distance at a 150k vocabulary, against one [N, V] float32 buffer; and on
+    that input, two small ones and (float32) one past the block cap, against the spec's block budget; and the
+    operations dispatched for 4096 rows of 16 against 2 rows of 2, one block each (no loop over rows)."""
     V = int(ctx.params.get("memory_vocab", 150_000))
     N = int(ctx.params.get("memory_rows", 64))
     g = ctx.generator(103)
     a = torch.randn(N, V, generator=g).log_softmax(-1).to(ctx.device, ctx.dtype)
     b = torch.randn(N, V, generator=g).log_softmax(-1).to(ctx.device, ctx.dtype)
     bound = N * V * 4
-    cuda = ctx.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(ctx.device)
-        torch.cuda.reset_peak_memory_stats(ctx.device)
-        base = torch.cuda.memory_allocated(ctx.device)
-    t0 = time.perf_counter()
-    with AllocationMeter() as meter:
-        q = impl.js_distance(a, b)
-    if cuda:
-        torch.cuda.synchronize(ctx.device)
-    seconds = time.perf_counter() - t0
-    peak = meter.peak_bytes
+    peak, q, seconds = _peak_bytes(impl, a, b)
     out = {"peak_bytes": peak, "bound_bytes": bound, "seconds": seconds}
-    if cuda:
-        allocator_peak = torch.cuda.max_memory_allocated(ctx.device) - base
-        out["allocator_peak_bytes"] = allocator_peak
-        peak = max(peak, allocator_peak)
     q = q.double()
     out["peak_ratio"] = peak / bound
     out["finite"] = bool(torch.isfinite(q).all())
     out["in_unit_interval"] = bool(((q >= 0) & (q <= 1)).all())
+    budget = [peak / _scratch_budget(N, V, ctx.dtype, ctx.params)]
+    shapes = [(4, 1000), (30, 40_000)]  # the block's minimum; 30 rows, where 16 blocks give one row a block
+    if ctx.dtype == torch.float32:
+        shapes.append((int(ctx.params.get("capped_rows", 128)), V))  # past the cap: 2^20-element blocks
+    for n, v in shapes:  # memory does not depend on the values: uniform against a rolled ramp, cheap to make
+        a = torch.full((n, v), -math.log(v), dtype=ctx.dtype, device=ctx.device)
+        b = torch.linspace(-1.0, 1.0, v, dtype=torch.float64).log_softmax(-1).to(ctx.device, ctx.dtype).expand(n, v)
+        peak, _, _ = _peak_bytes(impl, a, b)
+        budget.append(peak / _scratch_budget(n, v, ctx.dtype, ctx.params))
+    out["scratch_budget_ratio"] = max(budget)
+    # vectorised: 4096 rows of 16 (65536 elements, one block of the documented minimum) take no more
+    # operations than 2 rows of 2 (a loop over rows, or blocks under the minimum, show as more)
+    out["row_ops_growth"] = _ops(impl, 4096, 16, ctx) / _ops(impl, 2, 2, ctx)
     return out
 
 
@@ -211,8 +244,11 @@ def beta_schedule(impl, ctx):
         v = impl.beta_schedule(s, W, bmax)
         vals.append(v)
         err = _worst(err, abs(v - beta_schedule_ref(s, W, bmax)))
-    for s in (0.0, 1.0, 5.0):  # no warm-up at all
+    for s in (-1.0, -0.5, 0.0, 1.0, 5.0):  # no warm-up at all (still 0 before the start)
         err = _worst(err, abs(impl.beta_schedule(s, 0, bmax) - beta_schedule_ref(s, 0, bmax)))
+    for w in (1.0, 0.5):  # warm-ups of at most one step: still the smoothstep
+        for s in (0.0, 0.25, 0.5, 1.0, 2.0):
+            err = _worst(err, abs(impl.beta_schedule(s, w, bmax) - beta_schedule_ref(s, w, bmax)))
     monotone = all(b >= a for a, b in zip(vals, vals[1:]))
     h = 1e-3 * W
     return {
@@ -372,7 +408,7 @@ def second_moment_cap(impl, ctx):
     g = ctx.generator(302)
     eps = _eps(ctx)
     excess = gap = nb_dev = out_excess = 0.0
-    n_bind = n_free = 0
+    n_bind = n_free = flag_bad = 0
     for i in range(ctx.cases):
         K, B, T = _randint(g, 2, 3), _randint(g, 2, 6), _randint(g, 2, 8)
         mask = response_mask(g, B, T, allow_empty=False)
@@ -381,6 +417,8 @@ def second_moment_cap(impl, ctx):
         radv = torch.randn(K, B, generator=g, dtype=torch.float64)
         if bind:  # rewards that mostly cancel: small U, large redistribution
             radv[-1] = -radv[:-1].sum(0) + 0.05 * torch.randn(B, generator=g, dtype=torch.float64)
+            if i % 4 == 0:  # the cap is scale-free: a tiny batch (sum D^2 far below 1) binds as well
+                radv = radv * 1.0e-3
         else:  # rewards that agree: U dominates
             radv = radv.abs() + 1.0
         w_d, r_d = _on(ctx, w), _on(ctx, radv)
@@ -393,6 +431,7 @@ def second_moment_cap(impl, ctx):
         mom_u = math.fsum(len(valid[b]) * U[b] ** 2 for b in range(B))
         mom_d = math.fsum(d * d for d in Dm.values())
         s = metrics["s"]
+        flag_bad += int(bool(metrics["capped"]) != (mom_d > mom_u))
         ratio = s * s * mom_d / mom_u  # capped second moment over the bound
         excess = _worst(excess, max(0.0, ratio - 1.0))
         if mom_d > mom_u:
@@ -413,6 +452,7 @@ def second_moment_cap(impl, ctx):
         "nonbinding_s_dev": nb_dev,
         "binding_cases": n_bind,
         "nonbinding_cases": n_free,
+        "capped_flag_mismatches": flag_bad,
     }
 
 
@@ -517,7 +557,7 @@ def mechanism_run(impl, ctx):
     """Real sampling, frozen replay with verifier blocks, real MRTPO updates of the student.
 
     The page's mean student L2 change is recorded beside this seed's, as a diagnostic comparison."""
-    out = mechanism.run(impl, ctx)
+    _, out = measured_run(impl, ctx)
     ctx.record_comparison(
         "page_student_l2_change", "mrtpo (this run)", "page 003 (A100 run)", [out["student_l2_change"]],
         [PAGE_STUDENT_L2], "student parameter L2 change over the seed's updates", formal=False,

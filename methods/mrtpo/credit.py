@@ -27,7 +27,7 @@ LN2 = math.log(2.0)
 # two bool masks of this size: about 18 MiB in float32 at the default).
 DEFAULT_CHUNK_ELEMS = 1 << 20
 # Elements per context in one block of credit_weights_from_logits (16 MiB of float32): big enough
-# that each operation's fixed cost is small against its work, small enough that K + 1 of them stay
+# that each operation's fixed cost is small against its work, small enough that the four held at once stay
 # far below one [B*T, V] tensor at real shapes.
 LOGITS_BLOCK_ELEMS = 1 << 22
 # Inputs are cut into at least _MIN_BLOCKS blocks, so the scratch (about 4.5
@@ -120,8 +120,9 @@ def js_block_shape(n: int, V: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tu
 
     columns < V means each row is cut into column blocks (few rows, large
     vocabulary); columns == V means whole rows, rows of them per block.
+    chunk_elems >= 1 (js_distance refuses less).
     """
-    block = max(1, min(int(chunk_elems), max(_MIN_BLOCK, -(-n * V // _MIN_BLOCKS))))
+    block = min(int(chunk_elems), max(_MIN_BLOCK, -(-n * V // _MIN_BLOCKS)))
     return max(1, block // V), min(V, block)
 
 
@@ -160,6 +161,8 @@ def js_distance(
         )
     if logp_a.device != logp_b.device:
         raise ValueError(f"js_distance: inputs on different devices: {logp_a.device} vs {logp_b.device}")
+    if int(chunk_elems) < 1:
+        raise ValueError(f"js_distance: chunk_elems must be at least 1, got {chunk_elems}")
     cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
     lead = logp_a.shape[:-1]
     V = logp_a.shape[-1]
@@ -310,11 +313,13 @@ def credit_weights_from_logits(
     The same weights as credit_weights(log_softmax(logits_all), [log_softmax(l) for l in
     logits_loo], ...) within float32 rounding, without holding any [B, T, V] log-softmax:
     each block of about `block_elems` elements per context is normalised, compared (by
-    js_distance, in its own `chunk_elems` scratch) and dropped, so the extra memory stays
-    at K + 1 blocks plus that scratch, whatever B or T (about 115 MB in float32 for K = 2
-    at the default; a naive version holds K + 1 whole log-softmaxes and [B*T, V]
-    temporaries: 3.0 GB at 512 x 152,064; benchmarks/mrtpo_credit.py). Masked tokens are
-    never normalised (their q is 0 in any case), so junk there, NaN included, is never read.
+    js_distance, in its own `chunk_elems` scratch) and dropped, so the tensor storage it adds
+    stays at four blocks (the last block's two log-softmaxes, held while the next one's rows
+    are gathered and normalised) plus that scratch, whatever K, B or T (benchmarks/mrtpo_credit.py
+    measured about 115 MB of resident memory in float32 for K = 2 at the default; a naive
+    version holds K + 1 whole log-softmaxes and [B*T, V] temporaries: 3.0 GB at 512 x 152,064).
+    Masked tokens are never normalised (their q is 0 in any case), so junk there, NaN
+    included, is never read.
     """
     beta = float(beta)
     if not 0.0 <= beta <= 1.0:
@@ -355,6 +360,7 @@ def credit_weights_from_logits(
     return torch.stack(ws, dim=0)
 
 
+@torch.no_grad()  # advantages are constants of the policy-gradient loss: no graph is built through them
 def mrtpo_advantages(
     reward_advantages: torch.Tensor,
     weights: torch.Tensor,
@@ -370,7 +376,7 @@ def mrtpo_advantages(
     The arithmetic runs in float64 whatever the input dtype (these are [K, B, T]
     tensors, tiny beside the [B, T, V] replay): a batch whose S~ barely varies
     has a std near 0, where rounding in float32 would be magnified by 1/eps.
-    A is returned in float64 for float64 inputs, float32 otherwise.
+    A is returned in float64 for float64 inputs, float32 otherwise, and carries no gradient.
 
     Returns (A, metrics) with metrics: s, std, tokens, second_moment_U
     (sum T U^2), second_moment_D (sum D^2, before the cap), capped (s < 1).

@@ -15,26 +15,14 @@ import torch
 
 from engine.spec import registry
 from methods.mrtpo.cases import response_mask, to_lists
+from methods.mrtpo.checks import _OpCount, _scratch_budget
 from methods.mrtpo.credit import js_block_shape
 from methods.mrtpo.reference import js_distance_ref
+from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
+from methods.mrtpo.memory import AllocationMeter
 
-NAN = float("nan")
-
-
-def _worst(*values: float) -> float:
-    vals = [float(v) for v in values]
-    if any(math.isnan(v) for v in vals):
-        return NAN
-    return max(vals) if vals else 0.0
-
-
-def _maxabs(x: torch.Tensor) -> float:
-    if x.numel() == 0:
-        return 0.0
-    x = x.detach().double().abs()
-    if bool(torch.isnan(x).any()):
-        return NAN
-    return float(x.max())
+# Check code: drives the fast and plain paths and compares them; implements nothing the method uses.
+__mutate__ = False  # `contracts mutate` does not plant bugs here
 
 
 def _randint(g, lo: int, hi: int) -> int:
@@ -44,7 +32,8 @@ def _randint(g, lo: int, hi: int) -> int:
 @registry.check("mrtpo.js_column_blocks")
 def js_column_blocks(impl, ctx):
     """js_distance's column-blocked path (few rows, large vocabulary; or a block smaller than a row) equals
-    whole rows on the same inputs, and the decimal reference on small vocabularies."""
+    whole rows on the same inputs, and the decimal reference on small vocabularies; an input that is not one
+    block of rows (split into row views) equals its contiguous copy."""
     g = ctx.generator(701)
     V = int(ctx.params.get("large_vocab", 150_000))
     rows, copies = 2, int(ctx.params.get("copies", 16))
@@ -70,7 +59,18 @@ def js_column_blocks(impl, ctx):
         small_diff = _worst(small_diff, _maxabs(qc - qr))
         ref = torch.tensor([js_distance_ref(x, y) for x, y in zip(*to_lists(la, lb))], dtype=torch.float64)
         small_err = _worst(small_err, _maxabs(qc - ref))
+    # inputs that are not one block of rows (a slice of a longer tensor) are split into row views: the same
+    # rows, whole and cut into columns, as their contiguous copies
+    big_a = torch.randn(4, 7, 33, generator=g, dtype=torch.float64).mul(2.0).log_softmax(-1).to(ctx.device, ctx.dtype)
+    big_b = torch.randn(4, 7, 33, generator=g, dtype=torch.float64).mul(2.0).log_softmax(-1).to(ctx.device, ctx.dtype)
+    sa, sb = big_a[:, :5], big_b[:, :5]
+    strided = 0.0
+    for chunk in (1 << 20, 16):
+        got = impl.js_distance(sa, sb, chunk_elems=chunk)
+        want = impl.js_distance(sa.contiguous(), sb.contiguous(), chunk_elems=chunk)
+        strided = _worst(strided, _maxabs(got.double() - want.double()) if got.shape == want.shape else NAN)
     return {
+        "strided_max_abs_diff": strided,
         "large_vocab_column_path": col_path,
         "large_vocab_row_path": row_path,
         "large_vocab_max_rel_diff": large,
@@ -104,6 +104,8 @@ def weights_from_logits(impl, ctx):
         n_valid = int(mask.sum())
         rows_per_block = _randint(g, 1, max(1, n_valid - 1))
         block_elems = rows_per_block * V
+        if i % 4 == 3:  # a block smaller than one row: one row at a time
+            rows_per_block, block_elems = 1, V - 1
         multi += int(n_valid > rows_per_block)
         tail += int(n_valid > rows_per_block and n_valid % rows_per_block != 0)
         chunk = (V - 3) if i % 2 else 1 << 20  # column-blocked JS inside, every other case
@@ -115,4 +117,44 @@ def weights_from_logits(impl, ctx):
         plain = impl.credit_weights(torch.log_softmax(a, -1), [None if x is None else torch.log_softmax(x, -1) for x in on],
                                     m, beta, empty_block=empty, chunk_elems=chunk)
         err = _worst(err, _maxabs(fast.double() - plain.double()))
-    return {"max_abs_diff": err, "multi_block_cases": multi, "partial_tail_cases": tail, "none_cases": none_cases}
+    out = {"max_abs_diff": err, "multi_block_cases": multi, "partial_tail_cases": tail, "none_cases": none_cases,
+           "row_ops_growth": _logits_ops(impl, ctx, 256) / _logits_ops(impl, ctx, 4)}
+    if ctx.dtype == torch.float32:
+        out["memory_budget_ratio"] = _logits_memory_ratio(impl, ctx, g)
+    return out
+
+
+def _logits_ops(impl, ctx, rows: int) -> int:
+    """ATen operations of credit_weights_from_logits for `rows` valid rows of 16 logits at the default block
+    size (any number of such rows is one block: a loop over rows would show as more operations)."""
+    la = torch.zeros(1, rows, 16, dtype=ctx.dtype, device=ctx.device)
+    lb = torch.linspace(-1.0, 1.0, 16, dtype=ctx.dtype, device=ctx.device).expand(1, rows, 16)
+    m = torch.ones(1, rows, dtype=torch.bool, device=ctx.device)
+    with _OpCount() as count:
+        impl.credit_weights_from_logits(la, [lb], m, 0.5)
+    return count.ops
+
+
+def _logits_memory_ratio(impl, ctx, g) -> float:
+    """Peak bytes of credit_weights_from_logits at its default block size over its budget: four blocks of
+    block_elems // V rows (the two log-softmaxes of the last block held while the next one's rows are gathered
+    and normalised) plus js_distance's own scratch for one block, on an input of two whole blocks."""
+    V, B, T = int(ctx.params.get("memory_vocab", 16384)), 4, 128
+    block_elems = int(ctx.params.get("block_elems", 1 << 22))
+    # memory does not depend on the values: cheap logits to make
+    la = torch.zeros(B, T, V, dtype=ctx.dtype, device=ctx.device)
+    lb = torch.linspace(-1.0, 1.0, V, dtype=ctx.dtype, device=ctx.device).expand(B, T, V)
+    m = torch.ones(B, T, dtype=torch.bool, device=ctx.device)
+    with AllocationMeter() as meter:
+        impl.credit_weights_from_logits(la, [lb], m, 0.5)
+    rows = max(1, block_elems // V)
+    ratio = meter.peak_bytes / (4 * rows * V * 4 + _scratch_budget(rows, V, ctx.dtype, ctx.params) + 64 * B * T)
+    # a block_elems below one row of a long vocabulary: one row a block, so four rows at most
+    V, B, T = 1 << 18, 1, 4
+    la = torch.zeros(B, T, V, dtype=ctx.dtype, device=ctx.device)
+    lb = torch.linspace(-1.0, 1.0, V, dtype=ctx.dtype, device=ctx.device).expand(B, T, V)
+    m = torch.ones(B, T, dtype=torch.bool, device=ctx.device)
+    with AllocationMeter() as meter:
+        impl.credit_weights_from_logits(la, [lb], m, 0.5, block_elems=V - 1)
+    budget = 4 * V * 4 + _scratch_budget(1, V, ctx.dtype, ctx.params) + 64 * B * T
+    return max(ratio, meter.peak_bytes / budget)

@@ -95,10 +95,6 @@ def make_policy(ctx, hidden: int = 16) -> torch.nn.Module:
     return policy
 
 
-def _is_verifier(tokens: torch.Tensor) -> torch.Tensor:
-    return (tokens >= VERIFIER_TOKENS[0]) & (tokens <= VERIFIER_TOKENS[-1])
-
-
 def _weight_stats(w: torch.Tensor, mask: torch.Tensor) -> dict:
     out = {}
     for k in range(w.shape[0]):
@@ -132,13 +128,17 @@ class Update:
     reward_adv: torch.Tensor  # [K, B]
     advantages: torch.Tensor  # [B, T] the token advantages the update used
     metrics: dict
+    old_logp: torch.Tensor  # [B, T] the behaviour log-probs of the sampled tokens (the ratio's denominator)
+    update_ctx: torch.Tensor  # what the student was scored on for its update (impl.student_context)
+    frozen_state: dict  # the replay policy's parameters right after impl.freeze
+    student_before: dict  # the student's parameters before this update's optimiser step
+    student_after: dict  # ... and after it
 
 
 @dataclass
 class Trace:
-    """One seed's mechanism run: measurements plus every update's tensors."""
+    """One seed's mechanism run: every update's tensors (the checks measure them)."""
 
-    measurements: dict
     updates: list = field(default_factory=list)
 
 
@@ -148,13 +148,12 @@ def replay(frozen: torch.nn.Module, context: torch.Tensor, responses: torch.Tens
         return sequence_logprobs(frozen, context, responses, full=True)[2]
 
 
-def run(impl, ctx) -> dict:
-    """One seed of the mechanism run; returns the measurements the spec's contract reads."""
-    return trace(impl, ctx).measurements
+def trace(impl, ctx, observe=None) -> Trace:
+    """One seed of the mechanism run, keeping every update's tensors for the audit contracts.
 
-
-def trace(impl, ctx) -> Trace:
-    """One seed of the mechanism run, keeping every update's tensors for the audit contracts."""
+    `observe(student)`, when given, is called once with the student before its first use, so a check
+    can watch everything the student is fed (a forward pre-hook) without the run measuring itself.
+    """
     p = ctx.params
     updates = int(p.get("updates", 3))
     n_prompts = int(p.get("prompts", 4))
@@ -167,95 +166,59 @@ def trace(impl, ctx) -> Trace:
     device = ctx.device
 
     student = make_policy(ctx)
+    if observe is not None:
+        observe(student)
     opt = torch.optim.Adam(student.parameters(), lr=lr)
-    start = state_copy(student)
-    seen = {"calls": 0, "verifier_tokens": 0, "tokens": 0}
-
-    def watch(module, args):
-        if module is student:
-            toks = args[0]
-            seen["calls"] += 1
-            seen["tokens"] += int(toks.numel())
-            seen["verifier_tokens"] += int(_is_verifier(toks).sum())
-
-    handle = student.register_forward_pre_hook(watch)
     g = ctx.generator(7)
-    snapshot_changes, step_l2, cons_errs, s_values = [], [], [], []
     kept: list[Update] = []
-    replay_saw_blocks = True
-    try:
-        for step in range(updates):
-            prompts = make_prompts(n_prompts, g).repeat_interleave(group, dim=0).to(device)
-            blocks = info_blocks(prompts)
-            frozen = impl.freeze(student)
-            frozen_before = state_copy(frozen)
-            s_ctx = impl.student_context(prompts, blocks)
-            roll = sample(student, s_ctx, max_new, g)
-            ctx.meter.add_tokens(roll.n_tokens)
-            mask = roll.mask
-            rewards = verify(prompts, roll.responses, mask)
-            reward_adv = torch.stack([group_advantages(r, group) for r in rewards], 0)
+    for step in range(updates):
+        prompts = make_prompts(n_prompts, g).repeat_interleave(group, dim=0).to(device)
+        blocks = info_blocks(prompts)
+        frozen = impl.freeze(student)
+        frozen_state = state_copy(frozen)
+        s_ctx = impl.student_context(prompts, blocks)
+        roll = sample(student, s_ctx, max_new, g)
+        ctx.meter.add_tokens(roll.n_tokens)
+        mask = roll.mask
+        rewards = verify(prompts, roll.responses, mask)
+        reward_adv = torch.stack([group_advantages(r, group) for r in rewards], 0)
 
-            full, loo = impl.replay_contexts(prompts, blocks)
-            replay_saw_blocks &= bool((_is_verifier(full).sum(dim=1) == sum(b.shape[1] for b in blocks)).all())
-            logp_all = replay(frozen, full, roll.responses)
-            logp_loo = [replay(frozen, c, roll.responses) for c in loo]
-            empty = [b.shape[1] == 0 for b in blocks]
-            beta = impl.beta_schedule(impl.warmup_step(step), warmup, beta_max)
-            w = impl.credit_weights(logp_all, logp_loo, mask, beta,
-                                    empty_block=torch.tensor(empty, dtype=torch.bool, device=device))
-            adv, metrics = impl.mrtpo_advantages(reward_adv, w, mask, eps)
+        full, loo = impl.replay_contexts(prompts, blocks)
+        logp_all = replay(frozen, full, roll.responses)
+        logp_loo = [replay(frozen, c, roll.responses) for c in loo]
+        empty = [b.shape[1] == 0 for b in blocks]
+        beta = impl.beta_schedule(impl.warmup_step(step), warmup, beta_max)
+        w = impl.credit_weights(logp_all, logp_loo, mask, beta,
+                                empty_block=torch.tensor(empty, dtype=torch.bool, device=device))
+        adv, metrics = impl.mrtpo_advantages(reward_adv, w, mask, eps)
 
-            before = state_copy(student)
-            logp, _ = sequence_logprobs(student, impl.student_context(prompts, blocks), roll.responses)
-            loss, info = grpo_token_loss(logp, roll.old_logp, adv.detach().to(logp.dtype), mask)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in student.parameters() if q.grad is not None))
-            ctx.meter.optimizer_step(opt)
+        before = state_copy(student)
+        u_ctx = impl.student_context(prompts, blocks)
+        logp, _ = sequence_logprobs(student, u_ctx, roll.responses)
+        loss, info = grpo_token_loss(logp, roll.old_logp, adv.detach().to(logp.dtype), mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in student.parameters() if q.grad is not None))
+        ctx.meter.optimizer_step(opt)
+        after = state_copy(student)
 
-            l2 = param_l2_change(before, student)
-            snap = param_l2_change(frozen_before, frozen)
-            valid_resp = mask.any(dim=1)
-            mean_w = (torch.where(mask[None], w.double(), 0.0).sum(-1) / mask.sum(-1).clamp_min(1).double())
-            cons = float((mean_w - 1.0).abs()[:, valid_resp].max())
-            snapshot_changes.append(snap)
-            step_l2.append(l2)
-            cons_errs.append(cons)
-            s_values.append(metrics["s"])
-            kept.append(Update(index=step, prompts=prompts, blocks=blocks, student_ctx=s_ctx, full=full, loo=list(loo),
-                               frozen=frozen, responses=roll.responses, mask=mask, logp_all=logp_all,
-                               logp_loo=logp_loo, empty=empty, rewards=rewards, beta=float(beta), weights=w.detach(),
-                               reward_adv=reward_adv, advantages=adv.detach(), metrics=metrics))
-            ctx.record_step(
-                step=step + 1,
-                loss=float(loss.detach()),
-                beta=beta,
-                s=metrics["s"],
-                adv_std=metrics["std"],
-                capped=metrics["capped"],
-                grad_norm=float(grad_norm),
-                conservation_err=cons,
-                student_l2_change=l2,
-                snapshot_param_change=snap,
-                reward_mean=[float(r.mean()) for r in rewards],
-                tokens=roll.n_tokens,
-                **_weight_stats(w, mask),
-            )
-    finally:
-        handle.remove()
-
-    total = param_l2_change(start, student)
-    measurements = {
-        "updates": ctx.meter.updates,
-        "student_l2_change": total,
-        "min_step_l2_change": min(step_l2) if step_l2 else 0.0,
-        "snapshot_max_change": max(snapshot_changes) if snapshot_changes else float("nan"),
-        "student_forward_calls": seen["calls"],
-        "student_verifier_tokens": seen["verifier_tokens"],
-        "replay_saw_blocks": replay_saw_blocks,
-        "max_conservation_err": max(cons_errs) if cons_errs else float("nan"),
-        "min_s": min(s_values) if s_values else float("nan"),
-        "sampled_tokens": ctx.meter.tokens,
-    }
-    return Trace(measurements=measurements, updates=kept)
+        kept.append(Update(index=step, prompts=prompts, blocks=blocks, student_ctx=s_ctx, full=full, loo=list(loo),
+                           frozen=frozen, responses=roll.responses, mask=mask, logp_all=logp_all,
+                           logp_loo=logp_loo, empty=empty, rewards=rewards, beta=float(beta), weights=w.detach(),
+                           reward_adv=reward_adv, advantages=adv.detach(), metrics=metrics, old_logp=roll.old_logp,
+                           update_ctx=u_ctx, frozen_state=frozen_state, student_before=before, student_after=after))
+        ctx.record_step(
+            step=step + 1,
+            loss=float(loss.detach()),
+            beta=beta,
+            s=metrics["s"],
+            adv_std=metrics["std"],
+            capped=metrics["capped"],
+            grad_norm=float(grad_norm),
+            student_l2_change=param_l2_change(before, student),
+            snapshot_param_change=param_l2_change(frozen_state, frozen),
+            reward_mean=[float(r.mean()) for r in rewards],
+            tokens=roll.n_tokens,
+            **_weight_stats(w, mask),
+        )
+    return Trace(updates=kept)

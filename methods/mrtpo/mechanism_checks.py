@@ -17,6 +17,10 @@ import math
 import torch
 
 from engine.spec import registry
+from methods.common.grpo import grpo_token_loss
+from methods.common.policy import state_copy
+from methods.common.rollout import sequence_logprobs
+from methods.common.tasks import EOS, PAD
 from methods.mrtpo import mechanism
 from methods.mrtpo.cases import credit_batch, response_mask, to_lists
 from methods.mrtpo.reference import (
@@ -26,30 +30,17 @@ from methods.mrtpo.reference import (
     js_distance_ref,
     mrtpo_advantages_ref,
 )
+from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
 
-NAN = float("nan")
+# Check code: these audits rebuild each step independently and compare; they implement nothing the run uses.
+__mutate__ = False  # `contracts mutate` does not plant bugs here
+
 
 # The page's local-protocol figures (page 003, "结果、代码映射与边界"): NVIDIA A100, seeds 42/43/44,
 # 3 updates each, its own randomly initialised 32-token policy.
 PAGE_STUDENT_L2 = 0.034557
 PAGE_REFERENCE_ERR = 3.84e-14
 PAGE_CONSERVATION_ERR = 4.44e-16
-
-
-def _worst(*values: float) -> float:
-    vals = [float(v) for v in values]
-    if any(math.isnan(v) for v in vals):
-        return NAN
-    return max(vals) if vals else 0.0
-
-
-def _maxabs(x: torch.Tensor) -> float:
-    if x.numel() == 0:
-        return 0.0
-    x = x.detach().double().abs()
-    if bool(torch.isnan(x).any()):
-        return NAN
-    return float(x.max())
 
 
 def _expected_contexts(prompts: torch.Tensor, blocks: list) -> tuple[torch.Tensor, list]:
@@ -66,6 +57,79 @@ def _expected_contexts(prompts: torch.Tensor, blocks: list) -> tuple[torch.Tenso
         keep = (idx < starts[k]) | (idx >= starts[k] + b.shape[1])
         loo.append(full[:, keep])
     return full, loo
+
+
+# The protocol's token layout (spec assumption mechanism_protocol), written here rather than read from the run.
+VERIFIER_FIRST, VERIFIER_LAST = 22, 31
+CONTENT_FIRST, CONTENT_LAST = 2, 21
+
+
+def _verifier(tokens: torch.Tensor) -> torch.Tensor:
+    return (tokens >= VERIFIER_FIRST) & (tokens <= VERIFIER_LAST)
+
+
+def _l2(a: dict, b: dict) -> float:
+    """L2 norm of the difference of two parameter dicts (float64)."""
+    total = math.fsum(float((a[k].double().cpu() - b[k].double().cpu()).pow(2).sum()) for k in a)
+    return math.sqrt(total)
+
+
+def _state_maxabs(a: dict, b: dict) -> float:
+    if set(a) != set(b):
+        return math.inf
+    return _worst(*(_maxabs(a[k].double().cpu() - b[k].double().cpu()) for k in a))
+
+
+class StudentWatch:
+    """Counts every forward call of the student and the verifier tokens in what it is fed (a forward pre-hook
+    put on the student by mechanism.trace's `observe`), so the run itself measures nothing."""
+
+    def __init__(self):
+        self.calls = 0
+        self.verifier_tokens = 0
+        self._handle = None
+
+    def __call__(self, student: torch.nn.Module) -> None:
+        self._handle = student.register_forward_pre_hook(self._see)
+
+    def _see(self, module, args) -> None:
+        self.calls += 1
+        self.verifier_tokens += int(_verifier(args[0]).sum())
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+
+def measured_run(impl, ctx) -> tuple:
+    """One seed of the mechanism run, watched: (trace, the measurements the `mechanism` contract reads)."""
+    watch = StudentWatch()
+    try:
+        tr = mechanism.trace(impl, ctx, observe=watch)
+    finally:
+        watch.close()
+    ups = tr.updates
+    cons = []
+    for u in ups:
+        m = u.mask
+        valid = m.any(dim=1)
+        mean_w = torch.where(m[None], u.weights.double(), 0.0).sum(-1) / m.sum(-1).clamp_min(1).double()
+        cons.append(_maxabs((mean_w - 1.0)[:, valid]))
+    widths = [[b.shape[1] for b in u.blocks] for u in ups]
+    out = {
+        "updates": ctx.meter.updates,
+        "student_l2_change": _l2(ups[0].student_before, ups[-1].student_after) if ups else 0.0,
+        "min_step_l2_change": min((_l2(u.student_before, u.student_after) for u in ups), default=0.0),
+        # measured after the whole run: a replay that moved at any later point counts too
+        "snapshot_max_change": max((_l2(u.frozen_state, state_copy(u.frozen)) for u in ups), default=NAN),
+        "student_forward_calls": watch.calls,
+        "student_verifier_tokens": watch.verifier_tokens,
+        "replay_saw_blocks": all(bool((_verifier(u.full).sum(dim=1) == sum(w)).all()) for u, w in zip(ups, widths)),
+        "max_conservation_err": _worst(*cons) if cons else NAN,
+        "min_s": min((u.metrics["s"] for u in ups), default=NAN),
+        "sampled_tokens": ctx.meter.tokens,
+    }
+    return tr, out
 
 
 def _same_tokens(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -159,7 +223,7 @@ def loo_contexts(impl, ctx):
         full_bad += int(not _same_tokens(got_full, want_full))
         loo_bad += sum(int(not _same_tokens(x, y)) for x, y in zip(got_loo, want_loo)) + abs(len(got_loo) - len(want_loo))
         student_bad += int(not _same_tokens(u.student_ctx, u.prompts))
-        student_block_tokens += int(mechanism._is_verifier(u.student_ctx).sum())
+        student_block_tokens += int(_verifier(u.student_ctx).sum())
     return {
         "block_mismatches": block_bad,
         "full_context_mismatches": full_bad,
@@ -383,4 +447,99 @@ def cap_binding_arm(impl, ctx):
         "output_tightness_gap": out_gap,
         "s_abs_err": s_err,
         "advantages_max_scaled_err": a_err,
+    }
+
+
+# --------------------------------------------------------------------------- protocol and updates
+
+
+@registry.check("mrtpo.protocol")
+def protocol(impl, ctx):
+    """The run follows the declared protocol: a 32-token vocabulary with PAD 0, EOS 1, content tokens 2..21 and
+    verifier tokens 22..31 (a -1e4 logit bias on PAD and every verifier token, in the student and in each frozen
+    replay); prompts of 4 content tokens drawn over all of 2..21; the blocks' alphabet exactly the 10 verifier
+    tokens (two markers and two hint ranges of 4, all distinct); responses of content tokens, EOS and PAD only."""
+    p = ctx.params
+    vocab, prompt_len, bias = int(p.get("vocab", 32)), int(p.get("prompt_len", 4)), float(p.get("bias", -1.0e4))
+    hidden = int(p.get("hidden_size", 16))
+    tr = mechanism.trace(impl, ctx)
+    want_bias = torch.zeros(vocab)
+    want_bias[PAD] = bias
+    want_bias[VERIFIER_FIRST : VERIFIER_LAST + 1] = bias
+    bias_bad = shape_bad = foreign = hidden_bad = 0
+    tiny = getattr(ctx, "policy_factory", None) is None  # the hidden size is the tiny model's only
+    for u in tr.updates:
+        shape_bad += int(u.logp_all.shape[-1] != vocab) + sum(int(x.shape[-1] != vocab) for x in u.logp_loo)
+        shape_bad += int(u.prompts.shape[1] != prompt_len)
+        got = getattr(u.frozen, "pad_bias", None)
+        bias_bad += int(got is None or tuple(got.shape) != (vocab,) or not torch.equal(got.float().cpu(), want_bias))
+        if tiny:
+            hidden_bad += int(getattr(u.frozen, "hidden_size", None) != hidden)
+        r = u.responses[u.mask]
+        foreign += int(((r < CONTENT_FIRST) & (r != EOS) & (r != PAD)).sum() + (r > CONTENT_LAST).sum())
+        foreign += int(((u.prompts < CONTENT_FIRST) | (u.prompts > CONTENT_LAST)).sum())
+    # the prompt generator over many draws: exactly the content tokens, every one of them
+    drawn = mechanism.make_prompts(4096, torch.Generator().manual_seed(ctx.seed)).unique().tolist()
+    prompt_tokens_ok = drawn == list(range(CONTENT_FIRST, CONTENT_LAST + 1))
+    alphabet = [mechanism.MARK[k] for k in range(len(mechanism.MARK))]
+    alphabet += [mechanism.HINT_BASE[k] + i for k in range(len(mechanism.HINT_BASE)) for i in range(4)]
+    alphabet_ok = sorted(alphabet) == list(range(VERIFIER_FIRST, VERIFIER_LAST + 1))
+    return {
+        "bias_mismatches": bias_bad,
+        "shape_mismatches": shape_bad,
+        "hidden_size_mismatches": hidden_bad,
+        "foreign_tokens": foreign,
+        "prompt_tokens_cover_content": prompt_tokens_ok,
+        "block_alphabet_is_verifier_tokens": alphabet_ok,
+        "updates_checked": len(tr.updates),
+    }
+
+
+@registry.check("mrtpo.student_updates")
+def student_updates(impl, ctx):
+    """The student's updates replayed here from the run's own tensors: the student starts from the seeded
+    policy, each update starts where the previous one ended, the old log-probs are the behaviour policy's, and
+    one Adam step (lr of the spec) on the PPO-clip surrogate of the plain prompt with the update's own token
+    advantages gives exactly the student the run kept; each step row of the receipt (loss, grad norm, L2
+    changes, reward means, tokens, advantage std) is the update's own."""
+    W, bmax, eps = _params(ctx)
+    lr = float(ctx.params.get("lr", 1e-2))
+    tr = mechanism.trace(impl, ctx)
+    pol = mechanism.make_policy(ctx)  # the seeded initial student
+    init_err = _state_maxabs(state_copy(pol), tr.updates[0].student_before) if tr.updates else NAN
+    opt = torch.optim.Adam(pol.parameters(), lr=lr)
+    cont_err = behaviour_err = after_err = 0.0
+    row_bad = 0
+    for u in tr.updates:
+        cont_err = _worst(cont_err, _state_maxabs(state_copy(pol), u.student_before))
+        logp, _ = sequence_logprobs(pol, u.prompts, u.responses)  # the plain prompt, per the protocol
+        behaviour_err = _worst(behaviour_err, _maxabs(torch.where(u.mask, logp.detach() - u.old_logp, 0.0)))
+        loss, _ = grpo_token_loss(logp, u.old_logp, u.advantages.to(logp.dtype), u.mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = math.sqrt(math.fsum(float(q.grad.double().pow(2).sum()) for q in pol.parameters()
+                                        if q.grad is not None))
+        opt.step()
+        after_err = _worst(after_err, _state_maxabs(state_copy(pol), u.student_after))
+        _, _, ref_std = mrtpo_advantages_ref(*to_lists(u.reward_adv, u.weights), u.mask.tolist(), eps)
+        row = ctx.steps[u.index] if u.index < len(ctx.steps) else {}
+        want = {"loss": float(loss.detach()), "grad_norm": grad_norm,
+                "student_l2_change": _l2(u.student_before, u.student_after),
+                "snapshot_param_change": _l2(u.frozen_state, state_copy(u.frozen)),
+                "tokens": int(u.mask.sum()), "adv_std": ref_std}
+        for key, value in want.items():
+            got = row.get(key)
+            ok = isinstance(got, (int, float)) and abs(float(got) - value) <= 1e-5 * max(1.0, abs(value))
+            row_bad += int(not ok)
+        got = row.get("reward_mean")
+        means = [float(r.double().mean()) for r in u.rewards]
+        row_bad += int(not (isinstance(got, list) and len(got) == len(means)
+                            and all(abs(float(a) - b) <= 1e-6 for a, b in zip(got, means))))
+    return {
+        "initial_state_max_err": init_err,
+        "continuity_max_err": cont_err,
+        "behaviour_logp_max_err": behaviour_err,
+        "after_state_max_err": after_err,
+        "step_row_mismatches": row_bad,
+        "updates_replayed": len(tr.updates),
     }

@@ -63,7 +63,8 @@ def _js_blocked(defect: str):
     """js_distance's block loop with one defect in the path the default implementation runs:
     "column_tail_dropped": the column loop stops at the last whole block (V // cols * cols), so a partial
     last column block of a long row is never summed; "float32_accumulation": per-row sums accumulate in
-    float32 instead of float64."""
+    float32 instead of float64; "fewer_blocks": inputs are cut into 8 blocks instead of 16, so the scratch
+    is twice the documented block; "rows_one_by_one": one row a block, whatever fits (a loop over rows)."""
 
     def js_distance(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
         cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
@@ -74,6 +75,11 @@ def _js_blocked(defect: str):
         if n == 0:
             return acc.to(cdt).reshape(lead)
         rows_per_block, cols = credit.js_block_shape(n, V, chunk_elems)
+        if defect == "rows_one_by_one":  # DEFECT: one row a block: a Python loop over rows
+            rows_per_block = 1
+        if defect == "fewer_blocks":  # DEFECT: cut into 8 blocks, not 16: twice the scratch
+            block = max(1, min(int(chunk_elems), max(credit._MIN_BLOCK, -(-n * V // 8))))
+            rows_per_block, cols = max(1, block // V), min(V, block)
         col_end = V // cols * cols if defect == "column_tail_dropped" else V  # DEFECT (the other)
         upcast_a, upcast_b = logp_a.dtype != cdt, logp_b.dtype != cdt
         ws = credit._Workspace(rows_per_block * cols, cdt, logp_a.device, upcast_a or upcast_b)
@@ -98,7 +104,8 @@ def _js_blocked(defect: str):
 
 def _from_logits_variant(defect: str):
     """credit_weights_from_logits with one defect: "last_block_dropped": the loop over blocks of valid
-    rows stops at the last whole block, so the rows of a partial last block keep q = 0."""
+    rows stops at the last whole block, so the rows of a partial last block keep q = 0; "block_doubled":
+    each block holds twice block_elems elements per context (the same weights, twice the memory)."""
 
     def credit_weights_from_logits(logits_all, logits_loo, mask, beta, empty_block=None,
                                    chunk_elems=credit.DEFAULT_CHUNK_ELEMS, block_elems=credit.LOGITS_BLOCK_ELEMS):
@@ -115,6 +122,8 @@ def _from_logits_variant(defect: str):
         q = torch.zeros(K, B * T, dtype=cdt, device=device)
         live = [k for k, lk in enumerate(loo) if lk is not None]
         step = max(1, int(block_elems) // V)
+        if defect == "block_doubled":  # DEFECT: twice block_elems per block
+            step *= 2
         stop = valid.numel() // step * step if defect == "last_block_dropped" else valid.numel()  # DEFECT
         with torch.no_grad():
             for start in range(0, stop, step):
@@ -277,6 +286,28 @@ def _loo_fixed_block_width(prompts, blocks):
     return full, loo
 
 
+def _freeze_without_bias(policy):
+    """DEFECT: the replay snapshot is rebuilt from the state dict, which leaves out the non-persistent logit
+    bias: a fresh tiny policy has PAD's -1e4 but not the verifier tokens', so the frozen replay predicts
+    tokens no policy of the run can sample."""
+    from methods.common.policy import TinyGRUPolicy, snapshot
+
+    if not isinstance(policy, TinyGRUPolicy):
+        return snapshot(policy)
+    fresh = TinyGRUPolicy(vocab_size=policy.vocab_size, hidden_size=policy.hidden_size).to(policy.pad_bias.device)
+    fresh.load_state_dict(policy.state_dict())
+    return snapshot(fresh)
+
+
+def _student_context_padded(prompts, blocks):
+    """DEFECT: the student's context keeps the blocks' places, filled with PAD: no verifier token reaches the
+    student, but it is not the plain prompt the protocol conditions it on."""
+    from methods.common.tasks import PAD
+
+    pads = [torch.full_like(b, PAD) for b in blocks]
+    return torch.cat([prompts, *pads], dim=1)
+
+
 def _warmup_from_zero(update_index):
     """DEFECT: the warm-up counts the first update as n = 0, so the first update runs at beta = 0."""
     return int(update_index)
@@ -397,3 +428,36 @@ def js_column_tail_dropped():
 def logits_last_block_dropped():
     return IMPL.replace("mrtpo.logits_last_block_dropped",
                         credit_weights_from_logits=_from_logits_variant("last_block_dropped"))
+
+
+@registry.mutant("mrtpo.js_fewer_blocks", base="mrtpo")
+def js_fewer_blocks():
+    js = _js_blocked("fewer_blocks")
+    return IMPL.replace("mrtpo.js_fewer_blocks", js_distance=js, credit_weights=_weights_variant("none", js=js))
+
+
+@registry.mutant("mrtpo.logits_block_doubled", base="mrtpo")
+def logits_block_doubled():
+    return IMPL.replace("mrtpo.logits_block_doubled", credit_weights_from_logits=_from_logits_variant("block_doubled"))
+
+
+@registry.mutant("mrtpo.weights_unchecked", base="mrtpo")
+def weights_unchecked():
+    # the same weights without the input checks: beta = 1.5 or a mask of the wrong shape is not refused
+    return IMPL.replace("mrtpo.weights_unchecked", credit_weights=_weights_variant("none"))
+
+
+@registry.mutant("mrtpo.freeze_without_bias", base="mrtpo")
+def freeze_without_bias():
+    return IMPL.replace("mrtpo.freeze_without_bias", freeze=_freeze_without_bias)
+
+
+@registry.mutant("mrtpo.student_context_padded", base="mrtpo")
+def student_context_padded():
+    return IMPL.replace("mrtpo.student_context_padded", student_context=_student_context_padded)
+
+
+@registry.mutant("mrtpo.js_rows_one_by_one", base="mrtpo")
+def js_rows_one_by_one():
+    js = _js_blocked("rows_one_by_one")
+    return IMPL.replace("mrtpo.js_rows_one_by_one", js_distance=js, credit_weights=_weights_variant("none", js=js))
