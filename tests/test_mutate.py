@@ -144,6 +144,22 @@ def test_only_executed_lines_are_mutated():
     assert unused in {m.line for m in everywhere}  # the filter, not the operators, kept them out
 
 
+def test_a_module_that_declares_itself_check_code_is_not_a_target(tmp_path):
+    from engine.run.mutate.generate import target_modules
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "impl.py").write_text("IMPL = 1\n")
+    (pkg / "method.py").write_text("def f(x):\n    return x + 1\n")
+    (pkg / "audit.py").write_text('"""Measures f."""\n\n__mutate__ = False  # check code\n\ndef g(x):\n    return x\n')
+    # Only a top-level `__mutate__ = False` counts: not True, not a nested or attribute assignment, not a comment.
+    (pkg / "nested.py").write_text("__mutate__ = True\n\ndef h():\n    __mutate__ = False\n    return 0\n")
+    (pkg / "attr.py").write_text("import types\nm = types.SimpleNamespace()\nm.__mutate__ = False\n# __mutate__ = False\n")
+    (pkg / "broken.py").write_text("def (:\n")
+    got = dict(target_modules(["pkg.method"], {"pkg.method": str(pkg / "method.py")}))
+    assert set(got) == {"pkg.method", "pkg.nested", "pkg.attr", "pkg.broken"}
+
+
 # --- runs --------------------------------------------------------------------------------------------------------
 
 

@@ -536,3 +536,18 @@ def test_fps_fast_path_inputs_take_each_branch():
     assert int(ids.max() - ids.min()) + 1 > 4 * ids.numel() + 4096 and len(set(ids[correct].tolist())) >= 3
     emb, correct, ids = fastpath._many_rows(g, 64)
     assert fastpath._blocks(correct, 64) > 1
+
+
+# --- mutation targets ----------------------------------------------------------------
+
+
+def test_mutation_targets_are_the_code_the_default_run_uses():
+    """`contracts mutate` mutates what implements TAR (loss, FPS, harness steps, the mechanism run), never the
+    modules that only measure or benchmark it."""
+    import sys
+
+    from engine.run.mutate.generate import target_modules
+
+    modules = sorted({getattr(IMPL, f).__module__ for f in IMPL.functions})
+    got = {m.rpartition(".")[2] for m, _ in target_modules(modules, {m: sys.modules[m].__file__ for m in modules})}
+    assert got == {"fps", "harness", "mechanism", "replay"}

@@ -8,6 +8,7 @@ what a spec's `equivalent_mutants` entries name.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 from dataclasses import dataclass, field
@@ -17,6 +18,21 @@ from engine.run.mutate.operators import Edit, apply, collect, edits_on_lines
 
 # Modules of a method package that test the method rather than implement it, or only register it.
 NOT_MUTATED = frozenset({"__init__", "impl", "checks", "check", "mutants", "reference", "references", "cases"})
+
+# A module of any other name declares itself check code with a top-level `__mutate__ = False`
+# (beside the reason, in its own package), so no global list has to know every package's layout.
+MARKER = "__mutate__"
+
+
+def declares_check_code(source: str) -> bool:
+    """True when the module's top level assigns `__mutate__ = False` (read from the text; never imported)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    return any(isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is False
+               and any(isinstance(t, ast.Name) and t.id == MARKER for t in node.targets)
+               for node in tree.body)
 
 
 @dataclass(frozen=True)
@@ -60,7 +76,8 @@ class Mutant:
 
 
 def target_modules(module_names: list[str], files: dict[str, str]) -> list[tuple[str, str]]:
-    """(module, file) for every module beside the implementation's modules, less NOT_MUTATED.
+    """(module, file) for every module beside the implementation's modules, less NOT_MUTATED and the
+    modules that declare themselves check code (`__mutate__ = False`).
 
     `files` maps each implementation module to its file. The method package is
     the directory those files live in; its sub-packages are not walked.
@@ -70,7 +87,7 @@ def target_modules(module_names: list[str], files: dict[str, str]) -> list[tuple
         path = Path(files[name])
         package = name.rpartition(".")[0]
         for f in sorted(path.parent.glob("*.py")):
-            if f.stem in NOT_MUTATED:
+            if f.stem in NOT_MUTATED or declares_check_code(f.read_text(encoding="utf-8")):
                 continue
             out[f"{package}.{f.stem}" if package else f.stem] = str(f)
     return sorted(out.items())
