@@ -649,13 +649,23 @@ def fps_rejects_bad_vectors(impl, ctx) -> dict:
     names = "candidate 3" in msg
     nan_row = torch.randn(D, generator=g, dtype=F64)
     nan_row[2] = math.nan
-    nan, _ = _raises_value_error(lambda: call(with_row(5, nan_row)))
+    nan, msg_nan = _raises_value_error(lambda: call(with_row(5, nan_row)))
     inf_row = torch.randn(D, generator=g, dtype=F64)
     inf_row[0] = math.inf
-    inf, _ = _raises_value_error(lambda: call(with_row(2, inf_row)))
+    inf, msg_inf = _raises_value_error(lambda: call(with_row(2, inf_row)))
+    # The candidate named is the first bad one in prompt order, not another: a valid row of small
+    # norm (0.5) in an earlier prompt beside the zero row, and two bad rows, prompt 2's (index 6)
+    # before prompt 1's (index 3) in no order but the prompts'.
+    small = with_row(3, torch.zeros(D, dtype=F64))
+    small[0] = small[0] / small[0].norm() * 0.5
+    _, msg_small = _raises_value_error(lambda: call(small))
+    two = with_row(3, torch.zeros(D, dtype=F64))
+    two[6] = math.nan
+    _, msg_two = _raises_value_error(lambda: call(two))
+    first_bad = "candidate 3" in msg_small and "candidate 3" in msg_two and "norm 0" in msg_two
     # Norm overflow exists only for float64 inputs (float64 squares of fp32 values stay finite):
     # always built in float64.
-    overflow, _ = _raises_value_error(
+    overflow, msg_over = _raises_value_error(
         lambda: impl.farthest_point_prototypes(
             _on(ctx, with_row(6, torch.full((D,), 1e200, dtype=F64))), _on(ctx, correct), k=3, prompt_ids=_on(ctx, ids)
         )
@@ -684,6 +694,10 @@ def fps_rejects_bad_vectors(impl, ctx) -> dict:
         "rejects_inf": inf,
         "rejects_norm_overflow": overflow,
         "message_names_candidate": names,
+        "message_names_first_bad_candidate": first_bad,
+        # each message says what is wrong with the row: a zero, a non-finite or an overflowing norm
+        "message_names_the_fault": ("norm 0" in msg and "not finite" in msg_nan and "not finite" in msg_inf
+                                    and "overflows" in msg_over),
         "ignores_junk_in_incorrect": ignored,
         "large_finite_values_accepted": scale_ok,
     }
