@@ -551,3 +551,14 @@ def test_mutation_targets_are_the_code_the_default_run_uses():
     modules = sorted({getattr(IMPL, f).__module__ for f in IMPL.functions})
     got = {m.rpartition(".")[2] for m, _ in target_modules(modules, {m: sys.modules[m].__file__ for m in modules})}
     assert got == {"fps", "harness", "mechanism", "replay"}
+
+
+def test_mechanism_settings_come_from_the_spec_only(spec):
+    from methods.tar import mechanism
+
+    c = next(c for c in spec.data["contracts"] if c["kind"] == "mechanism")
+    assert set(c["params"]) == set(mechanism.SETTINGS)
+    assert mechanism.settings(c["params"]) == {k: c["params"][k] for k in mechanism.SETTINGS}
+    partial = {k: v for k, v in c["params"].items() if k not in ("lr", "bank_k")}
+    with pytest.raises(ValueError, match="must set bank_k, lr$"):
+        mechanism.settings(partial)

@@ -63,6 +63,7 @@ def fps_rejects_bad_arguments(impl, ctx) -> dict:
         "correct_shape": lambda: fps(c=correct[:-1]),
         "embeddings_1d": lambda: fps(e=emb[0]),
         "embeddings_integer": lambda: fps(e=(emb * 10).long()),
+        "embeddings_no_dims": lambda: fps(e=emb[:, :0]),  # every norm is 0
         "k_bool": lambda: fps(k=True),
         "k_fraction": lambda: fps(k=2.5),
         "k_negative": lambda: fps(k=-1),

@@ -223,11 +223,17 @@ def zero_gate(impl, ctx) -> dict:
         grad_abs = _worst(grad_abs, _maxabs(grad))
         lt_r, lb_r = _rounded(lt, ctx.dtype), _rounded(lb, ctx.dtype)
         pos_w_tokens += int(((lb_r - lt_r > 0) & mask).sum())
+    # An empty bank batch (B = 0): loss exactly 0 (not 0/0), no trajectory active.
+    empty = torch.zeros(0, 5, dtype=F64)
+    e_loss, e_metrics, e_grad = _run_replay(impl, ctx, empty, empty, torch.zeros(0, 5, dtype=torch.bool), ctx.dtype)
     return {
         "cases": ctx.cases,
         "loss_max_abs": loss_abs,
         "grad_max_abs": grad_abs,
         "positive_weight_tokens": pos_w_tokens,
+        "empty_bank_loss_abs": _maxabs(e_loss) if bool(torch.isfinite(e_loss).all()) else math.inf,
+        "empty_bank_grad_shape_ok": tuple(e_grad.shape) == (0, 5),
+        "empty_bank_active_fraction": float(e_metrics["active_fraction"]),
     }
 
 
@@ -451,6 +457,10 @@ def rejects_invalid_inputs(impl, ctx) -> dict:
 
     pos_theta, msg = _raises_value_error(lambda: call(bad(lt, 0.25), lb))
     names_position = "(1, 2)" in msg
+    # Two bad positions: the first in row-major order is named, not the last.
+    two = bad(lt, 0.25)
+    two[2, 0] = 0.5
+    _, msg_two = _raises_value_error(lambda: call(two, lb))
     pos_base, _ = _raises_value_error(lambda: call(lt, bad(lb, 3.0)))
     nan_theta, _ = _raises_value_error(lambda: call(bad(lt, math.nan), lb))
     inf_base, _ = _raises_value_error(lambda: call(lt, bad(lb, math.inf)))
@@ -467,6 +477,7 @@ def rejects_invalid_inputs(impl, ctx) -> dict:
         "rejects_neg_inf_theta": ninf_theta,
         "rejects_neg_inf_base": ninf_base,
         "message_names_position": names_position,
+        "message_names_first_position": "(1, 2)" in msg_two,
         "accepts_junk_in_padding": not junk_raised,
     }
 
