@@ -133,7 +133,7 @@ def run(impl, ctx) -> dict:
             total, parts = losses(rewards)
         audit.update(step, idx, roll, rewards, bank_sel, total, parts, losses)
 
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         total.backward()
         ctx.meter.optimizer_step(opt)
     return {"updates": ctx.meter.updates, **audit.measurements()}
