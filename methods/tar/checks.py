@@ -623,6 +623,19 @@ def fps_matches_reference(impl, ctx) -> dict:
     # dtype cannot hold a non-power-of-two copy exactly.
     copies = _two_direction_copies()
     dup_tie = impl.farthest_point_prototypes(_on(ctx, copies), _on(ctx, torch.ones(16, dtype=torch.bool)), k=3).cpu().tolist() == [0, 2, 1]
+    # The tie tolerance is 1e-12 in cosine distance, no more and no less: from e_0, candidate 2 is
+    # farther than candidate 1 by 3e-12 (not a tie: 2 is picked) or by 3e-13 (a tie: 1 is picked).
+    # Eight dimensions, so a distance scaled by 1/D (a mean for the dot product) moves the tie line.
+    # Built in float64 whatever the dtype (a narrower one cannot hold a 3e-13 gap).
+    def near_tie(gap: float) -> list[int]:
+        e = torch.zeros(3, 8, dtype=F64)
+        e[0, 0] = 1.0
+        for i, c in ((1, 0.5), (2, 0.5 - gap)):
+            e[i, 0], e[i, 1] = c, math.sqrt(1.0 - c * c)
+        out = impl.farthest_point_prototypes(_on(ctx, e), _on(ctx, torch.ones(3, dtype=torch.bool)), k=2)
+        return [int(i) for i in torch.as_tensor(out).cpu().tolist()]
+
+    tol_ok = near_tie(3e-12) == [0, 2] and near_tie(3e-13) == [0, 1]
     # First point: the lowest-index correct candidate, even when it is not "extreme".
     first = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=F64)
     first_ok = _fps(impl, ctx, first, torch.tensor([False, True, True]), 1, None) == [1]
@@ -633,6 +646,7 @@ def fps_matches_reference(impl, ctx) -> dict:
         "duplicate_tie_lowest_index": bool(dup_tie),
         "max_maxmin_gap": gap,
         "tie_break_lowest_index": bool(tie),
+        "tie_tolerance_1e_12": bool(tol_ok),
         "first_point_lowest_index": bool(first_ok),
     }
 
