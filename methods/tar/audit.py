@@ -210,7 +210,7 @@ class RunAudit:
             for got, model, name in ((lb, self.base, "bank_base_err"), (lt, self.policy, "bank_policy_err")):
                 want, _ = sequence_logprobs(model, bank_sel.prompts, bank_sel.responses)
                 diff = torch.where(m, (got.detach().double() - want.double()).abs(), zero)
-                setattr(self, name, max(getattr(self, name), _bad(float(diff.max()))))
+                setattr(self, name, max(getattr(self, name), _bad(float(diff.max()) if diff.numel() else 0.0)))
             r_loss, _, _, _ = ref.replay_reference(lt.detach().double().cpu().tolist(), lb.double().cpu().tolist(),
                                                    m.cpu().tolist())
             self.replay_err = max(self.replay_err, _bad(abs(float(parts["replay"].detach()) - r_loss)))
