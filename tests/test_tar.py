@@ -536,3 +536,62 @@ def test_fps_fast_path_inputs_take_each_branch():
     assert int(ids.max() - ids.min()) + 1 > 4 * ids.numel() + 4096 and len(set(ids[correct].tolist())) >= 3
     emb, correct, ids = fastpath._many_rows(g, 64)
     assert fastpath._blocks(correct, 64) > 1
+
+
+# --- mutation targets ----------------------------------------------------------------
+
+
+def test_mutation_targets_are_the_code_the_default_run_uses():
+    """`contracts mutate` mutates what implements TAR (loss, FPS, harness steps, the mechanism run), never the
+    modules that only measure or benchmark it."""
+    import sys
+
+    from engine.run.mutate.generate import target_modules
+
+    modules = sorted({getattr(IMPL, f).__module__ for f in IMPL.functions})
+    got = {m.rpartition(".")[2] for m, _ in target_modules(modules, {m: sys.modules[m].__file__ for m in modules})}
+    assert got == {"fps", "harness", "mechanism", "replay"}
+
+
+def test_mechanism_settings_come_from_the_spec_only(spec):
+    from methods.tar import mechanism
+
+    c = next(c for c in spec.data["contracts"] if c["kind"] == "mechanism")
+    assert set(c["params"]) == set(mechanism.SETTINGS)
+    assert mechanism.settings(c["params"]) == {k: c["params"][k] for k in mechanism.SETTINGS}
+    partial = {k: v for k, v in c["params"].items() if k not in ("lr", "bank_k")}
+    with pytest.raises(ValueError, match="must set bank_k, lr$"):
+        mechanism.settings(partial)
+
+
+def test_an_update_without_bank_rows_equals_the_replay_of_an_empty_batch(spec):
+    """Why `if bank_sel.responses.shape[0]` may skip the replay call (and why its shape[1] mutants are listed as
+    equivalent): on an empty selection the implementation returns a zero loss with a zero gradient, so the
+    update is the same whichever branch runs."""
+    from methods.common import TargetTokenTask, sample, snapshot
+    from methods.common.policy import TinyGRUPolicy
+    from methods.tar import mechanism
+
+    c = next(c for c in spec.data["contracts"] if c["kind"] == "mechanism")
+    cfg = mechanism.settings(c["params"])
+    task = TargetTokenTask(vocab_size=cfg["vocab_size"])
+    policy = TinyGRUPolicy.seeded(7, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"])
+    base = snapshot(policy)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05)
+    prompts = task.prompts(2, torch.Generator().manual_seed(1)).repeat_interleave(cfg["group_size"], 0)
+    roll = sample(policy, prompts, cfg["max_new_tokens"], torch.Generator().manual_seed(2))
+    rewards = task.verify(prompts, roll.responses, roll.mask)
+    T = roll.responses.shape[1]
+    empty = mechanism.Bank(torch.zeros(0, dtype=torch.long), torch.zeros(0, prompts.shape[1], dtype=torch.long),
+                           torch.zeros(0, T, dtype=torch.long), torch.zeros(0, T, dtype=torch.bool))
+    skipped, parts = mechanism.step_losses(IMPL, policy, base, roll, rewards, empty, cfg)
+    assert parts["replay_metrics"] is None  # the zero branch ran
+    lt, lb = IMPL.bank_logprobs(policy, base, empty.prompts, empty.responses)
+    rep, _ = IMPL.adaptive_replay_loss(lt, lb, empty.mask)
+    called = IMPL.tar_total_loss(parts["grpo"] + cfg["beta_kl"] * parts["kl"], rep, lambda_rep=cfg["lambda_rep"])
+    params = list(policy.parameters())
+    assert float(rep.detach()) == 0.0 and torch.equal(skipped.detach(), called.detach())
+    for a, b in zip(torch.autograd.grad(skipped, params, retain_graph=True), torch.autograd.grad(called, params)):
+        assert torch.equal(a, b)

@@ -1,27 +1,38 @@
-"""Audit of the TAR mechanism run's harness steps, on the run's own tensors.
+"""Audit of the TAR mechanism run, on the run's own tensors: everything the mechanism contract judges.
 
-The mechanism run calls the implementation's encoder, bank scoring and KL term; this audit
-recomputes each independently and records how far the run's values are from it:
+methods/tar/mechanism.py only runs the method (bank, updates); this records and measures:
 
-* encoder: the base's hidden states averaged over each candidate's valid response tokens by
-  a float64 loop, and the bank's prototypes re-picked from those embeddings by the brute-force
-  FPS loop of `reference.py` (pooling over padding moves both);
-* bank scoring: the bank tokens re-scored by the frozen base (scored by the live policy, the
-  run's reference log-probs drift from it as soon as the policy moves);
-* KL: KL(pi_theta || pi_base) and the reverse direction in float64 from the run's own
-  full-vocabulary distributions (the gap between the two shows the check can tell them apart);
-* replay: on how many updates it fired (a gate above the float32 noise of an unchanged policy,
-  with a non-zero replay gradient).
+* the bank: every entry re-verified and found among the base's own samples, min(k, #correct)
+  entries per prompt; the encoder against a float64 loop over each candidate's valid response
+  tokens and the picks against the brute-force FPS loop of `reference.py` on those embeddings
+  (pooling over padding moves both);
+* per update: the actor's inputs under flipped rewards and the gradient under shifted rewards
+  (the actor never reads the verifier); the gradient of each term and the total's gradient
+  against grad GRPO + beta grad KL + lambda grad replay with the spec's coefficients; the bank
+  tokens re-scored by the live policy and by the frozen base (scored by the live policy, the
+  reference log-probs drift from the base as soon as the policy moves); the replay loss against
+  the float64 loop reference on the run's own log-probs; KL(pi_theta || pi_base) and the reverse
+  direction in float64 from the run's full-vocabulary distributions (the gap between the two
+  shows the check can tell them apart); whether replay fired (a gate above the float32 noise of
+  an unchanged policy, with a non-zero replay gradient);
+* the receipt's step records (the page's records: candidates, verifier bits, FPS indices,
+  per-update gates and token weights).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 
+from methods.common.policy import param_l2_change, state_copy
 from methods.common.rollout import sequence_logprobs
 from methods.tar import reference as ref
+
+# Check code, not a mutation target of `contracts mutate`: it only measures the run (mechanism.py
+# and harness.py, which are mutated) against independent float64 loops and counterfactuals.
+__mutate__ = False
 
 # An unchanged policy and the frozen base run different CPU GRU kernels (training vs eval mode)
 # whose log-probs can differ in the last float32 bit: gates of about 5e-8 come from that, not
@@ -33,71 +44,249 @@ def _bad(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
-class HarnessAudit:
-    def __init__(self) -> None:
+def _grads(loss, params):
+    if not loss.requires_grad:
+        return [torch.zeros_like(p) for p in params]
+    gs = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, gs)]
+
+
+def _norm(gs) -> float:
+    return math.sqrt(sum(float(g.double().pow(2).sum()) for g in gs))
+
+
+class _InputRecorder:
+    """Forward pre-hook on the actor: keeps a copy of every input it is given."""
+
+    def __init__(self, module):
+        self.inputs: list[torch.Tensor] = []
+        self.handle = module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        self.inputs.append(args[0].detach().clone())
+
+    def close(self):
+        self.handle.remove()
+
+
+def _same_inputs(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+
+
+class RunAudit:
+    def __init__(self, ctx, task, policy, base) -> None:
+        self.ctx, self.task, self.policy, self.base = ctx, task, policy, base
+        p = ctx.params
+        self.base_samples, self.bank_k = int(p["base_samples"]), int(p["bank_k"])
+        self.beta_kl, self.lambda_rep = float(p["beta_kl"]), float(p["lambda_rep"])
+        self.base_before, self.policy_before = state_copy(base), state_copy(policy)
+        self.base_trainable = sum(int(q.requires_grad) for q in base.parameters())
+        self.params = [q for q in policy.parameters() if q.requires_grad]  # a LoRA checkpoint freezes its base weights
+        self.m: dict = {}
         self.encoder_err = 0.0
         self.fps_mismatch = 0
         self.padded_candidates = 0
-        self.bank_base_err = 0.0
-        self.kl_err = 0.0
-        self.kl_gap = 0.0
+        self.bank_base_err = self.bank_policy_err = self.replay_err = 0.0
+        self.kl_err = self.kl_gap = 0.0
         self.kl_min = math.inf
         self.fired_steps = 0
-        self.max_gate = 0.0
-        self.max_fired_grad = 0.0
+        self.max_gate = self.max_fired_grad = 0.0
+        self.inputs_invariant, self.shift_diff, self.composition_err = True, 0.0, 0.0
+        self.active_steps = self.active_zero_grad = self.inactive_nonzero_replay = 0
+        self.first_step_replay_abs = self.first_step_gate_max = math.nan
+        self.min_total_grad = math.inf
+        self.nonzero_grad_steps = 0
+        self.grpo_grad_max = self.kl_grad_max = 0.0
+        self._recorder = None
+        self._seen: list[torch.Tensor] = []
+
+    # --- the bank --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def bank(self, base, prompts, roll, correct, emb, keep, cfg) -> None:
-        P = prompts.shape[1]
-        _, hidden, _ = base(torch.cat([prompts, roll.responses], dim=1))
+    def bank(self, bank, src) -> None:
+        ctx, task, n = self.ctx, self.task, self.base_samples
+        roll, correct = src.roll, src.correct
+        ctx.record_step(step=0, phase="bank", candidates=int(src.prompts.shape[0]),
+                        candidate_prompt=src.prompt_ids.tolist(), verifier_correct=correct.int().tolist(),
+                        fps_indices=src.keep.tolist(), bank_prompt=src.prompt_ids[src.keep].tolist())
+        rows = int(bank.responses.shape[0])
+        n_prompts = int(src.prompts.shape[0]) // n
+        not_sampled = 0
+        for r in range(rows):
+            same = src.prompt_ids == bank.prompt_index[r]
+            hit = (roll.responses[same] == bank.responses[r]).all(1) & (roll.mask[same] == bank.mask[r]).all(1)
+            not_sampled += int(not bool(hit.any()))
+        per_prompt = (torch.bincount(bank.prompt_index.cpu(), minlength=n_prompts) if rows
+                      else torch.zeros(n_prompts, dtype=torch.long))
+        correct_per_prompt = correct.view(n_prompts, n).sum(1).cpu()
+        self.m.update({
+            "bank_size": rows,
+            "bank_candidates": int(src.prompts.shape[0]),
+            "bank_correct_candidates": int(correct.sum()),
+            "bank_incorrect": int((task.verify(bank.prompts, bank.responses, bank.mask) < 0.5).sum()) if rows else 0,
+            "bank_not_base_samples": not_sampled,
+            "bank_max_per_prompt": int(per_prompt.max()) if per_prompt.numel() else 0,
+            "bank_count_mismatch": int((per_prompt != correct_per_prompt.clamp_max(self.bank_k)).sum()),
+        })
+        self._encoder(src)
+
+    def _encoder(self, src) -> None:
+        P = src.prompts.shape[1]
+        _, hidden, _ = self.base(torch.cat([src.prompts, src.roll.responses], dim=1))
         hidden = hidden[:, P:].double().cpu().tolist()
-        mask = roll.mask.bool().cpu().tolist()
+        mask = src.roll.mask.bool().cpu().tolist()
         want = []
         for h_rows, m_row in zip(hidden, mask):
             valid = [h for h, v in zip(h_rows, m_row) if v]
             want.append([math.fsum(col) / len(valid) for col in zip(*valid)] if valid else [0.0] * len(h_rows[0]))
             self.padded_candidates += int(not all(m_row))
-        got = emb.detach().to("cpu", torch.float64).tolist()
+        got = src.embeddings.detach().to("cpu", torch.float64).tolist()
         if len(got) != len(want) or any(len(a) != len(b) for a, b in zip(got, want)):
             self.encoder_err = math.inf
         else:
             self.encoder_err = max(_bad(abs(x - y)) for a, b in zip(got, want) for x, y in zip(a, b))
-        ids = [i // cfg["base_samples"] for i in range(len(want))]
-        picks = ref.fps_bruteforce(want, correct.cpu().tolist(), cfg["bank_k"], ids)
-        self.fps_mismatch = int(picks != [int(i) for i in keep.cpu().tolist()])
+        ids = [i // self.base_samples for i in range(len(want))]
+        picks = ref.fps_bruteforce(want, src.correct.cpu().tolist(), self.bank_k, ids)
+        self.fps_mismatch = int(picks != [int(i) for i in src.keep.cpu().tolist()])
+
+    # --- each update -----------------------------------------------------------------------
+
+    @contextmanager
+    def actor_inputs(self):
+        """Record every input the actor is given inside the block (the update's own loss)."""
+        rec = _InputRecorder(self.policy)
+        try:
+            yield
+        finally:
+            rec.close()
+            self._seen = rec.inputs
+
+    def update(self, step, idx, roll, rewards, bank_sel, total, parts, losses) -> None:
+        """Everything judged about one update, before its optimizer step; `losses(r)` re-runs the
+        update's loss with rewards r (the counterfactuals)."""
+        # The actor's inputs must not depend on the verifier's result, and a reward shift (same
+        # advantages) must not move the gradient.
+        rec = _InputRecorder(self.policy)
+        try:
+            losses(1.0 - rewards)
+        finally:
+            rec.close()
+        self.inputs_invariant &= _same_inputs(self._seen, rec.inputs)
+        total_shift, _ = losses(rewards + 0.5)
+        params = self.params
+        g_total = _grads(total, params)
+        g_shift = _grads(total_shift, params)
+        self.shift_diff = max(self.shift_diff, max(float((a - b).abs().max()) for a, b in zip(g_total, g_shift)))
+
+        rep, met = parts["replay"], parts["replay_metrics"]
+        g_rep, g_grpo, g_kl = _grads(rep, params), _grads(parts["grpo"], params), _grads(parts["kl"], params)
+        rep_norm, total_norm = _norm(g_rep), _norm(g_total)
+        self.grpo_grad_max = max(self.grpo_grad_max, _norm(g_grpo))
+        self.kl_grad_max = max(self.kl_grad_max, _norm(g_kl))
+        scale = max(max(float(g.abs().max()) for g in g_total), 1e-30)
+        for gt, gg, gk, gr in zip(g_total, g_grpo, g_kl, g_rep):
+            want = gg.double() + self.beta_kl * gk.double() + self.lambda_rep * gr.double()
+            self.composition_err = max(self.composition_err, _bad(float((gt.double() - want).abs().max()) / scale))
+        self.min_total_grad = min(self.min_total_grad, total_norm)
+        self.nonzero_grad_steps += int(total_norm > 0)
+
+        self._harness(roll, bank_sel, parts, rep_norm)
+        gates = met["gates"].detach().double().cpu() if met is not None else torch.zeros(0, dtype=torch.float64)
+        active = bool((gates > 0).any())
+        self.active_steps += int(active)
+        self.active_zero_grad += int(active and rep_norm == 0.0)
+        self.inactive_nonzero_replay += int(not active and float(rep.detach().abs()) != 0.0)
+        if step == 0:
+            self.first_step_replay_abs = float(rep.detach().abs())
+            self.first_step_gate_max = float(gates.abs().max()) if gates.numel() else 0.0
+        self._record(step, idx, rewards, bank_sel, parts, gates, active, total, rep_norm, total_norm)
 
     @torch.no_grad()
-    def step(self, base, roll, bank_sel, parts, rep_norm: float) -> None:
-        lb = parts["bank_base_logp"]
+    def _harness(self, roll, bank_sel, parts, rep_norm: float) -> None:
+        lt, lb = parts["bank_logp"], parts["bank_base_logp"]
         if lb is not None:
-            want, _ = sequence_logprobs(base, bank_sel.prompts, bank_sel.responses)
             m = bank_sel.mask.bool()
-            diff = torch.where(m, (lb.detach().double() - want.double()).abs(), torch.zeros((), dtype=torch.float64,
-                                                                                           device=m.device))
-            self.bank_base_err = max(self.bank_base_err, _bad(float(diff.max())))
-        lt, lq = parts["logdist"].double(), parts["base_logdist"].double()
+            zero = torch.zeros((), dtype=torch.float64, device=m.device)
+            for got, model, name in ((lb, self.base, "bank_base_err"), (lt, self.policy, "bank_policy_err")):
+                want, _ = sequence_logprobs(model, bank_sel.prompts, bank_sel.responses)
+                diff = torch.where(m, (got.detach().double() - want.double()).abs(), zero)
+                setattr(self, name, max(getattr(self, name), _bad(float(diff.max()) if diff.numel() else 0.0)))
+            r_loss, _, _, _ = ref.replay_reference(lt.detach().double().cpu().tolist(), lb.double().cpu().tolist(),
+                                                   m.cpu().tolist())
+            self.replay_err = max(self.replay_err, _bad(abs(float(parts["replay"].detach()) - r_loss)))
+        lt, lq = parts["logdist"].detach().double(), parts["base_logdist"].double()
         m = roll.mask.bool()
         fwd_tok = (lt.exp() * (lt - lq)).sum(-1)
         rev_tok = (lq.exp() * (lq - lt)).sum(-1)
         n = int(m.sum())
         fwd = float(torch.where(m, fwd_tok, torch.zeros_like(fwd_tok)).sum()) / n
         rev = float(torch.where(m, rev_tok, torch.zeros_like(rev_tok)).sum()) / n
-        self.kl_err = max(self.kl_err, _bad(abs(float(parts["kl"].detach()) - fwd)))
+        kl = float(parts["kl"].detach())
+        self.kl_err = max(self.kl_err, _bad(abs(kl - fwd)))
         self.kl_gap = max(self.kl_gap, abs(fwd - rev))
-        self.kl_min = min(self.kl_min, _bad(float(parts["kl"].detach())))
-        gates = parts["replay_metrics"]["gates"].detach().double()
-        gmax = float(gates.max()) if gates.numel() else 0.0
+        self.kl_min = min(self.kl_min, _bad(kl))
+        met = parts["replay_metrics"]
+        gmax = float(met["gates"].detach().double().max()) if met is not None and met["gates"].numel() else 0.0
         self.max_gate = max(self.max_gate, gmax)
         if gmax > GATE_NOISE and rep_norm > 0:
             self.fired_steps += 1
             self.max_fired_grad = max(self.max_fired_grad, rep_norm)
 
+    def _record(self, step, idx, rewards, bank_sel, parts, gates, active, total, rep_norm, total_norm) -> None:
+        met, rep = parts["replay_metrics"], parts["replay"]
+        valid = bank_sel.mask.cpu().bool()
+        w = met["token_weights"].detach().double().cpu() if met is not None else torch.zeros(0, 1, dtype=torch.float64)
+        wv = w[valid] if w.shape == valid.shape else torch.zeros(0, dtype=torch.float64)
+        self.ctx.record_step(
+            step=step + 1,
+            phase="update",
+            prompts=idx.tolist(),
+            reward_mean=float(rewards.mean()),
+            bank_rows=int(bank_sel.responses.shape[0]),
+            replay_active=active,
+            active_fraction=float(met["active_fraction"]) if met is not None else 0.0,
+            gates=gates.tolist(),
+            mean_delta=met["mean_delta"].detach().double().cpu().tolist() if met is not None else [],
+            token_weight_mean=float(wv.mean()) if wv.numel() else 0.0,
+            token_weight_max=float(wv.max()) if wv.numel() else 0.0,
+            token_weight_positive_fraction=float((wv > 0).double().mean()) if wv.numel() else 0.0,
+            grpo_loss=float(parts["grpo"].detach()),
+            kl_to_base=float(parts["kl"].detach()),
+            replay_loss=float(rep.detach()),
+            total_loss=float(total.detach()),
+            replay_grad_norm=rep_norm,
+            total_grad_norm=total_norm,
+        )
+
+    # --- the result ------------------------------------------------------------------------
+
     def measurements(self) -> dict:
+        base_grads = sum(int(q.grad is not None) for q in self.base.parameters())
         return {
+            "actor_param_l2_change": param_l2_change(self.policy_before, self.policy),
+            "min_step_grad_norm": self.min_total_grad,
+            "nonzero_grad_steps": self.nonzero_grad_steps,
+            "grpo_grad_max_norm": self.grpo_grad_max,
+            "kl_grad_max_norm": self.kl_grad_max,
+            "total_grad_composition_max_rel_err": self.composition_err,
+            "base_param_l2_change": param_l2_change(self.base_before, self.base),
+            "base_params_with_grad": base_grads,
+            "base_trainable_params": self.base_trainable,
+            **self.m,
+            "actor_inputs_reward_invariant": bool(self.inputs_invariant),
+            "reward_shift_grad_max_abs_diff": self.shift_diff,
+            "first_step_replay_loss_abs": self.first_step_replay_abs,
+            "first_step_gate_max": self.first_step_gate_max,
+            "replay_active_steps": self.active_steps,
+            "active_steps_with_zero_replay_grad": self.active_zero_grad,
+            "inactive_steps_with_nonzero_replay": self.inactive_nonzero_replay,
+            "sampled_tokens": self.ctx.meter.tokens,
             "encoder_max_abs_err": self.encoder_err,
             "bank_fps_mismatch": self.fps_mismatch,
             "padded_candidates": self.padded_candidates,
             "bank_base_logp_max_abs_err": self.bank_base_err,
+            "bank_policy_logp_max_abs_err": self.bank_policy_err,
+            "replay_reference_max_abs_err": self.replay_err,
             "kl_max_abs_err": self.kl_err,
             "kl_direction_gap": self.kl_gap,
             "kl_min": self.kl_min,

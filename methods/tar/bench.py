@@ -8,6 +8,10 @@ whether the picks are identical.
 
 from __future__ import annotations
 
+# Not a mutation target of `contracts mutate`: a benchmark of fps.py against the reference loop;
+# no contract runs it.
+__mutate__ = False
+
 import argparse
 import json
 import time

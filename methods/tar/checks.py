@@ -223,11 +223,17 @@ def zero_gate(impl, ctx) -> dict:
         grad_abs = _worst(grad_abs, _maxabs(grad))
         lt_r, lb_r = _rounded(lt, ctx.dtype), _rounded(lb, ctx.dtype)
         pos_w_tokens += int(((lb_r - lt_r > 0) & mask).sum())
+    # An empty bank batch (B = 0): loss exactly 0 (not 0/0), no trajectory active.
+    empty = torch.zeros(0, 5, dtype=F64)
+    e_loss, e_metrics, e_grad = _run_replay(impl, ctx, empty, empty, torch.zeros(0, 5, dtype=torch.bool), ctx.dtype)
     return {
         "cases": ctx.cases,
         "loss_max_abs": loss_abs,
         "grad_max_abs": grad_abs,
         "positive_weight_tokens": pos_w_tokens,
+        "empty_bank_loss_abs": _maxabs(e_loss) if bool(torch.isfinite(e_loss).all()) else math.inf,
+        "empty_bank_grad_shape_ok": tuple(e_grad.shape) == (0, 5),
+        "empty_bank_active_fraction": float(e_metrics["active_fraction"]),
     }
 
 
@@ -451,6 +457,10 @@ def rejects_invalid_inputs(impl, ctx) -> dict:
 
     pos_theta, msg = _raises_value_error(lambda: call(bad(lt, 0.25), lb))
     names_position = "(1, 2)" in msg
+    # Two bad positions: the first in row-major order is named, not the last.
+    two = bad(lt, 0.25)
+    two[2, 0] = 0.5
+    _, msg_two = _raises_value_error(lambda: call(two, lb))
     pos_base, _ = _raises_value_error(lambda: call(lt, bad(lb, 3.0)))
     nan_theta, _ = _raises_value_error(lambda: call(bad(lt, math.nan), lb))
     inf_base, _ = _raises_value_error(lambda: call(lt, bad(lb, math.inf)))
@@ -467,6 +477,7 @@ def rejects_invalid_inputs(impl, ctx) -> dict:
         "rejects_neg_inf_theta": ninf_theta,
         "rejects_neg_inf_base": ninf_base,
         "message_names_position": names_position,
+        "message_names_first_position": "(1, 2)" in msg_two,
         "accepts_junk_in_padding": not junk_raised,
     }
 
@@ -612,6 +623,19 @@ def fps_matches_reference(impl, ctx) -> dict:
     # dtype cannot hold a non-power-of-two copy exactly.
     copies = _two_direction_copies()
     dup_tie = impl.farthest_point_prototypes(_on(ctx, copies), _on(ctx, torch.ones(16, dtype=torch.bool)), k=3).cpu().tolist() == [0, 2, 1]
+    # The tie tolerance is 1e-12 in cosine distance, no more and no less: from e_0, candidate 2 is
+    # farther than candidate 1 by 3e-12 (not a tie: 2 is picked) or by 3e-13 (a tie: 1 is picked).
+    # Eight dimensions, so a distance scaled by 1/D (a mean for the dot product) moves the tie line.
+    # Built in float64 whatever the dtype (a narrower one cannot hold a 3e-13 gap).
+    def near_tie(gap: float) -> list[int]:
+        e = torch.zeros(3, 8, dtype=F64)
+        e[0, 0] = 1.0
+        for i, c in ((1, 0.5), (2, 0.5 - gap)):
+            e[i, 0], e[i, 1] = c, math.sqrt(1.0 - c * c)
+        out = impl.farthest_point_prototypes(_on(ctx, e), _on(ctx, torch.ones(3, dtype=torch.bool)), k=2)
+        return [int(i) for i in torch.as_tensor(out).cpu().tolist()]
+
+    tol_ok = near_tie(3e-12) == [0, 2] and near_tie(3e-13) == [0, 1]
     # First point: the lowest-index correct candidate, even when it is not "extreme".
     first = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=F64)
     first_ok = _fps(impl, ctx, first, torch.tensor([False, True, True]), 1, None) == [1]
@@ -622,6 +646,7 @@ def fps_matches_reference(impl, ctx) -> dict:
         "duplicate_tie_lowest_index": bool(dup_tie),
         "max_maxmin_gap": gap,
         "tie_break_lowest_index": bool(tie),
+        "tie_tolerance_1e_12": bool(tol_ok),
         "first_point_lowest_index": bool(first_ok),
     }
 
@@ -649,13 +674,23 @@ def fps_rejects_bad_vectors(impl, ctx) -> dict:
     names = "candidate 3" in msg
     nan_row = torch.randn(D, generator=g, dtype=F64)
     nan_row[2] = math.nan
-    nan, _ = _raises_value_error(lambda: call(with_row(5, nan_row)))
+    nan, msg_nan = _raises_value_error(lambda: call(with_row(5, nan_row)))
     inf_row = torch.randn(D, generator=g, dtype=F64)
     inf_row[0] = math.inf
-    inf, _ = _raises_value_error(lambda: call(with_row(2, inf_row)))
+    inf, msg_inf = _raises_value_error(lambda: call(with_row(2, inf_row)))
+    # The candidate named is the first bad one in prompt order, not another: a valid row of small
+    # norm (0.5) in an earlier prompt beside the zero row, and two bad rows, prompt 2's (index 6)
+    # before prompt 1's (index 3) in no order but the prompts'.
+    small = with_row(3, torch.zeros(D, dtype=F64))
+    small[0] = small[0] / small[0].norm() * 0.5
+    _, msg_small = _raises_value_error(lambda: call(small))
+    two = with_row(3, torch.zeros(D, dtype=F64))
+    two[6] = math.nan
+    _, msg_two = _raises_value_error(lambda: call(two))
+    first_bad = "candidate 3" in msg_small and "candidate 3" in msg_two and "norm 0" in msg_two
     # Norm overflow exists only for float64 inputs (float64 squares of fp32 values stay finite):
     # always built in float64.
-    overflow, _ = _raises_value_error(
+    overflow, msg_over = _raises_value_error(
         lambda: impl.farthest_point_prototypes(
             _on(ctx, with_row(6, torch.full((D,), 1e200, dtype=F64))), _on(ctx, correct), k=3, prompt_ids=_on(ctx, ids)
         )
@@ -684,6 +719,10 @@ def fps_rejects_bad_vectors(impl, ctx) -> dict:
         "rejects_inf": inf,
         "rejects_norm_overflow": overflow,
         "message_names_candidate": names,
+        "message_names_first_bad_candidate": first_bad,
+        # each message says what is wrong with the row: a zero, a non-finite or an overflowing norm
+        "message_names_the_fault": ("norm 0" in msg and "not finite" in msg_nan and "not finite" in msg_inf
+                                    and "overflows" in msg_over),
         "ignores_junk_in_incorrect": ignored,
         "large_finite_values_accepted": scale_ok,
     }

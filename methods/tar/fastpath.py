@@ -11,6 +11,10 @@ prove each branch was reached.
 
 from __future__ import annotations
 
+# Check code, not a mutation target of `contracts mutate`: a contract check (inputs and a comparison
+# with the reference loop), like checks.py; the FPS it drives (fps.py) is mutated.
+__mutate__ = False
+
 import torch
 
 from engine.spec import registry

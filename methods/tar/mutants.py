@@ -20,7 +20,7 @@ from methods.tar import fps as fps_module
 from methods.tar.fps import TIE_TOL, _segment_fps, farthest_point_prototypes
 from methods.tar.harness import kl_to_base, trajectory_embeddings
 from methods.tar.impl import IMPL
-from methods.tar.replay import DENOM_EPS, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss
+from methods.tar.replay import DENOM_EPS, adaptive_replay_loss, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss
 
 
 def soft_gate_unclamped(z: torch.Tensor) -> torch.Tensor:
@@ -302,3 +302,50 @@ def fps_block_group_offset():
     return _fps_variant("tar.fps_block_group_offset", [(
         "_segment_fps", "unit.index_select(0, group[lo:hi])", "unit.index_select(0, group[: hi - lo])",
     )])
+
+
+# --- argument handling and the KL gradient ------------------------------------------
+
+
+@registry.mutant("tar.fps_marks_cast_to_bool", base="tar")
+def fps_marks_cast_to_bool():
+    """The verifier's marks are cast to bool instead of validated: a float score or a count of 2 is taken as correct."""
+
+    def fps(embeddings, correct, k=3, prompt_ids=None):
+        return farthest_point_prototypes(embeddings, torch.as_tensor(correct).bool(), k=k, prompt_ids=prompt_ids)
+
+    return IMPL.replace("tar.fps_marks_cast_to_bool", farthest_point_prototypes=fps)
+
+
+@registry.mutant("tar.mask_cast_to_bool", base="tar")
+def mask_cast_to_bool():
+    """The replay mask is cast to bool instead of validated: a float or weighted mask is silently read as 0/1."""
+
+    def loss(logp_theta, logp_base, mask):
+        return adaptive_replay_loss(logp_theta, logp_base, torch.as_tensor(mask).bool())
+
+    return IMPL.replace("tar.mask_cast_to_bool", adaptive_replay_loss=loss)
+
+
+@registry.mutant("tar.kl_detached", base="tar")
+def kl_detached():
+    """The KL term's value is right but its gradient is cut: the regulariser never pulls the policy to the base."""
+
+    def kl(logdist, base_logdist, mask):
+        return kl_to_base(logdist, base_logdist, mask).detach()
+
+    return IMPL.replace("tar.kl_detached", kl_to_base=kl)
+
+
+@registry.mutant("tar.encoder_empty_nan", base="tar")
+def encoder_empty_nan():
+    """The encoder divides by the raw valid-token count: an empty response's embedding is 0/0 = NaN."""
+
+    @torch.no_grad()
+    def embeddings(base, prompts, responses, mask):
+        _, hidden, _ = base(torch.cat([prompts, responses], dim=1))
+        h = hidden[:, prompts.shape[1]:].double()
+        m = mask.bool()[..., None]
+        return torch.where(m, h, torch.zeros_like(h)).sum(1) / m.sum(1)
+
+    return IMPL.replace("tar.encoder_empty_nan", trajectory_embeddings=embeddings)
