@@ -1,12 +1,14 @@
 """No leaks: receipts hold no absolute path, host name, user name or environment variable value.
 
-A canary environment variable is set for the whole session when this module is
-collected (before any test runs), so every receipt the suite writes was
+A canary environment variable is set for the whole session before any test
+runs (in tests/conftest.py, so that pytest-xdist workers share one value; here
+too, for a run without that conftest), so every receipt the suite writes was
 written with a secret in the environment. One test runs checks built to leak
 (exceptions quoting absolute paths, the home folder, `user@host` and the
 canary; notes and step records with paths) and finds each scrubbed. The last
 test of the session scans every receipt the suite wrote (the session's temp
-folders, the repository's receipts/) and finds none of those things.
+folders, every worker's, and the repository's receipts/) and finds none of
+those things.
 """
 
 from __future__ import annotations
@@ -248,7 +250,10 @@ def _parsed(p):
 def test_no_receipt_the_suite_wrote_leaks_anything(tmp_path_factory, leaky, tmp_path):
     """Runs after every other test: every receipt written this session, and the shipped ones."""
     CliRunner().invoke(app, ["check", "reliab-leaky", "--specs", str(leaky), "--receipts", str(tmp_path)])
-    files = receipts_written(tmp_path_factory.getbasetemp())
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each xdist worker writes under its own folder beside this one
+        base = base.parent
+    files = receipts_written(base)
     assert files, "no receipt found to scan"
     problems = {str(p): found for p in files if (found := leaks(_parsed(p)))}
     assert problems == {}, json.dumps(problems, indent=1)[:5000]
