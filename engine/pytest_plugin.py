@@ -117,6 +117,11 @@ def _parse_seeds(text: str | None) -> list[int] | None:
 def pytest_configure(config: pytest.Config) -> None:
     if not config.option.contracts:
         return
+    # A spec's receipt is written by the process that ran all its items; pytest-xdist workers would each write a
+    # partial one. So --contracts runs here even where addopts asks for workers (this project's own does): xdist
+    # decides in its own pytest_configure, which runs after this one (trylast).
+    if getattr(config.option, "dist", "no") != "no":
+        config.option.dist, config.option.tx, config.option.numprocesses = "no", [], 0
     try:
         opts = _Options(config)
         opts.device()  # --contracts-device cuda on a machine without CUDA stops here, not mid-run

@@ -1,16 +1,37 @@
-"""Suite-wide test order, and the fuzz profiles.
+"""Suite-wide test order, parallel workers, and the fuzz profiles.
 
 Tests marked `last` run after all others: the receipt leak scan
 (tests/test_reliability_leaks.py) reads every receipt the suite wrote, so it
 has to come after the tests that write them.
+
+The suite runs in pytest-xdist workers (`-n auto --dist loadgroup` in
+pyproject.toml; docs/testing.md). What that needs, all here:
+
+* `last` still means last: the items are sorted to the end of the collection,
+  which the scheduler hands out in order, and a worker that reaches one waits
+  until every other worker has finished its own tests (or reached a `last`
+  test too) before running it;
+* the modules in GROUPS, whose module-scoped fixtures are whole check runs or a
+  Ray cluster, run in one worker each, so the fixture is paid once;
+* each worker gets its share of the cores as torch threads (two workers with
+  two threads each on two cores would only wait for each other);
+* values every worker must share (the leak canary) are set here, in the
+  process that starts the workers, before they start.
 
 The hypothesis profiles of tests/test_fuzz_specs.py are registered here, before
 the hypothesis plugin reads `--hypothesis-profile`, so that
 `pytest tests/test_fuzz_specs.py --hypothesis-profile=long` works.
 """
 
+from __future__ import annotations
+
+import os
+import secrets
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 # tests/ is a regular package (tests/__init__.py) so that `tests.x` is this folder even where verl (the [verl]
 # extra) has installed a top-level `tests` package of its own: a regular package found first on sys.path wins,
@@ -33,10 +54,83 @@ else:
     settings.register_profile("long", max_examples=1, deadline=None, suppress_health_check=list(HealthCheck),
                               phases=[p for p in Phase if p is not Phase.explain])
 
+# Every receipt the suite writes is written with this secret in the environment (tests/test_reliability_leaks.py
+# then looks for it). Set in the first process, so xdist workers inherit one value and the scan knows it.
+os.environ.setdefault("CONTRACTS_LEAK_CANARY", "leak-canary-" + secrets.token_hex(12))
+
+# Modules whose tests share one worker: their module-scoped fixtures run whole checks (or start Ray), and
+# splitting a module across workers would run the fixture in each.
+GROUPS = {
+    "test_binding.py": "binding",  # `project`: a check run in a copy of the checkout
+    "test_cli.py": "cli",  # `full_run`: the full three-seed check
+    "test_executors.py": "executors",  # `serial`: a three-seed check; `ray_local`: a Ray cluster
+    "test_hf.py": "hf",  # `ckpt`, `provider`: a tiny checkpoint built and loaded
+}
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... in an xdist worker; None otherwise
+LAST_WAIT_S = 1800.0  # a worker may still be in a long test; a dead one is noticed sooner (its pid is gone)
+
+
+def _workers() -> int:
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+
+
+def _board(config) -> Path:
+    """A folder all workers of this session share: beside their own temp folders (xdist makes one per worker)."""
+    board = Path(config.option.basetemp).parent / "workers"
+    board.mkdir(exist_ok=True)
+    return board
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "last: runs after every other test (it reads what the suite wrote)")
+    if WORKER and _workers() > 1:
+        (_board(config) / f"{WORKER}.pid").write_text(str(os.getpid()))
+        import torch
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // _workers()))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(session, config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            group = GROUPS.get(item.path.name)
+            if group and item.get_closest_marker("last") is None:
+                item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)  # stable: the rest keep their order
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def pytest_runtest_setup(item):
+    """Under xdist, a `last` test waits for the other workers: their tests may still be writing receipts."""
+    if item.get_closest_marker("last") is None or not WORKER or _workers() < 2:
+        return
+    board = _board(item.config)
+    (board / f"{WORKER}.last").write_text("")
+    others = [f"gw{i}" for i in range(_workers()) if f"gw{i}" != WORKER]
+    end = time.monotonic() + LAST_WAIT_S
+    while True:
+        busy = [w for w in others if not (board / f"{w}.done").exists() and not (board / f"{w}.last").exists()]
+        lost = [w for w in busy if not _alive(board / f"{w}.pid")]
+        if lost:
+            pytest.fail(f"xdist worker(s) {', '.join(lost)} ended without finishing: cannot run a `last` test",
+                        pytrace=False)
+        if not busy:
+            return
+        if time.monotonic() > end:
+            pytest.fail(f"xdist worker(s) {', '.join(busy)} still running after {LAST_WAIT_S:g} s", pytrace=False)
+        time.sleep(0.2)
+
+
+def pytest_sessionfinish(session):
+    if WORKER and _workers() > 1:
+        (_board(session.config) / f"{WORKER}.done").write_text("")

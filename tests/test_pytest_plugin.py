@@ -69,6 +69,18 @@ def test_without_contracts_the_plugin_collects_nothing_and_imports_no_torch(tmp_
     assert "1 passed" in r.stdout
 
 
+def test_contracts_run_in_this_process_even_when_workers_are_asked_for(project):
+    """xdist workers would each write a partial receipt: with --contracts, `-n 2` starts none."""
+    pytest.importorskip("xdist")
+    # what `-n 2` becomes before configure (xdist's pytest_cmdline_main, which parseconfigure does not call)
+    args = (*plugin_args(), *ISOLATE, "--dist", "load", "--tx", "2*popen", "--contracts-receipts",
+            str(project.path / "receipts"))
+    plain = project.parseconfigure(*args)
+    assert plain.pluginmanager.getplugin("dsession") is not None  # without --contracts, xdist distributes
+    config = project.parseconfigure(*args, "--contracts", "specs/")
+    assert config.pluginmanager.getplugin("dsession") is None and config.option.dist == "no"
+
+
 def test_one_item_per_contract_and_per_mutant_at_the_spec_line(project):
     r, _ = run(project, "--contracts", "--collect-only", "-q", "specs/")
     spec = load_spec(SPEC)
@@ -112,13 +124,20 @@ def test_junit_has_a_case_per_item_with_measurements_as_properties_and_the_recei
 
 
 def test_the_plugin_writes_the_receipt_contracts_check_writes(project, tmp_path):
+    def check(store: Path):
+        c = CliRunner().invoke(app, ["check", "tapo-trajectory", "--only", "zero_advantage_rejection", "--seeds",
+                                     "42", "--specs", str(project.path / "specs"), "--receipts", str(store)])
+        assert c.exit_code == 0, c.output
+
+    # A receipt binds the checkout modules its process has imported (engine/run/binding.py), and `check` imports
+    # some the plugin does not: one `check` first puts this process where both runs below find it, whatever ran
+    # in it before (this test alone, or early in an xdist worker, would otherwise compare different states).
+    check(tmp_path / "warm")
     r, receipts = run(project, "--contracts", "specs/", "-k", FAST, "--contracts-seeds", "42")
     r.assert_outcomes(passed=3)
     plugin = only_receipt(receipts)
     cli_store = tmp_path / "cli"
-    c = CliRunner().invoke(app, ["check", "tapo-trajectory", "--only", "zero_advantage_rejection", "--seeds", "42",
-                                 "--specs", str(project.path / "specs"), "--receipts", str(cli_store)])
-    assert c.exit_code == 0, c.output
+    check(cli_store)
     cli = only_receipt(cli_store)
     assert plugin["subject"] == cli["subject"]
 

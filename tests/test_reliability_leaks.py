@@ -1,12 +1,14 @@
 """No leaks: receipts hold no absolute path, host name, user name or environment variable value.
 
-A canary environment variable is set for the whole session when this module is
-collected (before any test runs), so every receipt the suite writes was
+A canary environment variable is set for the whole session before any test
+runs (in tests/conftest.py, so that pytest-xdist workers share one value; here
+too, for a run without that conftest), so every receipt the suite writes was
 written with a secret in the environment. One test runs checks built to leak
 (exceptions quoting absolute paths, the home folder, `user@host` and the
 canary; notes and step records with paths) and finds each scrubbed. The last
 test of the session scans every receipt the suite wrote (the session's temp
-folders, the repository's receipts/) and finds none of those things.
+folders, every worker's, and the repository's receipts/) and finds none of
+those things.
 """
 
 from __future__ import annotations
@@ -108,18 +110,6 @@ STRUCTURED = ("environment", "git")  # filled from torch/platform/git by code, n
 FREE_TEXT = ("message", "error", "errors", "note")  # where a user name can only have come from the machine
 
 
-def _strings(value, path=()):
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield path + (str(k),), k
-            yield from _strings(v, path + (str(k),))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _strings(v, path + (i,))
-
-
 def _word(text: str) -> re.Pattern:
     return re.compile(r"(?<![A-Za-z0-9_.-])" + re.escape(text) + r"(?![A-Za-z0-9_-])")
 
@@ -129,32 +119,79 @@ def env_values() -> dict[str, str]:
     return {v: k for k, v in os.environ.items() if len(v) >= 8 and not re.fullmatch(r"[0-9.]+", v)}
 
 
-def leaks(stmt: dict) -> list[str]:
-    """Every absolute path, host name, user name and environment value found in one receipt."""
-    found = []
-    sensitive = sorted({str(ROOT), str(Path.home()), str(Path.cwd()), tempfile.gettempdir(), sys.prefix,
-                        str(Path(sys.executable).parent)}, key=len, reverse=True)
-    host_re, user_re = _word(HOST), _word(USER)
-    envs = env_values()
-    for path, text in _strings(stmt):
-        where = "/".join(map(str, path))
+class Scan:
+    """Finds every absolute path, host name, user name and environment value in receipts.
+
+    What a string holds is decided by the string and two facts about where it sits (free text; the
+    structured environment/git sections), so each distinct (string, facts) is examined once per scan:
+    the suite's receipts repeat the same keys and values (step records) hundreds of thousands of times.
+    """
+
+    def __init__(self):
+        self.sensitive = sorted({str(ROOT), str(Path.home()), str(Path.cwd()), tempfile.gettempdir(), sys.prefix,
+                                 str(Path(sys.executable).parent)}, key=len, reverse=True)
+        self.host_re, self.user_re = _word(HOST), _word(USER)
+        self.envs = env_values()
+        # one search for "any environment value", the per-value loop only where it hits
+        self.any_env = re.compile("|".join(map(re.escape, self.envs))) if self.envs else None
+        self.seen: dict[tuple[str, bool, bool], list[str]] = {}
+
+    def leaks(self, stmt: dict) -> list[str]:
+        """Every leak in one receipt, one line each, naming where it is."""
+        found: list[str] = []
+        self._walk(stmt, (), False, False, found)
+        return found
+
+    def _walk(self, value, path: tuple, free_text: bool, structured: bool, found: list[str]) -> None:
+        """Every string (dict keys too) with its path, and whether that path so far is free text (FREE_TEXT) or
+        in a structured section (STRUCTURED)."""
+        if isinstance(value, str):
+            self._string(value, path, free_text, structured, found)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                here = path + (str(k),)
+                free = free_text or str(k) in FREE_TEXT
+                struct = structured or (path == ("predicate",) and str(k) in STRUCTURED)
+                self._string(k, here, free, struct, found)
+                self._walk(v, here, free, struct, found)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self._walk(v, path + (i,), free_text, structured, found)
+
+    def _string(self, text, path: tuple, free_text: bool, structured: bool, found: list[str]) -> None:
+        if not isinstance(text, str):
+            return
+        key = (text, free_text, structured)
+        what = self.seen.get(key)
+        if what is None:
+            what = self.seen[key] = self._text(text, free_text, structured)
+        if what:
+            where = "/".join(map(str, path))
+            found += [f"{where}: {w}" for w in what]
+
+    def _text(self, text: str, free_text: bool, structured: bool) -> list[str]:
+        found = []
         m = ABS_PATH.search(text)
         if m:
-            found.append(f"{where}: absolute path {m.group(1)!r} in {text[:120]!r}")
-        for s in sensitive:
+            found.append(f"absolute path {m.group(1)!r} in {text[:120]!r}")
+        for s in self.sensitive:
             if s in text and (text == s or f"{s}/" in text or text.endswith(s)):
-                found.append(f"{where}: {s!r} in {text[:120]!r}")
-        if host_re.search(text):
-            found.append(f"{where}: host name {HOST!r} in {text[:120]!r}")
-        free_text = any(str(p) in FREE_TEXT for p in path)
+                found.append(f"{s!r} in {text[:120]!r}")
+        if self.host_re.search(text):
+            found.append(f"host name {HOST!r} in {text[:120]!r}")
         if f"/{USER}" in text or f"{USER}@" in text or f"~{USER}" in text or text == USER or (
-                free_text and user_re.search(text)):
-            found.append(f"{where}: user name {USER!r} in {text[:120]!r}")
-        if not (path[:1] == ("predicate",) and path[1:2] in [(s,) for s in STRUCTURED]):
-            for value, name in envs.items():
+                free_text and self.user_re.search(text)):
+            found.append(f"user name {USER!r} in {text[:120]!r}")
+        if not structured and self.any_env is not None and self.any_env.search(text):
+            for value, name in self.envs.items():
                 if value in text:
-                    found.append(f"{where}: value of ${name} in {text[:120]!r}")
-    return found
+                    found.append(f"value of ${name} in {text[:120]!r}")
+        return found
+
+
+def leaks(stmt: dict) -> list[str]:
+    """Every absolute path, host name, user name and environment value found in one receipt."""
+    return Scan().leaks(stmt)
 
 
 def receipts_written(base: Path) -> list[Path]:
@@ -248,9 +285,13 @@ def _parsed(p):
 def test_no_receipt_the_suite_wrote_leaks_anything(tmp_path_factory, leaky, tmp_path):
     """Runs after every other test: every receipt written this session, and the shipped ones."""
     CliRunner().invoke(app, ["check", "reliab-leaky", "--specs", str(leaky), "--receipts", str(tmp_path)])
-    files = receipts_written(tmp_path_factory.getbasetemp())
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each xdist worker writes under its own folder beside this one
+        base = base.parent
+    files = receipts_written(base)
     assert files, "no receipt found to scan"
-    problems = {str(p): found for p in files if (found := leaks(_parsed(p)))}
+    scan = Scan()
+    problems = {str(p): found for p in files if (found := scan.leaks(_parsed(p)))}
     assert problems == {}, json.dumps(problems, indent=1)[:5000]
     print(f"scanned {len(files)} receipts")
 
