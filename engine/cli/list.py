@@ -142,15 +142,14 @@ def _print_table(rows: list[dict], invalid: list[dict]) -> None:
         if lr is None:
             latest = "none"
         else:
-            cov = lr.get("coverage")
-            inside = ", ".join(x for x in ((cov or {}).get("label"), lr["state"]) if x)
-            when = lr["created_at"]
-            if narrow:  # two lines of at most 24 characters
-                label = (cov or {}).get("label")
-                latest = (f"{lr['status'] or lr['state']}" + (f" ({label})" if label else "")
-                          + f"\n{lr['state']}, {when[:10]} {when[11:16]}Z")
+            label, when = (lr.get("coverage") or {}).get("label"), lr["created_at"] or ""
+            stamp = f"{when[:10]} {when[11:16]}Z" if narrow else f"{when[:19]}Z"
+            if label is None:  # tampered or invalid: no verdict to qualify
+                latest = f"{lr['state']}" + (f"\n{stamp}" if narrow else f" {stamp}") if when else lr["state"]
+            elif narrow:  # two lines of at most 24 characters
+                latest = f"{lr['status']} ({label})\n{lr['state']}, {stamp}"
             else:
-                latest = f"{lr['status'] or lr['state']} ({inside}) {when[:19]}Z"
+                latest = f"{lr['status']} ({label}, {lr['state']}) {stamp}"
         g = r["gate"]
         method = r["method"] if r["implementation"] == "default" else f"{r['method']} {r['implementation_label']}"
         cells = {"level": r["level"], "review": f"{r['level']} {r['review']}\n{r['promotion']}" if narrow

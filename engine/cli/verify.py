@@ -57,11 +57,11 @@ def verify(
             known = sorted({p.stem for p in spec_files(specs_dir)} |
                            ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
             raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
+    del no_cache  # accepted so scripts keep working: verify never reads the cache
+    policy = _trust_policy(trust, receipts_dir)
     if not receipts_dir.is_dir():  # "0 receipts, OK" would pass a store that is not there (a typo, a lost mount)
         raise E.UsageError(f"no receipt store at {shown_path(receipts_dir)}: not a folder (give --receipts DIR of "
                            "an existing store; contracts check creates one)")
-    del no_cache  # accepted so scripts keep working: verify never reads the cache
-    policy = _trust_policy(trust, receipts_dir)
     cache = _spec_cache(receipts_dir, use=False)  # in this process only: nothing read from the store's cache
     states, state_problems = _spec_states(specs_dir, method, cache)
     report = assess_store(receipts_dir, _paths.project_root(), specs_dir, method, states, cache=None, policy=policy)

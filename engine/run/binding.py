@@ -27,6 +27,7 @@ FRONT_DOORS = (
     "engine.gate",  # the gate, promote and its statistics judge receipts after the fact
     "engine.store.cache",  # display accelerators for list/show/tui
     "engine.store.index",
+    "engine.store.coverage",  # full or partial, read from a written predicate
     "engine.store.verify",  # verify reads receipts; it never runs a check
     "engine.store.ledger",  # promotion history, written by promote
     "engine.store.locking",  # the promotion lock
