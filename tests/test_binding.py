@@ -189,6 +189,10 @@ _real_trajectory_ratio = trajectory_ratio
 
 def trajectory_ratio(*args, **kwargs):  # planted: 1.5 times the right answer
     return _real_trajectory_ratio(*args, **kwargs) * 1.5
+
+
+# the loss builder's default parts follow, so the package's own explicitly fused build still imports
+build_tapo_loss.__defaults__ = (trajectory_ratio, *build_tapo_loss.__defaults__[1:])
 """
 
 

@@ -43,6 +43,10 @@ def config_for(eps_min: float, eps_max: float, horizon: int | None, group_size: 
     """verl's ActorConfig carrying TAPO's inputs (see the module docstring)."""
     from engine.run.adapters.verl import actor_config
 
+    # TAPO's bounds exist only in this mapping (verl's signature has no eps): a pair no clip range can be made of
+    # is refused here, as TAPO's interface documents, rather than handed to verl as a meaningless config
+    if not 0.0 <= float(eps_min) <= float(eps_max):
+        raise ValueError(f"need 0 <= eps_min <= eps_max, got eps_min={eps_min}, eps_max={eps_max}")
     return actor_config(clip_ratio=eps_max, clip_ratio_low=eps_min, clip_ratio_high=eps_max, rollout_n=group_size,
                         loss_agg_mode="token-mean", loss_scale_factor=horizon)
 
