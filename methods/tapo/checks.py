@@ -535,12 +535,12 @@ def input_validation(impl, ctx) -> dict:
     if no_clip:
         ctx.not_applicable(no_clip, "clip_T_refused")
     # length_aware_clip: T must be an integer >= 1 (a bool is not one)
-    clip_T_refused = no_clip or all(_refused(impl.length_aware_clip, T, eps_min, eps_max)[0]
+    clip_T_refused = bool(no_clip) or all(_refused(impl.length_aware_clip, T, eps_min, eps_max)[0]
                                     for T in (0, -1, True, 2.0))
     # 0 <= eps_min <= eps_max; both edges are valid (a fixed clip, or none at the end of a response)
     eps_refused = all(_refused(loss, lo=lo, hi=hi)[0] for lo, hi in ((-0.05, eps_max), (eps_max, eps_min)))
     eps_edges_accepted = (_accepted(loss, lo=0.0, hi=eps_max) and _accepted(loss, lo=eps_max, hi=eps_max)
-                          and (no_clip or (_accepted(impl.length_aware_clip, 5, 0.0, eps_max)
+                          and (bool(no_clip) or (_accepted(impl.length_aware_clip, 5, 0.0, eps_max)
                                            and _accepted(impl.length_aware_clip, 5, eps_max, eps_max))))
     # a 0/1 mask of another dtype is the bool mask: the same loss, gradient and token count
     mask_forms_agree = True
