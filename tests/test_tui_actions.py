@@ -112,7 +112,7 @@ def test_every_receipt_row_and_header_says_full_or_partial(store):
             app.open_receipt(f"demo-method/{partial['only'].name}")
             await settle(app, pilot)
             head = text_of(app.screen.query_one("#receipt-header"))
-            assert "coverage partial 1/4 (--only ratio-forward)" in head
+            assert "coverage partial 1/4: --only ratio-forward" in head
             app.open_receipt(f"demo-method/{partial['no_mutants'].name}")
             await settle(app, pilot)
             assert "(--no-mutants)" in text_of(app.screen.query_one("#receipt-header"))
