@@ -115,7 +115,7 @@ def test_every_receipt_row_and_header_says_full_or_partial(store):
             assert "coverage partial 1/4: --only ratio-forward" in head
             app.open_receipt(f"demo-method/{partial['no_mutants'].name}")
             await settle(app, pilot)
-            assert "(--no-mutants)" in text_of(app.screen.query_one("#receipt-header"))
+            assert ": --no-mutants" in text_of(app.screen.query_one("#receipt-header"))
             await pilot.press("2")
             assert "no mutants ran (--no-mutants)" in text_of(app.screen.query_one("#mutants-note"))
             from tui.data import model_as_dict
