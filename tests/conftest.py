@@ -4,15 +4,13 @@ Tests marked `last` run after all others: the receipt leak scan
 (tests/test_reliability_leaks.py) reads every receipt the suite wrote, so it
 has to come after the tests that write them.
 
-The suite runs in pytest-xdist workers (`-n auto --dist loadgroup` in
+The suite runs in pytest-xdist workers (`-n auto --dist load` in
 pyproject.toml; docs/testing.md). What that needs, all here:
 
 * `last` still means last: the items are sorted to the end of the collection,
-  which the scheduler hands out in order, and a worker that reaches one waits
-  until every other worker has finished its own tests (or reached a `last`
-  test too) before running it;
-* the modules in GROUPS, whose module-scoped fixtures are whole check runs or a
-  Ray cluster, run in one worker each, so the fixture is paid once;
+  which `--dist load` hands out in order, so no other test is given out after
+  one; the worker that reaches it waits until every other worker has finished
+  its own tests (or reached a `last` test too) before running it;
 * each worker gets its share of the cores as torch threads (two workers with
   two threads each on two cores would only wait for each other);
 * values every worker must share (the leak canary) are set here, in the
@@ -58,15 +56,6 @@ else:
 # then looks for it). Set in the first process, so xdist workers inherit one value and the scan knows it.
 os.environ.setdefault("CONTRACTS_LEAK_CANARY", "leak-canary-" + secrets.token_hex(12))
 
-# Modules whose tests share one worker: their module-scoped fixtures run whole checks (or start Ray), and
-# splitting a module across workers would run the fixture in each.
-GROUPS = {
-    "test_binding.py": "binding",  # `project`: a check run in a copy of the checkout
-    "test_cli.py": "cli",  # `full_run`: the full three-seed check
-    "test_executors.py": "executors",  # `serial`: a three-seed check; `ray_local`: a Ray cluster
-    "test_hf.py": "hf",  # `ckpt`, `provider`: a tiny checkpoint built and loaded
-}
-
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... in an xdist worker; None otherwise
 LAST_WAIT_S = 1800.0  # a worker may still be in a long test; a dead one is noticed sooner (its pid is gone)
 
@@ -92,22 +81,22 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, cores // _workers()))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(session, config, items):
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            group = GROUPS.get(item.path.name)
-            if group and item.get_closest_marker("last") is None:
-                item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)  # stable: the rest keep their order
 
 
 def _alive(pid_file: Path) -> bool:
+    """The worker process is running: a dead one that xdist has not reaped yet (a zombie) is not."""
     try:
-        os.kill(int(pid_file.read_text()), 0)
+        pid = int(pid_file.read_text())
+        os.kill(pid, 0)
     except (OSError, ValueError):
         return False
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: kill(pid, 0) is all there is
+    return state not in ("Z", "X")
 
 
 def pytest_runtest_setup(item):
