@@ -136,17 +136,24 @@ def test_show_refuses_a_hostile_spec_in_one_escaped_line(layout):
     assert res.exit_code == 2 and _raw_controls(res.output) == [] and "\\x1b" in res.stderr
 
 
-@pytest.mark.xfail(reason="known after the last merges, not yet fixed: see the closing note", strict=False)
 def test_list_never_prints_a_control_sequence(layout):
+    """`list` prints a receipt's status only once the receipt is verified and schema-valid (status is then one of the
+    schema's words), so hostile text in a receipt is never shown, raw or escaped: the row names what is wrong."""
     root, specs, receipts = layout
     good = G.write(root, receipts, specs / "toy.yaml")
+    # signed and bound, but its status is no status the schema knows
+    G.write(root, receipts, specs / "toy.yaml", status=f"passed{FAKE_LINE}")
+    res = _invoke("list", "--specs", str(specs), "--receipts", str(receipts))
+    assert res.exit_code == 0, res.output
+    assert _raw_controls(res.output) == [] and "invalid" in res.stdout and "fresh" not in res.stdout, res.stdout
+    # forged (the newest, so listed): named tampered
     forged = json.loads(good.read_text())
-    forged["predicate"]["created_at"] = f"2099-01-01T00:00:00{OSC52}Z"  # the newest, so `list` shows it
+    forged["predicate"]["created_at"] = f"2099-01-01T00:00:00{OSC52}Z"
     forged["predicate"]["status"] = f"passed{FAKE_LINE}"
     (good.parent / "20990101T000000000000Z_toy_forged.json").write_text(json.dumps(forged))
     res = _invoke("list", "--specs", str(specs), "--receipts", str(receipts))
     assert res.exit_code == 0, res.output
-    assert _raw_controls(res.output) == [] and "passed\\r\\x1b[2Kfresh" in res.stdout.replace("\n", "")
+    assert _raw_controls(res.output) == [] and "tampered" in res.stdout and "fresh" not in res.stdout, res.stdout
     as_json = _invoke("list", "--specs", str(specs), "--receipts", str(receipts), "--json")
     assert _raw_controls(as_json.stdout) == []
 
