@@ -302,6 +302,20 @@ def test_gate_demands_the_mutation_score(toy, tmp_path, monkeypatch):
     req = requirement(res)
     assert req["met"] is True and req["score"] == 1.0, req
     assert res["promotable"] is True
+    # list names the newest receipt for what it is: a mutation run and its score, not its one-seed baseline
+    as_json = CliRunner().invoke(app, ["list", "--specs", str(toy), "--receipts", str(receipts), "--json"])
+    (row,) = json.loads(as_json.stdout)["methods"]
+    assert row["latest_receipt"]["mutation"] == {"score": 1.0, "complete": True}, as_json.stdout
+    shown = CliRunner().invoke(app, ["list", "--specs", str(toy), "--receipts", str(receipts)]).stdout
+    assert "mutate 1.000 (full" in shown, shown
+    # a candidate implementation is held to the contracts' score: `contracts mutate` takes no --impl, so a
+    # requirement only the candidate's own receipts could meet would have no command to meet it
+    cand = tmp_path / "cand.py"
+    cand.write_text("def double(x):\n    return 2 * x\n")
+    res = CliRunner().invoke(app, ["gate", "toy-mutate", "--impl", str(cand), "--specs", str(toy), "--receipts",
+                                   str(receipts), "--json", "--no-cache"])
+    req = requirement(json.loads(res.stdout))
+    assert req["met"] is True and req["detail"].startswith("the contracts' score, measured on the registered"), req
 
     # A partial run (a selection of the mutants) never counts, even with a perfect score.
     (toy / "toy-mutate.yaml").write_text(TOY_SPEC.replace("promotion:\n", listed + "# edited\npromotion:\n"),

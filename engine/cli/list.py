@@ -66,11 +66,22 @@ def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path, unit: str = "de
         "file": shown_path(Path(receipts_dir) / last.file), "state": last.state, "status": last.status,
         "created_at": last.created_at or "", "receipt_id": last.receipt_id, "count": len(assessed),
         "changed": last.changed,
-        "coverage": None if last.predicate is None else coverage(last.predicate, spec).as_dict()}
+        "coverage": None if last.predicate is None else coverage(last.predicate, spec).as_dict(),
+        # a `contracts mutate` receipt: its score, not its one-seed baseline, is what it says
+        "mutation": _mutation_of(last.predicate)}
     g = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, assessed=assessed, implementation=unit,
                  policy=policy)
     return {"latest_receipt": latest,
             "gate": {"promotable": g["promotable"], "unmet": [r["id"] for r in g["requirements"] if not r["met"]]}}
+
+
+def _mutation_of(pred) -> dict | None:
+    m = pred.get("mutation") if isinstance(pred, dict) else None
+    if not isinstance(m, dict):
+        return None
+    score = m.get("score")
+    return {"score": score if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
+            "complete": m.get("complete") is True}
 
 
 LIST_SCHEMA = "paper-contracts/list/v1"
@@ -144,12 +155,17 @@ def _print_table(rows: list[dict], invalid: list[dict]) -> None:
         else:
             label, when = (lr.get("coverage") or {}).get("label"), lr["created_at"] or ""
             stamp = f"{when[:10]} {when[11:16]}Z" if narrow else f"{when[:19]}Z"
+            status = lr["status"]
+            if lr.get("mutation"):  # "mutate 1.000 (full)": a mutation run, judged by its score
+                mu = lr["mutation"]
+                status = "mutate " + ("n/a" if mu["score"] is None else f"{mu['score']:.3f}")
+                label = "full" if mu["complete"] else "partial"
             if label is None:  # tampered or invalid: no verdict to qualify
                 latest = f"{lr['state']}" + (f"\n{stamp}" if narrow else f" {stamp}") if when else lr["state"]
             elif narrow:  # two lines of at most 24 characters
-                latest = f"{lr['status']} ({label})\n{lr['state']}, {stamp}"
+                latest = f"{status} ({label})\n{lr['state']}, {stamp}"
             else:
-                latest = f"{lr['status']} ({label}, {lr['state']}) {stamp}"
+                latest = f"{status} ({label}, {lr['state']}) {stamp}"
         g = r["gate"]
         method = r["method"] if r["implementation"] == "default" else f"{r['method']} {r['implementation_label']}"
         cells = {"level": r["level"], "review": f"{r['level']} {r['review']}\n{r['promotion']}" if narrow

@@ -360,8 +360,17 @@ def refusal(a: Assessed, impl_file: str | None) -> list[str]:
     return why
 
 
-def _mutation(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command") -> dict:
-    """The newest fresh, complete `contracts mutate` receipt on a required device must meet the threshold."""
+def _mutation(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command",
+              of_contracts: bool = False) -> dict:
+    """The newest fresh, complete `contracts mutate` receipt on a required device must meet the threshold
+    (`of_contracts`: an --impl unit's gate, held to the registered implementation's run, and saying so)."""
+    req = _mutation_requirement(spec, relevant, devices, cmd)
+    if of_contracts:
+        req["detail"] = "the contracts' score, measured on the registered implementation: " + req["detail"]
+    return req
+
+
+def _mutation_requirement(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command") -> dict:
     threshold = float(spec.data["promotion"]["requires"]["mutation_score"])
     argv = cmd.mutate()
     every = "every mutant: no --max-mutants, --only-file or --operators"
@@ -483,7 +492,14 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     requirements.append(_formal(spec, relevant, devices, cmd))
     requirements.append(_signed(spec, policy, untrusted, flags))
     if requires.get("mutation_score") is not None:  # only when the spec asks: older verdicts keep their shape
-        requirements.append(_mutation(spec, relevant, devices, cmd))
+        measured = relevant
+        if implementation != "default":
+            # The score measures the contracts (bugs planted in the registered implementation, caught or not);
+            # `contracts mutate` takes no --impl, so a candidate is held to the contracts' own fresh score.
+            measured = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name
+                        and unit_of(a.predicate) == "default" and a.state == "fresh" and a.device in devices
+                        and not (policy is not None and a.trust != "trusted") and not refusal(a, impl_file)]
+        requirements.append(_mutation(spec, measured, devices, cmd, of_contracts=implementation != "default"))
     promotable = all(r["met"] for r in requirements)
 
     reasons = [f"{r['id']}: {r['detail']} -> {r['fix']}" for r in requirements if not r["met"]]
