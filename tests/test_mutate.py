@@ -425,3 +425,20 @@ def test_a_hung_worker_ends_itself_past_its_limit(toy):
     if alive:
         proc.kill()
     assert not alive and proc.exitcode == 3 and time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_listed_equivalents_not_run_are_one_warning_each_only_in_a_complete_run(capsys, complete):
+    from engine.cli.mutate import _print_report
+
+    section = {"score": 1.0, "threshold": 0.9, "threshold_source": "spec", "passed": True, "complete": complete,
+               "mutants": 1, "killed": 1, "survived": 0, "timeout": 0, "equivalent": 0, "files": [],
+               "survivors": [], "timeouts": [], "equivalents": [], "listed_but_killed": [],
+               "listed_not_run": ["a.py:1:arith:0", "a.py:2:arith:1", "a.py:3:arith:2"], "results": [],
+               "wall_s": 1.0, "baseline_wall_s": 1.0, "jobs": 1, "selection": {"run": 1, "candidates": 9}}
+    _print_report(section, "toy", "receipts/toy/x.json")
+    err = capsys.readouterr().err
+    if complete:  # the code changed under a listed id: each one is named, to be re-judged
+        assert err.count("no such mutant was run (the code changed: re-judge it)") == 3, err
+    else:  # a selection leaves listed ids out by design: one line says so
+        assert "no such mutant" not in err and "3 mutants listed in equivalent_mutants were not in this selection" in err

@@ -42,9 +42,15 @@ def _print_report(section: dict, method: str, receipt: str) -> None:
         _out(f"  equivalent {s['id']}: {s['reason']}")
     for i in section["listed_but_killed"]:
         _err(f"  warning: {i} is listed in equivalent_mutants but was killed: remove it from the spec")
-    for i in section["listed_not_run"]:
-        _err(f"  warning: {i} is listed in equivalent_mutants but no such mutant was run"
-             + ("" if not section["complete"] else " (the code changed: re-judge it)"))
+    if section["complete"]:
+        for i in section["listed_not_run"]:
+            _err(f"  warning: {i} is listed in equivalent_mutants but no such mutant was run (the code changed: "
+                 "re-judge it)")
+    elif section["listed_not_run"]:  # a selection leaves most listed ids out: one line, not one per id
+        n = len(section["listed_not_run"])
+        _err(f"  note: {n} mutant{'s' if n != 1 else ''} listed in equivalent_mutants {'were' if n != 1 else 'was'} "
+             "not in this selection; a complete run (no --max-mutants, --only-file or --operators) checks every "
+             "listed id")
     _out(f"  wall {section['wall_s']:.1f} s (baseline {section['baseline_wall_s']:.1f} s, --jobs "
          f"{section['jobs']}); receipt {receipt}")
 
