@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import engine.spec.registry as registry
-from benchmarks.synthetic_store import add_receipt, build_fixture_store, demo_static_names, write_demo_project
+from benchmarks.synthetic_store import add_receipt, write_demo_project
 from benchmarks.synthetic_store import predicate, stamp, subject_for
 from engine.gate import verdict as engine_gate
 from engine.store.index import INDEX_NAME, Freshness, ReceiptIndex, freshness_of
@@ -31,22 +31,7 @@ from tui.widgets import VimTable
 SIZE = (130, 36)
 
 
-@pytest.fixture()
-def demo_names(monkeypatch):
-    """The demo spec names registered things the real methods/ does not have."""
-    monkeypatch.setattr(registry, "_STATIC", demo_static_names())
-
-
-@pytest.fixture()
-def store(tmp_path, demo_names):
-    out = build_fixture_store(tmp_path / "proj")
-    out["root"] = tmp_path / "proj"
-    return out
-
-
-def make_app(store, **kw):
-    kw.setdefault("poll_seconds", None)
-    return create_app(store["specs"], store["receipts"], store["root"], **kw)
+from tui_support import demo_names, make_app, store  # noqa: E402,F401 - fixtures shared with the other TUI tests
 
 
 def run(coro):

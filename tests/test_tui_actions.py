@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import engine.spec.registry as registry
-from benchmarks.synthetic_store import add_receipt, build_fixture_store, demo_static_names, predicate, stamp
+from benchmarks.synthetic_store import add_receipt, predicate, stamp
 from benchmarks.synthetic_store import subject_for, write_demo_project
 from engine.spec.loader import load_spec
 from engine.store.receipts import statement, write_receipt
@@ -31,21 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 SIZE = (130, 36)
 
 
-@pytest.fixture()
-def demo_names(monkeypatch):
-    monkeypatch.setattr(registry, "_STATIC", demo_static_names())
-
-
-@pytest.fixture()
-def store(tmp_path, demo_names):
-    out = build_fixture_store(tmp_path / "proj")
-    out["root"] = tmp_path / "proj"
-    return out
-
-
-def make_app(store, **kw):
-    kw.setdefault("poll_seconds", None)
-    return create_app(store["specs"], store["receipts"], store["root"], **kw)
+from tui_support import demo_names, make_app, store  # noqa: E402,F401 - fixtures shared with the other TUI tests
 
 
 async def settle(app, pilot):
