@@ -437,6 +437,29 @@ class _Command:
                 "$CONTRACTS_SIGNING_KEY")
 
 
+def _counted(assessed: list[Assessed], spec_name: str, unit: str, policy, impl_file: str | None):
+    """(usable, untrusted, fresh, refused) receipts of one (spec, implementation) unit: usable are the trusted
+    ones of the unit; fresh those of them that are fresh and not refused; refused holds (receipt, reasons)."""
+    from engine.run.impl_loader import unit_of
+
+    # [impl] hook: (method, implementation) is the unit; a receipt of another implementation never counts here.
+    usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name
+              and unit_of(a.predicate) == unit]
+    # Under a policy a receipt that is not trusted counts nowhere, not even as stale evidence.
+    untrusted = [a for a in usable if policy is not None and a.trust != "trusted"]
+    usable = [a for a in usable if a not in untrusted]
+    refused, fresh = [], []
+    for a in usable:
+        if a.state != "fresh":
+            continue
+        why = refusal(a, impl_file)
+        if why:
+            refused.append((a, why))
+        else:
+            fresh.append(a)
+    return usable, untrusted, fresh, refused
+
+
 def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
              assessed: list[Assessed] | None = None, cache=None, implementation: str = "default", policy=None,
              store: str | None = None, shown: Optional[Callable[[str], str]] = None) -> dict:
@@ -459,27 +482,11 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     requires = promo["requires"]
     if assessed is None:
         assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key, cache=cache, policy=policy)
-    spec_name = f"specs/{spec.path.name}"
-    usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name]
-    # [impl] hook: (method, implementation) is the unit; a receipt of another implementation never counts here.
-    from engine.run.impl_loader import unit_of
     from engine.spec.registry import implementation_file
 
-    usable = [a for a in usable if unit_of(a.predicate) == implementation]
-    # Under a policy a receipt that is not trusted counts nowhere, not even as stale evidence.
-    untrusted = [a for a in usable if policy is not None and a.trust != "trusted"]
-    usable = [a for a in usable if a not in untrusted]
+    spec_name = f"specs/{spec.path.name}"
     impl_file = implementation_file(spec.data["implementation"])
-    refused = []
-    fresh = []
-    for a in usable:
-        if a.state != "fresh":
-            continue
-        why = refusal(a, impl_file)
-        if why:
-            refused.append((a, why))
-        else:
-            fresh.append(a)
+    usable, untrusted, fresh, refused = _counted(assessed, spec_name, implementation, policy, impl_file)
     stale = [a for a in usable if a.state == "stale"]
     broken = [a for a in assessed if a.state in ("tampered", "invalid")]
     devices = list(requires["devices"])
@@ -496,9 +503,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
         if implementation != "default":
             # The score measures the contracts (bugs planted in the registered implementation, caught or not);
             # `contracts mutate` takes no --impl, so a candidate is held to the contracts' own fresh score.
-            measured = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name
-                        and unit_of(a.predicate) == "default" and a.state == "fresh" and a.device in devices
-                        and not (policy is not None and a.trust != "trusted") and not refusal(a, impl_file)]
+            own_fresh = _counted(assessed, spec_name, "default", policy, impl_file)[2]
+            measured = [a for a in own_fresh if a.device in devices]
         requirements.append(_mutation(spec, measured, devices, cmd, of_contracts=implementation != "default"))
     promotable = all(r["met"] for r in requirements)
 
