@@ -20,7 +20,7 @@ import engine.store.receipts
 import engine.spec.loader
 import engine.store.verify
 from engine.store import cache as C
-from engine.spec import registry
+from engine.spec import memo, registry
 from engine.spec.loader import spec_files, validate_file
 from engine.store.verify import assess
 from tests import gate_support as G
@@ -57,10 +57,13 @@ class Calls:
 
 @pytest.fixture(autouse=True)
 def new_process():
-    """Each test starts as a fresh process would: no code stamp taken yet (`C.code_stamp` is per process)."""
+    """Each test starts as a fresh process would: no code stamp taken yet (`C.code_stamp` is per process), no
+    spec validation remembered (engine/spec/memo.py)."""
     C.code_stamp.cache_clear()
+    memo.forget()
     yield
     C.code_stamp.cache_clear()
+    memo.forget()
 
 
 @pytest.fixture
@@ -132,6 +135,7 @@ def test_a_broken_spec_gives_the_same_errors_from_the_cache(edit, where, tmp_pat
 def _revalidated(store: Path, path: Path, calls: Calls) -> bool:
     """Validate as a new command would: a new process, so the code stamp is taken afresh."""
     C.code_stamp.cache_clear()
+    memo.forget()
     calls.specs.clear()
     C.ValidationCache(store).validate_file(path, ROOT)
     return calls.specs == [path.name]
@@ -289,6 +293,7 @@ def test_entries_of_the_wrong_shape_are_misses(tmp_path, calls):
         doc["sections"]["specs"]["entries"][key] = bad
         (store / C.CACHE_NAME).write_text(json.dumps(doc))
         calls.specs.clear()
+        memo.forget()  # as a new process would
         spec, errors = C.ValidationCache(store).validate_file(path, ROOT)
         assert calls.specs == ["mrtpo.yaml"] and errors == [] and spec.key == "mrtpo", bad
 

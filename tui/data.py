@@ -389,7 +389,7 @@ def gate_for(key: str, receipts_dir: Path, root: Path, specs_dir: Path, trust: P
     from engine.errors import ContractsError
     from engine.gate import verdict as engine_gate
     from engine.paths import spec_path
-    from engine.spec.loader import load_spec
+    from engine.spec.memo import load_spec
     from engine.store.trust import load_policy
 
     flags = gate_flags(receipts_dir, specs_dir, root)

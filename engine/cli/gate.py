@@ -67,12 +67,12 @@ def gate(
     validation cache and the index, which anyone who can write the store can edit, are never read here.
     """
     from engine.gate.verdict import evaluate
-    from engine.spec.loader import load_spec
+    from engine.spec.memo import load_spec
 
     del no_cache  # accepted so scripts keep working: a verdict never reads the cache
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
-    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())  # from the file: never a cached spec
+    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())  # from the file: never a cached spec (engine/spec/memo.py)
     unit, flags = "default", _flags(specs, receipts)
     if impl is not None:  # [impl] hook: (method, implementation) is the unit; the target is hashed, never run
         import shlex

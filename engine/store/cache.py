@@ -267,6 +267,7 @@ class ValidationCache:
     def validate_file(self, path: Path, root: Path | None = None):
         """`engine.spec.loader.validate_file`, answered from the cache when the spec and everything it depends on match."""
         from engine.spec.loader import MAX_SPEC_BYTES, Spec, SpecError, display_path, validate_file
+        from engine.spec.memo import validate_file as remembered
 
         path = Path(path)
         try:
@@ -293,7 +294,7 @@ class ValidationCache:
                     return Spec(path=path, display=display, data=hit["data"], doc=None, sha256=sha, raw=raw), []
             except (KeyError, TypeError):
                 pass  # an entry of some other shape: validate afresh
-        spec, errors = validate_file(path, root, raw=raw)
+        spec, errors = remembered(path, root, raw=raw)  # a miss here: this process may have validated these bytes
         if spec is not None:
             self.put("specs", fp, key, {"data": spec.data, "errors": []})
         elif all(type(e) is SpecError for e in errors):
