@@ -4,7 +4,7 @@ Tests marked `last` run after all others: the receipt leak scan
 (tests/test_reliability_leaks.py) reads every receipt the suite wrote, so it
 has to come after the tests that write them.
 
-The suite runs in pytest-xdist workers (`-n auto --dist load` in
+The suite runs in pytest-xdist workers (`-n auto --dist load --maxschedchunk 4` in
 pyproject.toml; docs/testing.md). What that needs, all here:
 
 * `last` still means last: the items are sorted to the end of the collection,
@@ -81,8 +81,28 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, cores // _workers()))
 
 
+# The modules that take the most time, heaviest first (test seconds summed over each module's tests, from a
+# `--junitxml` run on a 2-core machine; docs/testing.md says how to re-measure). `--dist load` hands the
+# collection out in order and `--maxschedchunk 4` (pyproject.toml) tops a worker up a few tests at a time, so
+# the queue ends in short tests and both workers finish within about one of them of each other; a long test
+# near the end left the other worker idle (and the `last` leak scan waiting) while it finished. A module not
+# listed keeps its place after these; tests/test_suite_order.py checks that every listed name exists.
+HEAVY_FIRST = (
+    "test_impl.py", "test_verl.py", "test_evolve_openevolve.py", "test_mrtpo.py", "test_cache.py",
+    "test_executors.py", "test_fuzz_specs.py", "test_cli.py", "test_tui.py", "test_evolve.py", "test_mutate.py",
+    "test_reliability_signals.py", "test_tui_actions.py", "test_tui_snapshots.py", "test_receipt_schema.py",
+    "test_binding.py", "test_hf.py", "test_pytest_plugin.py", "test_gate.py", "test_reliability_concurrency.py",
+    "test_trust.py",
+)
+_RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
+
+
+def _order(item) -> tuple[bool, int]:
+    return item.get_closest_marker("last") is not None, _RANK.get(item.path.name, len(_RANK))
+
+
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: item.get_closest_marker("last") is not None)  # stable: the rest keep their order
+    items.sort(key=_order)  # stable: within a module, and among the modules not listed, the order is kept
 
 
 def _alive(pid_file: Path) -> bool:
