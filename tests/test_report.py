@@ -3,6 +3,8 @@ that NO_COLOR turns off, --version, "did you mean", and the summary line of `che
 
 from __future__ import annotations
 
+import io
+
 import math
 import re
 import shlex
@@ -124,8 +126,9 @@ def test_the_tuis_latest_value_is_the_error_against_the_reference(tmp_path, monk
 # --- the grouped failure report ----------------------------------------------------------------------------------
 
 
-def test_a_planted_failure_prints_one_block_whose_repro_fails_alone(tight_specs):
+def test_a_planted_failure_prints_one_block_whose_repro_fails_alone(tight_specs, monkeypatch):
     specs, receipts, line = tight_specs
+    monkeypatch.setenv("COLUMNS", "300")  # the header whole on one line, whatever the terminal running the suite
     r = invoke("check", "tapo-trajectory", "--only", "prefix_ratio_forward", "--seeds", "42,43",
                "--specs", str(specs), "--receipts", str(receipts))
     assert r.exit_code == 1, r.output
@@ -165,6 +168,47 @@ def test_consequences_are_one_sentence_and_an_interrupt_lists_no_contract_that_n
     lines = failure_report(_pred(status="interrupted", unproven_contracts=["b", "c"]))
     text = "\n".join(lines)
     assert "UNPROVEN" not in text and "never ran" in text
+
+
+def _long_report(width):
+    bad = [_result("prefix_ratio_forward", [evaluate({"metric": "max_rel_err", "le": 1e-9}, {"max_rel_err": 6e-8},
+                                                     "float32")], "failed", seed=s) for s in (42, 43)]
+    mutants = [{"id": f"fused_empty_rows_count_{i}", "description": "d", "killed": False, "killed_by": [],
+                "expected_killers": ["prefix_ratio_forward"],
+                "results": [{"contract": "prefix_ratio_forward", "baseline_passed": False}]} for i in range(6)]
+    pred = _pred(results=bad, mutants=mutants, unproven_contracts=["prefix_ratio_forward"],
+                 summary={"contracts": {"prefix_ratio_forward": {"requested": 12}}},
+                 spec={"name": "/tmp/a/long/folder/for/the/tight/specs/tapo-trajectory.yaml"})
+    return failure_report(pred, None, " --specs /tmp/a/long/folder/for/the/tight/specs --receipts /tmp/r", width=width)
+
+
+def test_at_80_columns_the_report_wraps_its_prose_but_never_a_word_or_the_repro_command():
+    whole, wrapped = _long_report(None), _long_report(80)
+    assert any(len(l) > 80 for l in whole) and len(wrapped) > len(whole)
+    (repro,) = [l for l in wrapped if l.startswith("  repro: ")]
+    assert repro in whole and len(repro) > 80  # one line, to copy
+    plain = [re.sub(r"\x1b\[[0-9;]*m", "", l) for l in wrapped]  # the failure words may be coloured
+    for line in plain:
+        if line != repro and len(line) > 80:  # only a word longer than a line may overflow it
+            assert " " not in line.strip(), line
+    # only whitespace changed, and every line that does not begin one of the report's lines is an indented
+    # continuation of the one before
+    assert " ".join(" ".join(wrapped).split()) == " ".join(" ".join(whole).split())
+    starts = [l.split()[0] for l in whole]
+    cont = [l for l in wrapped if l.split()[0] not in starts or l.startswith("    ")]
+    assert cont and all(l.startswith("  ") for l in cont)
+    assert [l for l in plain if l.startswith("FAILED")] == ["FAILED prefix_ratio_forward"]
+    assert "fused_empty_rows_count_3" in "\n".join(wrapped)  # ids are never split at their underscores
+
+
+def test_the_report_width_is_columns_else_the_terminal_and_nothing_when_piped(monkeypatch):
+    from engine.cli import failure_report as F
+
+    monkeypatch.setenv("COLUMNS", "93")
+    assert F.report_width() == 93
+    monkeypatch.delenv("COLUMNS")
+    monkeypatch.setattr(F.sys, "stderr", io.StringIO())  # piped: logs are read whole
+    assert F.report_width() is None
 
 
 # --- colour, version, did you mean, --all ---------------------------------------------------------------------

@@ -46,7 +46,7 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
     from rich import box
     from rich.table import Table
 
-    from engine.cli.failure_report import failure_report
+    from engine.cli.failure_report import failure_report, report_width
     from engine.run.expect import format_headroom, is_sanity, worst_expectation
     from engine.store.coverage import coverage
     from engine.text import term_safe_deep
@@ -94,7 +94,7 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
             t.add_row(cid, kinds.get(cid, ""), passed, str(s["failed"]), str(s["error"]),
                       shown, ", ".join(killers) or "-")
     con.print(t)
-    for line in failure_report(pred, spec, flags):
+    for line in failure_report(pred, spec, flags, width=report_width()):
         # pred is terminal-safe already and the spec's text fields refuse control characters; the only escape
         # codes left are the report's own colours, which _err would print as text
         typer.echo(line, err=True)

@@ -5,12 +5,21 @@ of the measured values against the limit, where the contract and its formulas
 are in the spec, and a command that reruns just that contract. What follows
 from those failures (mutants that could not be killed by a failing contract,
 contracts left unproven) is one sentence, not a line per mutant.
+
+Prose is wrapped to the reader's width (`report_width`: COLUMNS, else the
+terminal's; nothing when piped, where logs are read whole), continuing with an
+indent; ids, paths and the repro command are never split, so a `repro:` line
+stays one line to copy.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import shlex
+import shutil
+import sys
+import textwrap
 from collections import Counter
 from typing import Any, Optional
 
@@ -20,9 +29,21 @@ from engine.run.expect import describe
 _BROKEN = {"le": ">", "lt": ">=", "ge": "<", "gt": "<="}
 
 
-def failure_report(pred: dict, spec: Any = None, flags: str = "") -> list[str]:
-    """Lines for stderr; empty when every contract held and every mutant was killed."""
-    lines: list[str] = []
+def report_width() -> int | None:
+    """Columns to wrap the report to: COLUMNS when set, else the terminal's when stderr is one; None when piped."""
+    cols = os.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    try:
+        return shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+    except (OSError, ValueError):
+        return None
+
+
+def failure_report(pred: dict, spec: Any = None, flags: str = "", width: int | None = None) -> list[str]:
+    """Lines for stderr; empty when every contract held and every mutant was killed. With `width`, prose lines are
+    wrapped to it (continuations indented); a word longer than the width, a path say, stays whole."""
+    lines: list[tuple[str, str, str]] = []  # (failure word, text, continuation indent)
     failing: dict[str, list[dict]] = {}
     for r in pred["results"]:
         if r["status"] not in ("passed", "partial", "not_applicable"):  # the coverage lines say what was not measured
@@ -30,7 +51,23 @@ def failure_report(pred: dict, spec: Any = None, flags: str = "") -> list[str]:
     for cid, bad_cells in failing.items():
         lines += _contract_block(pred, cid, bad_cells, spec, flags)
     lines += _consequences(pred, set(failing))
-    return lines
+    return [out for word, text, indent in lines for out in _wrap(word, text, indent, width)]
+
+
+def _wrap(word: str, text: str, indent: str | None, width: int | None) -> list[str]:
+    """`word text` wrapped to `width` (None: one line), the failure word coloured after wrapping so the escape
+    codes take no columns; `indent` None never wraps (a command to copy)."""
+    plain = f"{word} {text}" if word else text
+    out = [plain]
+    if width and indent is not None and len(plain) > width:
+        lead = plain[: len(plain) - len(plain.lstrip(" "))]  # a detail line keeps its own indent
+        out = textwrap.wrap(plain, width=width, initial_indent="", subsequent_indent=lead + indent,
+                            break_long_words=False, break_on_hyphens=False) or [plain]
+        if lead and not out[0].startswith(lead):
+            out[0] = lead + out[0]
+    if word:
+        out[0] = bad(word) + out[0][len(word):]
+    return out
 
 
 def _contract_block(pred: dict, cid: str, cells: list[dict], spec: Any, flags: str) -> list[str]:
@@ -39,12 +76,12 @@ def _contract_block(pred: dict, cid: str, cells: list[dict], spec: Any, flags: s
     word = "ERROR" if errors == len(cells) else "FAILED"
     what = (f"{len(cells)} of {total} seed x dtype cells failed" if not errors
             else f"{len(cells)} of {total} seed x dtype cells did not pass ({errors} raised)")
-    lines = [f"{bad(word)} {cid}{_where(pred, cid, spec)}: did not hold, {what}"]
-    lines += _measured(cells)
+    lines = [(word, f"{cid}{_where(pred, cid, spec)}: did not hold, {what}", "    ")]
+    lines += [("", text, "    ") for text in _measured(cells)]
     seeds = sorted({r["seed"] for r in cells})
     dtypes = sorted({r["dtype"] for r in cells})
-    lines.append(f"  seeds {', '.join(map(str, seeds))}; dtypes {', '.join(dtypes)}")
-    lines.append(f"  repro: {repro_command(pred, cid, seeds[0], flags)}")
+    lines.append(("", f"  seeds {', '.join(map(str, seeds))}; dtypes {', '.join(dtypes)}", "    "))
+    lines.append(("", f"  repro: {repro_command(pred, cid, seeds[0], flags)}", None))  # one line, to copy
     return lines
 
 
@@ -99,7 +136,7 @@ def _measured(cells: list[dict]) -> list[str]:
     return lines
 
 
-def _consequences(pred: dict, failing: set[str]) -> list[str]:
+def _consequences(pred: dict, failing: set[str]) -> list[tuple[str, str, str]]:
     """One sentence for what the failures imply; separate lines only for problems of their own."""
     lines = []
     interrupted = pred["status"] == "interrupted"
@@ -121,20 +158,20 @@ def _consequences(pred: dict, failing: set[str]) -> list[str]:
             parts.append(f"{_count(len(follow), 'mutant')} survived ({', '.join(follow)})")
         if follow_c:
             parts.append(f"{_count(len(follow_c), 'contract')} stayed unproven ({', '.join(follow_c)})")
-        lines.append("Because of these failures " + " and ".join(parts) + ": a contract that fails on the "
-                     "unmutated implementation cannot count a kill; fix the failures first.")
+        lines.append(("", "Because of these failures " + " and ".join(parts) + ": a contract that fails on the "
+                      "unmutated implementation cannot count a kill; fix the failures first.", "  "))
     for mid in own:
         m = next(x for x in pred["mutants"] if x["id"] == mid)
-        lines.append(f"{bad('SURVIVED')} mutant {mid} ({m['description']}): none of "
-                     f"{', '.join(m['expected_killers'])} failed on it")
+        lines.append(("SURVIVED", f"mutant {mid} ({m['description']}): none of "
+                      f"{', '.join(m['expected_killers'])} failed on it", "  "))
     for m in pred["mutants"]:
         if m.get("error"):
-            lines.append(f"{bad('ERROR')} mutant {m['id']}: {m['error']}")
+            lines.append(("ERROR", f"mutant {m['id']}: {m['error']}", "  "))
     if own_c:
-        lines.append(f"{bad('UNPROVEN')} {', '.join(own_c)}: not shown to fail on any mutant")
+        lines.append(("UNPROVEN", f"{', '.join(own_c)}: not shown to fail on any mutant", "  "))
     if never_ran:
-        lines.append(f"interrupted: the mutants of {_count(len(never_ran), 'contract')} never ran, so nothing "
-                     "is said about them")
+        lines.append(("", f"interrupted: the mutants of {_count(len(never_ran), 'contract')} never ran, so nothing "
+                      "is said about them", "  "))
     return lines
 
 
