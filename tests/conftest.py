@@ -82,23 +82,29 @@ def pytest_configure(config):
 
 
 # The modules that take the most time, heaviest first (test seconds summed over each module's tests, from a
-# `--junitxml` run on a 2-core machine; docs/testing.md says how to re-measure). `--dist load` hands the
-# collection out in order and `--maxschedchunk 4` (pyproject.toml) tops a worker up a few tests at a time, so
-# the queue ends in short tests and both workers finish within about one of them of each other; a long test
-# near the end left the other worker idle (and the `last` leak scan waiting) while it finished. A module not
-# listed keeps its place after these; tests/test_suite_order.py checks that every listed name exists.
+# `--junitxml` run on a 2-core machine; docs/testing.md says how to re-measure), and the ones whose tests are
+# quickest, to go last. `--dist load` hands the collection out in order and `--maxschedchunk 4`
+# (pyproject.toml) tops a worker up a few tests at a time; when the queue runs dry each worker still has its
+# own backlog, and the one that drew the `last` leak scan waits for the other's. Ending the queue in
+# hundredth-of-a-second tests keeps that wait short. A module in neither list runs in between, in its own
+# order; tests/test_suite_order.py checks that every listed name exists.
 HEAVY_FIRST = (
     "test_impl.py", "test_verl.py", "test_evolve_openevolve.py", "test_mrtpo.py", "test_cache.py",
     "test_executors.py", "test_fuzz_specs.py", "test_cli.py", "test_tui.py", "test_evolve.py", "test_mutate.py",
     "test_reliability_signals.py", "test_tui_actions.py", "test_tui_snapshots.py", "test_receipt_schema.py",
-    "test_binding.py", "test_hf.py", "test_pytest_plugin.py", "test_gate.py", "test_reliability_concurrency.py",
-    "test_trust.py",
+    "test_binding.py", "test_hf.py", "test_pytest_plugin.py", "test_reliability_concurrency.py",
+    "test_reliability_determinism.py", "test_gate.py", "test_trust.py", "test_benchmarks.py",
 )
-_RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
+LIGHT_LAST = (
+    "test_tapo.py", "test_perf_paths.py", "test_readme.py", "test_receipts.py", "test_docs_links.py",
+    "test_coverage.py",
+)
+_RANK = {name: (0, i) for i, name in enumerate(HEAVY_FIRST)}
+_RANK.update({name: (2, i) for i, name in enumerate(LIGHT_LAST)})
 
 
-def _order(item) -> tuple[bool, int]:
-    return item.get_closest_marker("last") is not None, _RANK.get(item.path.name, len(_RANK))
+def _order(item) -> tuple[bool, tuple[int, int]]:
+    return item.get_closest_marker("last") is not None, _RANK.get(item.path.name, (1, 0))
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -1,4 +1,4 @@
-"""The suite's own order (tests/conftest.py): the heaviest modules first, `last` tests last, modules contiguous."""
+"""The suite's own order (tests/conftest.py): the heaviest modules first, the quickest last, then `last` tests."""
 
 from __future__ import annotations
 
@@ -19,18 +19,20 @@ class _Item:
         return object() if (name == "last" and self._last) else None
 
 
-def test_every_module_named_heaviest_first_exists():
+def test_every_module_named_first_or_last_exists_and_is_named_once():
     here = {p.name for p in (ROOT / "tests").glob("test_*.py")}
-    missing = [name for name in conftest.HEAVY_FIRST if name not in here]
-    assert not missing, f"renamed or removed, so no longer sent out first: {missing}"
-    assert len(set(conftest.HEAVY_FIRST)) == len(conftest.HEAVY_FIRST)
+    listed = conftest.HEAVY_FIRST + conftest.LIGHT_LAST
+    missing = [name for name in listed if name not in here]
+    assert not missing, f"renamed or removed, so no longer placed: {missing}"
+    assert len(set(listed)) == len(listed)
 
 
 def test_heavy_modules_go_first_in_their_listed_order_and_the_rest_keep_theirs():
     items = [_Item("test_verify.py", "v1"), _Item("test_reliability_leaks.py", "scan", last=True),
              _Item("test_reliability_leaks.py", "l1"), _Item("test_gate.py", "g1"), _Item("test_verify.py", "v2"),
              _Item("test_gate.py", "g2"), _Item("test_verl.py", "x1"), _Item("test_readme.py", "r1"),
-             _Item("test_verl.py", "x2")]
+             _Item("test_verl.py", "x2"), _Item("test_tapo.py", "t1")]
     conftest.pytest_collection_modifyitems(None, None, items)
-    assert [i.name for i in items] == ["x1", "x2", "g1", "g2", "v1", "l1", "v2", "r1", "scan"]
+    # heavy first in their listed order; then the unlisted in theirs; then the light in their listed order
+    assert [i.name for i in items] == ["x1", "x2", "g1", "g2", "v1", "l1", "v2", "t1", "r1", "scan"]
     assert conftest.HEAVY_FIRST.index("test_verl.py") < conftest.HEAVY_FIRST.index("test_gate.py")
