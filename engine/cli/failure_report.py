@@ -60,11 +60,9 @@ def _wrap(word: str, text: str, indent: str | None, width: int | None) -> list[s
     plain = f"{word} {text}" if word else text
     out = [plain]
     if width and indent is not None and len(plain) > width:
-        lead = plain[: len(plain) - len(plain.lstrip(" "))]  # a detail line keeps its own indent
-        out = textwrap.wrap(plain, width=width, initial_indent="", subsequent_indent=lead + indent,
-                            break_long_words=False, break_on_hyphens=False) or [plain]
-        if lead and not out[0].startswith(lead):
-            out[0] = lead + out[0]
+        lead = plain[: len(plain) - len(plain.lstrip(" "))]  # textwrap keeps it on the first line; continuations add it
+        out = textwrap.wrap(plain, width=width, subsequent_indent=lead + indent, break_long_words=False,
+                            break_on_hyphens=False) or [plain]
     if word:
         out[0] = bad(word) + out[0][len(word):]
     return out

@@ -72,7 +72,7 @@ def gate(
     del no_cache  # accepted so scripts keep working: a verdict never reads the cache
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
-    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())  # from the file: never a cached spec (engine/spec/memo.py)
+    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())  # from the file, never the cache
     unit, flags = "default", _flags(specs, receipts)
     if impl is not None:  # [impl] hook: (method, implementation) is the unit; the target is hashed, never run
         import shlex

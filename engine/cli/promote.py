@@ -52,7 +52,7 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
     path = spec_path(specs_dir, method)
-    spec = load_spec(path, _paths.project_root())  # from the file, as the gate reads it; never the cache (engine/spec/memo.py)
+    spec = load_spec(path, _paths.project_root())  # as the gate reads it
     result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts),
                       policy=policy, store=_store_name(receipts_dir), shown=receipt_shown(receipts_dir))
     old_state = spec.data["promotion"]["state"]

@@ -20,7 +20,6 @@ sys.exit becomes combined_score 0 with the reason in the artifacts.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import threading
@@ -38,7 +37,6 @@ from engine.evolve import stages as S
 MAX_CANDIDATES = 512  # receipts remembered per process, by candidate digest (only to find them again)
 
 _WRITTEN: "OrderedDict[tuple, list[Path]]" = OrderedDict()  # (store, candidate digest) -> receipt files
-_SPECS: dict[tuple, Any] = {}
 _SIGNERS: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 
@@ -164,25 +162,18 @@ class Evaluator:
         return str(self.receipts_dir.resolve()), ident["digest"]
 
     def _spec(self):
-        """The spec, validated; parsed again only when its bytes change (what binds it is its sha256)."""
+        """The spec, validated; parsed again only when its bytes change (engine/spec/memo.py)."""
         from engine.paths import spec_path
-        from engine.spec.loader import validate_file
+        from engine.spec.memo import validate_file
 
         path = spec_path(self.specs_dir, self.method)
         try:
             raw = path.read_bytes()
         except OSError as err:
             raise UsageError(f"{path}: cannot read the spec: {err.strerror}") from None
-        key = (str(path.resolve()), hashlib.sha256(raw).hexdigest())
-        with _LOCK:
-            spec = _SPECS.get(key)
-        if spec is None:
-            spec, errors = validate_file(path, _paths.project_root(), raw=raw)
-            if errors:
-                raise errors[0]
-            with _LOCK:
-                _SPECS.clear()  # one spec version per method is enough
-                _SPECS[key] = spec
+        spec, errors = validate_file(path, _paths.project_root(), raw=raw)
+        if errors:
+            raise errors[0]
         return spec
 
     def _policy(self):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 MAX_ENTRIES = 32  # specs on one machine are few; this bounds a process that validates thousands (a fuzz run)
 
 _MEMO: OrderedDict[tuple, dict] = OrderedDict()  # key -> the valid spec's plain data, never handed out itself
+_LOCK = threading.Lock()  # the TUI's workers and the evolve evaluator's calls validate from several threads
 
 
 def _names_key(names) -> tuple:
@@ -60,16 +62,21 @@ def validate_file(path: Path, root: Path | None = None, raw: bytes | None = None
     sha = hashlib.sha256(raw).hexdigest()
     display = loader.display_path(path, root)
     key = (sha, path.name, display, names, _code_key(loader))
-    data = _MEMO.get(key)
+    with _LOCK:
+        data = _MEMO.get(key)
+        if data is not None:
+            _MEMO.move_to_end(key)
+            data = copy.deepcopy(data)
     if data is not None:
-        _MEMO.move_to_end(key)
         # doc=None: the round-trip document is parsed again only if something asks for a line (Spec.locate)
-        return loader.Spec(path=path, display=display, data=copy.deepcopy(data), doc=None, sha256=sha, raw=raw), []
+        return loader.Spec(path=path, display=display, data=data, doc=None, sha256=sha, raw=raw), []
     spec, errors = loader.validate_file(path, root, raw=raw)
     if spec is not None and not errors:
-        _MEMO[key] = copy.deepcopy(spec.data)  # a caller may change its copy; the remembered one stays as read
-        while len(_MEMO) > MAX_ENTRIES:
-            _MEMO.popitem(last=False)
+        kept = copy.deepcopy(spec.data)  # a caller may change its copy; the remembered one stays as read
+        with _LOCK:
+            _MEMO[key] = kept
+            while len(_MEMO) > MAX_ENTRIES:
+                _MEMO.popitem(last=False)
     return spec, errors
 
 
@@ -83,4 +90,5 @@ def load_spec(path: Path, root: Path | None = None):
 
 def forget() -> None:
     """Drop every remembered answer (a test that needs a cold start)."""
-    _MEMO.clear()
+    with _LOCK:
+        _MEMO.clear()
