@@ -4,6 +4,7 @@ and every mutant killed by the contracts that claim it."""
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -378,7 +379,10 @@ def test_static_and_runtime_registries_agree():
 # --------------------------------------------------------------------------- checks against the spec
 
 
-def _spec():
+@functools.cache
+def _spec() -> dict:
+    # Read once per process: validating the spec costs about a second, and the contract and mutant cases below
+    # call this 150 times. Nothing here writes into it.
     return load_spec(SPEC, ROOT).data
 
 
@@ -392,8 +396,8 @@ def _run(impl, contract, dtype, seed=42):
     return [evaluate(e, out, dtype) for e in contract["expect"] if applies(e, dtype)], out
 
 
-CONTRACTS = [c["id"] for c in load_spec(SPEC, ROOT).data["contracts"]]
-MUTANTS = [m["id"] for m in load_spec(SPEC, ROOT).data["mutants"]]
+CONTRACTS = [c["id"] for c in _spec()["contracts"]]
+MUTANTS = [m["id"] for m in _spec()["mutants"]]
 
 
 def test_every_check_is_in_the_spec():
