@@ -24,6 +24,7 @@ from engine.spec import memo, registry
 from engine.spec.loader import spec_files, validate_file
 from engine.store.verify import assess
 from tests import gate_support as G
+from tests.store_sample import copy_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = spec_files(ROOT / "specs")
@@ -361,7 +362,7 @@ def test_two_writers_keep_both_entries_and_a_lost_race_is_a_miss(tmp_path, calls
 
 def test_concurrent_commands_leave_a_readable_cache(tmp_path):
     store = tmp_path / "store"
-    shutil.copytree(ROOT / "receipts", store, ignore=shutil.ignore_patterns(".*"))
+    copy_sample(store)
     cmd = [sys.executable, "-m", "engine.cli", "list", "--json", "--receipts", str(store)]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -573,7 +574,7 @@ def _outputs(store: Path, verdicts: bool = True) -> list:
 
 def test_read_only_commands_print_the_same_bytes_with_and_without_a_cache(tmp_path, monkeypatch):
     store = tmp_path / "store"
-    shutil.copytree(ROOT / "receipts", store, ignore=shutil.ignore_patterns(".*"))
+    copy_sample(store)
     without = _outputs(store)  # cold: validated afresh (and the cache written as each command ends)
     assert (store / C.CACHE_NAME).is_file()
     displays = [o for o in without if o[0][0] in ("list", "show")]
@@ -590,7 +591,7 @@ def test_read_only_commands_print_the_same_bytes_with_and_without_a_cache(tmp_pa
 
 def test_a_warm_cache_imports_no_validator(tmp_path):
     store = tmp_path / "store"
-    shutil.copytree(ROOT / "receipts", store, ignore=shutil.ignore_patterns(".*"))
+    copy_sample(store)
     code = f"""
 import sys
 from typer.testing import CliRunner

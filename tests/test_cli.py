@@ -15,6 +15,7 @@ from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from engine.cli import app
+from tests.store_sample import copy_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -228,12 +229,10 @@ def test_anything_but_the_plain_forms_is_left_to_typer(argv):
 
 
 def test_the_direct_way_prints_what_typer_prints(tmp_path):
-    import shutil
-
     import engine.cli as cli
 
     store = tmp_path / "store"
-    shutil.copytree(ROOT / "receipts", store, ignore=shutil.ignore_patterns(".*"))
+    copy_sample(store)
     cases = [["list"], ["list", "--json", "--receipts", str(store)], ["show", "mrtpo", f"--receipts={store}"],
              ["--", "gate", "tapo-trajectory", "--json"], ["gate", "--specs", str(ROOT / "specs"), "mrtpo"],
              ["verify", "--strict"], ["verify", "tar-adaptive-replay", "--json"], ["show", "no-such-method"],
