@@ -83,17 +83,3 @@ def test_verify_fresh_then_tampered_then_stale(tmp_path):
     truncated = tmp_path / "u.json"
     truncated.write_bytes(raw[: len(raw) // 2])
     assert R.check_receipt(truncated, root).state == "invalid"
-
-
-def test_the_verifiers_quick_forms_give_the_writers_bytes():
-    # integrity_problem encodes parsed receipts with json's C encoder; it must give canonical()'s and
-    # serialize()'s bytes exactly, including when a NaN literal (which json.loads accepts) makes it fall back
-    root = Path(__file__).resolve().parent.parent
-    files = sorted((root / "receipts").glob("*/*.json"))
-    assert files
-    nan = json.loads('{"b": [1, NaN, {"c": -Infinity}], "a": "\\u00e9\\u2028", "d": -0.0, "e": 1e300}')
-    for value in [json.loads(p.read_bytes()) for p in files[:3]] + [nan]:
-        assert R._canonical_of_loaded(value) == R.canonical(value)
-        assert R._serialize_loaded(value) == R.serialize(value)
-        assert R._canonical_of_loaded(value["predicate"] if "predicate" in value else value) == \
-            R.canonical(value["predicate"] if "predicate" in value else value)

@@ -156,7 +156,7 @@ def _mark_error(display: str, err: Exception, fix: str, where: dict | None = Non
 
 
 class _Open:
-    """One collection being read by `_EventCheck`: which child comes next, and the keys seen so far."""
+    """One collection being read by `_scan_events`: which child comes next, and the keys seen so far."""
 
     __slots__ = ("is_map", "want_key", "child", "keys")
 
@@ -164,162 +164,83 @@ class _Open:
         self.is_map, self.want_key, self.child, self.keys = is_map, is_map, (None if is_map else -1), set()
 
 
-class _EventCheck:
-    """Refuse what could build or run anything, event by event, before anything is built.
-
-    Fed the parser's events in order (nothing is constructed from them): tags
-    other than the plain ones, anchors and aliases (so no alias bomb), merge
-    keys, keys that are not scalars, duplicate keys and nesting deeper than
-    MAX_DEPTH are refused at their line, column and JSON path. `where` maps
-    node positions to JSON paths, so later errors (which ruamel reports by
-    position) name their JSON path too.
-    """
-
-    def __init__(self, display: str) -> None:
-        from ruamel.yaml import events
-
-        self.ev = events
-        self.display = display
-        self.stack: list[_Open] = []
-        self.where: dict[tuple[int, int], list] = {}
-
-    def _refuse(self, here: tuple[int, int], path: list, message: str, fix: str) -> None:
-        raise SpecError(self.display, *here, json_path(path), message, fix)
-
-    def feed(self, ev: Any) -> None:
-        E, stack = self.ev, self.stack
-        if isinstance(ev, E.CollectionEndEvent):
-            stack.pop()
-            if stack and stack[-1].is_map:
-                stack[-1].want_key = True
-            return
-        if not isinstance(ev, E.NodeEvent):
-            return
-        mark = ev.start_mark
-        here = (mark.line + 1, mark.column + 1)
-        is_key = bool(stack) and stack[-1].is_map and stack[-1].want_key
-        if is_key:
-            top = stack[-1]
-            if not isinstance(ev, E.ScalarEvent):
-                self._refuse(here, [o.child for o in stack[:-1]], "a mapping key must be a plain string",
-                             "write the key as a string")
-            top.child, top.want_key = ev.value, False
-            path = [o.child for o in stack]
-            if ev.value in top.keys:
-                self._refuse(here, path, f"duplicate key {ev.value!r}", "remove the duplicate key")
-            if ev.value == "<<" and ev.style is None:
-                self._refuse(here, path, "YAML merge keys (<<) are not allowed in specs", "write the keys out in full")
-            top.keys.add(ev.value)
-        else:
-            if stack and not stack[-1].is_map:
-                stack[-1].child += 1
-            path = [o.child for o in stack]
-        if isinstance(ev, E.AliasEvent) or getattr(ev, "anchor", None):
-            self._refuse(here, path, "YAML anchors and aliases are not allowed in specs", "write the value out in full")
-        tag = getattr(ev, "tag", None)
-        tag = getattr(tag, "value", tag)
-        if tag not in _PLAIN_TAGS:
-            self._refuse(here, path, f"YAML tag {tag} is not allowed (specs are plain data)", "remove the tag")
-        # A core tag must fit its node (`!!str [a]` is read as a list otherwise), and a key takes none.
-        fits = {None, "!"} | ({"tag:yaml.org,2002:map"} if isinstance(ev, E.MappingStartEvent) else
-                              {"tag:yaml.org,2002:seq"} if isinstance(ev, E.CollectionStartEvent) else
-                              set() if is_key else _PLAIN_TAGS - {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"})
-        if tag not in fits:
-            what = "a mapping key" if is_key else "a mapping" if isinstance(ev, E.MappingStartEvent) else \
-                "a list" if isinstance(ev, E.CollectionStartEvent) else "a scalar"
-            self._refuse(here, path, f"YAML tag {tag} does not fit {what}", "remove the tag")
-        if isinstance(ev, E.CollectionStartEvent):
-            if len(stack) + 1 > MAX_DEPTH:
-                self._refuse(here, path, f"nesting deeper than {MAX_DEPTH} levels", "flatten the structure")
-            self.where.setdefault(here, path)
-            stack.append(_Open(isinstance(ev, E.MappingStartEvent)))
-        else:
-            self.where[here] = path
-            if not is_key and stack and stack[-1].is_map:
-                stack[-1].want_key = True
-
-    def syntax_error(self, err: Exception) -> SpecError:
-        """A scanner or parser error, at the JSON path being read when it was raised."""
-        stack = self.stack
-        # The problem lies in the value of the key just read, or else in the innermost collection still open.
-        inside_value = bool(stack) and stack[-1].is_map and not stack[-1].want_key
-        return _mark_error(self.display, err, "fix the YAML syntax at that position",
-                           path=[o.child for o in (stack if inside_value else stack[:-1])])
-
-
-def _checking_parser(check: _EventCheck):
-    """ruamel's round-trip parser with every event passed through `check` as it is read, so the composer and
-    constructor only ever see events that passed: one parse does the safety check and the load."""
-    from ruamel.yaml.error import MarkedYAMLError
-    from ruamel.yaml.parser import RoundTripParser
-
-    class CheckingParser(RoundTripParser):
-        _fed: Any = None
-
-        def _feed(self, ev: Any) -> None:
-            if ev is not None and ev is not self._fed:  # the composer peeks at an event before it takes it
-                self._fed = ev
-                check.feed(ev)
-
-        def check_event(self, *choices: Any) -> bool:
-            try:
-                found = super().check_event(*choices)
-            except MarkedYAMLError as err:
-                raise check.syntax_error(err) from None
-            self._feed(self.current_event)
-            return found
-
-        def peek_event(self) -> Any:
-            try:
-                ev = super().peek_event()
-            except MarkedYAMLError as err:
-                raise check.syntax_error(err) from None
-            self._feed(ev)
-            return ev
-
-        def get_event(self) -> Any:
-            try:
-                ev = super().get_event()
-            except MarkedYAMLError as err:
-                raise check.syntax_error(err) from None
-            self._feed(ev)
-            return ev
-
-    return CheckingParser
-
-
 def _scan_events(text: str, display: str) -> dict[tuple[int, int], list]:
-    """Parse `text` through `_EventCheck` alone, building nothing; node positions -> JSON path."""
+    """Refuse what could build or run anything, before anything is built; return node positions -> JSON path.
+
+    Works on parser events only (nothing is constructed): tags other than the
+    plain ones, anchors and aliases (so no alias bomb), merge keys, keys that
+    are not scalars, duplicate keys and nesting deeper than MAX_DEPTH are
+    refused at their line, column and JSON path. The returned map lets later
+    errors (which ruamel reports by position) name their JSON path too.
+    """
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError
+    from ruamel.yaml.events import (AliasEvent, CollectionEndEvent, CollectionStartEvent, MappingStartEvent,
+                                    NodeEvent, ScalarEvent)
 
-    check = _EventCheck(display)
+    stack: list[_Open] = []
+    where: dict[tuple[int, int], list] = {}
+
+    def refuse(here: tuple[int, int], path: list, message: str, fix: str) -> None:
+        raise SpecError(display, *here, json_path(path), message, fix)
+
     try:
         for ev in YAML(typ="rt").parse(io.StringIO(text)):
-            check.feed(ev)
+            if isinstance(ev, CollectionEndEvent):
+                stack.pop()
+                if stack and stack[-1].is_map:
+                    stack[-1].want_key = True
+                continue
+            if not isinstance(ev, NodeEvent):
+                continue
+            mark = ev.start_mark
+            here = (mark.line + 1, mark.column + 1)
+            is_key = bool(stack) and stack[-1].is_map and stack[-1].want_key
+            if is_key:
+                top = stack[-1]
+                if not isinstance(ev, ScalarEvent):
+                    refuse(here, [o.child for o in stack[:-1]], "a mapping key must be a plain string",
+                           "write the key as a string")
+                top.child, top.want_key = ev.value, False
+                path = [o.child for o in stack]
+                if ev.value in top.keys:
+                    refuse(here, path, f"duplicate key {ev.value!r}", "remove the duplicate key")
+                if ev.value == "<<" and ev.style is None:
+                    refuse(here, path, "YAML merge keys (<<) are not allowed in specs", "write the keys out in full")
+                top.keys.add(ev.value)
+            else:
+                if stack and not stack[-1].is_map:
+                    stack[-1].child += 1
+                path = [o.child for o in stack]
+            if isinstance(ev, AliasEvent) or getattr(ev, "anchor", None):
+                refuse(here, path, "YAML anchors and aliases are not allowed in specs", "write the value out in full")
+            tag = getattr(ev, "tag", None)
+            tag = getattr(tag, "value", tag)
+            if tag not in _PLAIN_TAGS:
+                refuse(here, path, f"YAML tag {tag} is not allowed (specs are plain data)", "remove the tag")
+            # A core tag must fit its node (`!!str [a]` is read as a list otherwise), and a key takes none.
+            fits = {None, "!"} | ({"tag:yaml.org,2002:map"} if isinstance(ev, MappingStartEvent) else
+                                  {"tag:yaml.org,2002:seq"} if isinstance(ev, CollectionStartEvent) else
+                                  set() if is_key else _PLAIN_TAGS - {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"})
+            if tag not in fits:
+                what = "a mapping key" if is_key else "a mapping" if isinstance(ev, MappingStartEvent) else \
+                    "a list" if isinstance(ev, CollectionStartEvent) else "a scalar"
+                refuse(here, path, f"YAML tag {tag} does not fit {what}", "remove the tag")
+            if isinstance(ev, CollectionStartEvent):
+                if len(stack) + 1 > MAX_DEPTH:
+                    refuse(here, path, f"nesting deeper than {MAX_DEPTH} levels", "flatten the structure")
+                where.setdefault(here, path)
+                stack.append(_Open(isinstance(ev, MappingStartEvent)))
+            else:
+                where[here] = path
+                if not is_key and stack and stack[-1].is_map:
+                    stack[-1].want_key = True
     except MarkedYAMLError as err:
-        raise check.syntax_error(err) from None
-    return check.where
-
-
-def _unreadable_character(text: str, display: str, err: Any) -> SpecError:
-    """ruamel's reader refuses a character YAML does not allow (a control character, say) before it parses
-    anything; say which one, at its line and column, and in which field."""
-    from ruamel.yaml.reader import Reader
-
-    pos = err.position if isinstance(err.position, int) and 0 <= err.position < len(text) else 0
-    line = text.count("\n", 0, pos) + 1
-    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
-    path: list = []
-    try:  # the field: the last node that starts before it, in the text with every such character blanked
-        where = _scan_events(Reader.NON_PRINTABLE.sub(" ", text), display)
-        before = [p for p in where if p <= (line, col)]
-        path = where[max(before)] if before else []
-    except (SpecError, RecursionError):
-        pass
-    char = ascii(text[pos])[1:-1] if pos < len(text) else "?"
-    return SpecError(display, line, col, json_path(path), f"YAML: the character {char} is not allowed",
-                     "remove it: a spec holds printable text, tabs and line breaks only")
+        # The problem lies in the value of the key just read, or else in the innermost collection still open.
+        inside_value = bool(stack) and stack[-1].is_map and not stack[-1].want_key
+        raise _mark_error(display, err, "fix the YAML syntax at that position",
+                          path=[o.child for o in (stack if inside_value else stack[:-1])]) from None
+    return where
 
 
 def _locating_constructor():
@@ -378,7 +299,6 @@ def read_document(path: Path, display: str | None = None, raw: bytes | None = No
     """
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
-    from ruamel.yaml.reader import ReaderError
 
     display = display or display_path(path)
     path = Path(path)
@@ -409,16 +329,12 @@ def read_document(path: Path, display: str | None = None, raw: bytes | None = No
     if "\x00" in text:
         line = text[: text.index("\x00")].count("\n") + 1
         raise SpecError(display, line, 1, "$", "NUL character in file", "remove it")
-    check = _EventCheck(display)
+    where = _scan_events(text, display)
     yaml = YAML(typ="rt")
-    yaml.Parser = _checking_parser(check)
     yaml.Constructor = _locating_constructor()
     try:
         doc = yaml.load(text)
-    except ReaderError as err:
-        raise _unreadable_character(text, display, err) from None
     except MarkedYAMLError as err:
-        where = check.where
         fix = "remove the duplicate key" if "duplicate key" in str(err) else "fix the YAML at that position"
         if "duplicate key" in str(err):
             err.problem = err.problem or "duplicate key"

@@ -61,25 +61,6 @@ def receipt_id(predicate: dict) -> str:
     return hashlib.sha256(canonical(body)).hexdigest()
 
 
-def _canonical_of_loaded(value: Any) -> bytes:
-    """`canonical` of a value `json.loads` returned, sooner: in such a value (string keys, lists, no tuples)
-    `_json_safe` changes only a non-finite float, so when there is none, json's C encoder gives the same bytes
-    without the Python copy; `allow_nan=False` raises on one, and then `canonical` itself answers."""
-    try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False).encode("utf-8")
-    except ValueError:
-        return canonical(value)
-
-
-def _serialize_loaded(stmt: dict) -> bytes:
-    """`serialize` of a statement `json.loads` returned, without `_json_safe`'s copy when it changes nothing."""
-    try:
-        return (json.dumps(stmt, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
-    except ValueError:
-        return serialize(stmt)
-
-
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -316,21 +297,19 @@ def integrity_problem(data: dict, raw: bytes) -> tuple[str, str] | None:
     """
     pred = data["predicate"]
     try:
-        expected = hashlib.sha256(_canonical_of_loaded({k: v for k, v in pred.items() if k != "receipt_id"})
-                                  ).hexdigest()  # receipt_id(pred), for parsed JSON
+        expected = receipt_id(pred)
     except (TypeError, ValueError) as err:
         return "invalid", f"predicate cannot be canonicalised: {err}"
     if expected != pred.get("receipt_id"):
         return "tampered", "receipt id does not match its predicate (edited after it was written)"
     subject = data.get("subject")
     try:
-        subject_digest = hashlib.sha256(_canonical_of_loaded(subject)).hexdigest() if isinstance(subject, list) \
-            else None
+        subject_digest = hashlib.sha256(canonical(subject)).hexdigest() if isinstance(subject, list) else None
     except (TypeError, ValueError) as err:  # e.g. a lone surrogate in a name: no UTF-8 form to hash
         return "invalid", f"subject list cannot be canonicalised: {err}"
     if subject_digest is None or subject_digest != pred.get("subject_sha256"):
         return "tampered", "subject list does not match the digest in the predicate"
-    if _serialize_loaded(data) != raw:
+    if serialize(data) != raw:
         return "tampered", "file bytes differ from the form it was written in"
     return None
 
