@@ -4,7 +4,6 @@ and every mutant killed by the contracts that claim it."""
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 from engine.spec import registry
 from engine.run.context import DTYPES, CheckContext, Meter
 from engine.run.expect import applies, evaluate
-from engine.spec.loader import load_spec
+from engine.spec import memo
 from methods.common.grpo import grpo_token_loss
 from methods.mrtpo import mutants as mrtpo_mutants
 from methods.mrtpo.credit import beta_schedule, credit_weights, js_distance, mrtpo_advantages
@@ -379,11 +378,10 @@ def test_static_and_runtime_registries_agree():
 # --------------------------------------------------------------------------- checks against the spec
 
 
-@functools.cache
 def _spec() -> dict:
-    # Read once per process: validating the spec costs about a second, and the contract and mutant cases below
-    # call this 150 times. Nothing here writes into it.
-    return load_spec(SPEC, ROOT).data
+    # Validated once per process (engine/spec/memo.py; each call gets its own copy): validating the spec costs
+    # about a second, and the contract and mutant cases below call this 150 times.
+    return memo.load_spec(SPEC, ROOT).data
 
 
 def _run(impl, contract, dtype, seed=42):

@@ -4,7 +4,6 @@ that NO_COLOR turns off, --version, "did you mean", and the summary line of `che
 from __future__ import annotations
 
 import io
-
 import math
 import re
 import shlex

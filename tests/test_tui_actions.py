@@ -211,8 +211,9 @@ def test_plots_tab_draws_the_real_receipts_step_records():
               "mrtpo": ("beta", "grad_norm", "loss", "mean(reward_mean)")}
     for method, names in wanted.items():
         # the newest check receipt: a `contracts mutate` receipt (which may be newer) records no mechanism runs
-        preds = [load_receipt(p)["predicate"] for p in sorted((REPO / "receipts" / method).glob("*.json"))]
-        pred = [p for p in preds if "mutation" not in p][-1]
+        files = sorted((REPO / "receipts" / method).glob("*.json"), reverse=True)  # newest first
+        preds = (load_receipt(p)["predicate"] for p in files)
+        pred = next(p for p in preds if "mutation" not in p)
         from rich.console import Console
 
         console = Console(width=160, record=True, color_system=None)
