@@ -130,6 +130,22 @@ def test_not_utf8(tmp_path):
     assert e.lineno == line and "UTF-8" in e.message
 
 
+@pytest.mark.parametrize("char", ["\x07", "\x1b", "\x7f", "\ufffe"])
+def test_a_character_yaml_refuses_is_one_line_at_its_field(tmp_path, char):
+    # ruamel's reader refuses these before it parses anything; that was an internal error, exit 3
+    text = GOOD.replace("Tsinghua", f"Ts{char}inghua", 1)
+    (e,) = _broken(tmp_path, text)
+    assert (e.lineno, e.col) == _where(text, char) and e.path == "$.paper.institution"
+    assert ascii(char)[1:-1] in e.message and "printable" in e.fix and "\n" not in e.line()
+
+
+def test_nesting_past_the_limit_is_refused_before_anything_is_built(tmp_path):
+    # both readers stop at the first level past the limit: 10,000 levels never reach a recursive composer
+    text = GOOD.replace("level: L1\n", "level: " + "[" * 10_000 + "]" * 10_000 + "\n", 1)
+    (e,) = _broken(tmp_path, text)
+    assert e.lineno == _where(text, "level: [")[0] and "deeper than 32" in e.message
+
+
 def test_method_key_must_match_file_name(tmp_path):
     (e,) = _broken(tmp_path, GOOD, name="other-name.yaml")
     assert e.path == "$.method" and "other-name" in e.message

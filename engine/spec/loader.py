@@ -5,6 +5,10 @@ Every problem becomes a `SpecError` that prints as one line:
 ever imported, evaluated or constructed: YAML tags other than the plain
 scalar/collection ones, anchors and aliases are refused before the document is
 built, so `!!python/object` and alias bombs never get that far.
+
+A spec is read first by engine/spec/fastyaml.py (libyaml's events, plain data
+only, None when unsure) and, when that declines or the data has a problem to
+locate, by `read_document`, the reference reader that words and locates it.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class Spec:
     path: Path
     display: str  # path as shown to users (relative where possible)
     data: dict
-    doc: Any = field(repr=False)  # None when the data came from engine.store.cache: parsed again on first `locate`
+    # None when the data came from the fast reader or engine.store.cache: parsed again on first `locate`
+    doc: Any = field(repr=False)
     sha256: str = ""
     raw: bytes | None = field(default=None, repr=False, compare=False)  # the bytes `data` was read from
 
@@ -292,16 +297,9 @@ def _plain(node: Any, doc: Any, path: list, display: str) -> Any:
                     "use plain strings, numbers, booleans, lists and mappings")
 
 
-def read_document(path: Path, display: str | None = None, raw: bytes | None = None) -> tuple[dict, Any, bytes]:
-    """Read and parse one YAML spec safely; returns (plain data, round-trip doc, raw bytes).
-
-    With `raw`, parse those bytes (already read from `path`) instead of reading the file.
-    """
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import MarkedYAMLError, YAMLError
-
-    display = display or display_path(path)
-    path = Path(path)
+def _read_text(path: Path, display: str, raw: bytes | None) -> tuple[str, bytes]:
+    """The spec's text, refusing what no YAML reader should see (a missing or special file, too many bytes, not
+    UTF-8, a NUL); with `raw`, those bytes (already read from `path`)."""
     # File-level problems point at 1:1: the one-line format always names a position.
     if raw is None:
         try:
@@ -329,11 +327,51 @@ def read_document(path: Path, display: str | None = None, raw: bytes | None = No
     if "\x00" in text:
         line = text[: text.index("\x00")].count("\n") + 1
         raise SpecError(display, line, 1, "$", "NUL character in file", "remove it")
-    where = _scan_events(text, display)
+    return text, raw
+
+
+def _unreadable_character(text: str, display: str, err: Any) -> SpecError:
+    """ruamel's reader refuses a character YAML does not allow (a control character, say) before it parses
+    anything; say which one, at its line and column, and in which field."""
+    from ruamel.yaml.reader import Reader
+
+    pos = err.position if isinstance(err.position, int) and 0 <= err.position < len(text) else 0
+    line = text.count("\n", 0, pos) + 1
+    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    path: list = []
+    try:  # the field: the last node that starts before it, in the text with every such character blanked
+        where = _scan_events(Reader.NON_PRINTABLE.sub(" ", text), display)
+        before = [p for p in where if p <= (line, col)]
+        path = where[max(before)] if before else []
+    except (SpecError, RecursionError):
+        pass
+    char = ascii(text[pos])[1:-1] if pos < len(text) else "?"
+    return SpecError(display, line, col, json_path(path), f"YAML: the character {char} is not allowed",
+                     "remove it: a spec holds printable text, tabs and line breaks only")
+
+
+def read_document(path: Path, display: str | None = None, raw: bytes | None = None) -> tuple[dict, Any, bytes]:
+    """Read and parse one YAML spec safely; returns (plain data, round-trip doc, raw bytes).
+
+    The reference reader: every problem located at its line, column and JSON path. With `raw`, parse those bytes
+    (already read from `path`) instead of reading the file.
+    """
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+    from ruamel.yaml.reader import ReaderError
+
+    display = display or display_path(path)
+    text, raw = _read_text(Path(path), display, raw)
+    try:
+        where = _scan_events(text, display)
+    except ReaderError as err:
+        raise _unreadable_character(text, display, err) from None
     yaml = YAML(typ="rt")
     yaml.Constructor = _locating_constructor()
     try:
         doc = yaml.load(text)
+    except ReaderError as err:
+        raise _unreadable_character(text, display, err) from None
     except MarkedYAMLError as err:
         fix = "remove the duplicate key" if "duplicate key" in str(err) else "fix the YAML at that position"
         if "duplicate key" in str(err):
@@ -346,6 +384,20 @@ def read_document(path: Path, display: str | None = None, raw: bytes | None = No
         raise SpecError(display, 1, 1, "$", "a spec must be a YAML mapping at the top level",
                         "start with 'spec_version: 1'")
     return _plain(doc, doc, [], display), doc, raw
+
+
+def read_data(path: Path, display: str | None = None, raw: bytes | None = None) -> tuple[dict, Any, bytes]:
+    """(plain data, round-trip doc or None, raw bytes): `read_document`'s data, by the fast reader
+    (engine/spec/fastyaml.py) when the spec lies in its plain subset, with no document (None); otherwise by
+    `read_document` itself, which also words every problem."""
+    from engine.spec import fastyaml
+
+    display = display or display_path(path)
+    text, raw = _read_text(Path(path), display, raw)
+    data = fastyaml.plain_data(text, MAX_DEPTH)
+    if data is not None:
+        return data, None, raw
+    return read_document(path, display, raw=raw)
 
 
 # --- schema errors --------------------------------------------------------
@@ -608,14 +660,18 @@ def validate_file(path: Path, root: Path | None = None, raw: bytes | None = None
     path = Path(path)
     display = display_path(path, root)
     try:
-        data, doc, raw = read_document(path, display, raw=raw)
+        data, doc, raw = read_data(path, display, raw=raw)
     except SpecError as e:
         return None, [e]
-    errors = schema_errors(data, doc, display)
-    if errors:
-        return None, errors
     stem = path.name[: -len(".yaml")] if path.name.endswith(".yaml") else None
-    errors = reference_errors(data, doc, display, stem)
+    errors = schema_errors(data, doc, display) or reference_errors(data, doc, display, stem)
+    if errors and doc is None:
+        # Read fast, without positions: read again by the reference reader, whose errors name their lines.
+        try:
+            data, doc, raw = read_document(path, display, raw=raw)
+        except SpecError as e:
+            return None, [e]
+        errors = schema_errors(data, doc, display) or reference_errors(data, doc, display, stem)
     if errors:
         return None, errors
     return Spec(path=path, display=display, data=data, doc=doc, sha256=hashlib.sha256(raw).hexdigest(), raw=raw), []

@@ -6,7 +6,7 @@ schema about as much. Both results are pure functions of bytes: the file's,
 plus the code, schema and library that decide. So each is kept under exactly
 those: a spec under its sha256 and file name plus `spec_fingerprint()` (the
 modules that validate, the spec schema, the registered names, the versions of
-ruamel.yaml and jsonschema); a receipt's schema problems under its sha256 plus
+ruamel.yaml, PyYAML and jsonschema); a receipt's schema problems under its sha256 plus
 `receipt_fingerprint()` (receipts.py, the receipt schema, the jsonschema and
 fastjsonschema installs); the promote/demote splice that freshness uses under
 the spec's sha256 and the state. A changed byte anywhere is a different key:
@@ -75,7 +75,8 @@ def _library(name: str) -> str:
 
 def spec_code_files() -> list[Path]:
     """The engine files whose content decides a spec's validation (besides the registered names)."""
-    return [_ENGINE / n for n in ("spec/loader.py", "spec/registry.py", "errors.py", "store/cache.py", "schemas/spec.schema.json")]
+    return [_ENGINE / n for n in ("spec/loader.py", "spec/fastyaml.py", "spec/registry.py", "errors.py",
+                                  "store/cache.py", "schemas/spec.schema.json")]
 
 
 def receipt_code_files() -> list[Path]:
@@ -96,7 +97,7 @@ def code_stamp(kind: str) -> str:
     running while someone edits the schema or spec.py must keep filing its verdicts under the old code's
     key, never under the new one's (a later `contracts gate` would take them for fresh validations).
     """
-    libs = {"specs": ("ruamel.yaml", "jsonschema"), "receipts": ("jsonschema", "fastjsonschema"),
+    libs = {"specs": ("ruamel.yaml", "yaml", "jsonschema"), "receipts": ("jsonschema", "fastjsonschema"),
             "restate": ("ruamel.yaml",)}[kind]
     files = {"specs": spec_code_files, "receipts": receipt_code_files, "restate": restate_code_files}[kind]()
     h = hashlib.sha256(f"v{CACHE_VERSION}:{sys.version}:{':'.join(_library(n) for n in libs)}".encode())

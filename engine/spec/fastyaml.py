@@ -1,0 +1,154 @@
+"""A spec's plain data from libyaml's parser events, or None: then the round-trip loader decides.
+
+ruamel's pure-Python round-trip parse (engine/spec/loader.py) is what locates
+every problem at its line, column and JSON path, and it is the reference for
+what a spec means. It also costs about 0.1 s per shipped spec per pass, and
+every `check`, mutant worker and read-only command validates its spec afresh.
+Most specs it reads are valid and need no location at all.
+
+So a spec is first read here, from the events of libyaml's C parser (PyYAML's
+`CParser`, nothing constructed by PyYAML), with scalars resolved by ruamel's
+own YAML 1.2 resolver. This reader accepts only the plain subset whose meaning
+it can state exactly, and answers None for everything else: any parse error,
+a directive, an anchor or alias, any explicit tag, a merge key, a duplicate or
+non-string key, nesting past MAX_DEPTH, more than one document, a top level
+that is not a mapping, and any scalar other than a string, a null, a boolean,
+a decimal integer within the loader's bound or a finite decimal float. None is
+never an error: the caller reads the file the slow way, which gives the data
+or the located error. tests/test_spec_fastyaml.py checks, on the shipped specs
+and on fuzzed texts, that a non-None answer equals the slow reader's data.
+
+Without PyYAML's C extension (a pure-Python PyYAML, or none), `available()`
+is False and every spec takes the slow way.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]{0,300})\Z")
+_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
+_RESOLVED = {"tag:yaml.org,2002:str": "str", "tag:yaml.org,2002:null": "null", "tag:yaml.org,2002:bool": "bool",
+             "tag:yaml.org,2002:int": "int", "tag:yaml.org,2002:float": "float"}
+_BOOL = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+
+
+class _Decline(Exception):
+    """Not in the plain subset: the slow reader decides."""
+
+
+_STATE: dict = {}
+
+
+def _parts():
+    """(CParser, events module, ruamel's resolver) once per process, or None without libyaml."""
+    if "parts" not in _STATE:
+        try:
+            from yaml import events
+            from yaml._yaml import CParser as parser
+        except ImportError:
+            _STATE["parts"] = None
+        else:
+            from ruamel.yaml.nodes import ScalarNode
+            from ruamel.yaml.resolver import VersionedResolver
+
+            resolver = VersionedResolver()
+            _STATE["parts"] = (parser, events, lambda value: str(resolver.resolve(ScalarNode, value, (True, False))))
+    return _STATE["parts"]
+
+
+def available() -> bool:
+    """Whether libyaml's C parser is here to take the fast way."""
+    return _parts() is not None
+
+
+def _scalar(value: str, plain: bool, resolve) -> Any:
+    if not plain:
+        return value
+    kind = _RESOLVED.get(resolve(value))
+    if kind == "str":
+        return value
+    if kind == "null":
+        return None
+    if kind == "bool" and value in _BOOL:
+        return _BOOL[value]
+    if kind == "int" and _INT.match(value):
+        return int(value)
+    if kind == "float" and _FLOAT.match(value):
+        number = float(value)
+        if math.isfinite(number):
+            return number
+    raise _Decline(value)
+
+
+def plain_data(text: str, max_depth: int) -> dict | None:
+    """The spec's data when `text` lies in the plain subset (see the module docstring); else None."""
+    parts = _parts()
+    if parts is None:
+        return None
+    parser_cls, E, resolve = parts
+    parser = parser_cls(text)
+    try:
+        return _build(parser, E, resolve, max_depth)
+    except _Decline:
+        return None
+    except Exception:  # noqa: BLE001 - libyaml's scanner and parser errors: the slow reader words them
+        return None
+    finally:
+        parser.dispose()
+
+
+def _build(parser, E, resolve, max_depth: int) -> dict:
+    stack: list[list] = []  # [container, pending key or None] per open collection
+    root: Any = None
+    documents = 0
+    while True:
+        ev = parser.get_event()
+        if ev is None:
+            raise _Decline("end of events")
+        kind = type(ev)
+        if kind is E.StreamStartEvent or kind is E.DocumentEndEvent:
+            continue
+        if kind is E.StreamEndEvent:
+            break
+        if kind is E.DocumentStartEvent:
+            documents += 1
+            if documents > 1 or ev.version is not None or ev.tags:
+                raise _Decline("directive or second document")
+            continue
+        if kind is E.AliasEvent or getattr(ev, "anchor", None) is not None or getattr(ev, "tag", None) is not None:
+            raise _Decline("alias, anchor or tag")
+        if kind is E.MappingEndEvent or kind is E.SequenceEndEvent:
+            value = stack.pop()[0]
+        elif kind is E.MappingStartEvent or kind is E.SequenceStartEvent:
+            if len(stack) + 1 > max_depth:
+                raise _Decline("too deep")
+            stack.append([{} if kind is E.MappingStartEvent else [], None])
+            continue
+        elif kind is E.ScalarEvent:
+            top = stack[-1] if stack else None
+            if top is not None and isinstance(top[0], dict) and top[1] is None:
+                key = _scalar(ev.value, not ev.style, resolve)
+                if not isinstance(key, str) or key in top[0] or (key == "<<" and not ev.style):
+                    raise _Decline("key")
+                top[1] = key
+                continue
+            value = _scalar(ev.value, not ev.style, resolve)  # libyaml gives a plain scalar the style ''
+        else:
+            raise _Decline(kind.__name__)
+        if not stack:
+            root = value
+            continue
+        top = stack[-1]
+        if isinstance(top[0], dict):
+            if top[1] is None:
+                raise _Decline("a collection as a key")
+            top[0][top[1]] = value
+            top[1] = None
+        else:
+            top[0].append(value)
+    if documents != 1 or not isinstance(root, dict):
+        raise _Decline("not one mapping")
+    return root

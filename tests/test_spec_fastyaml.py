@@ -1,0 +1,137 @@
+"""The fast spec reader (engine/spec/fastyaml.py) against the reference reader (`loader.read_document`).
+
+Its one promise: an answer other than None is exactly the data the reference
+reader gives, types included (1 is not 1.0 is not True); everything it is not
+sure of is None, and then validation words and locates the problem as it always
+did. Checked on the shipped specs, on each construct it must decline, and on
+the fuzz suite's mutated texts and data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from engine.spec import fastyaml, loader
+from engine.errors import SpecError
+from tests.fuzz_support import profile
+from tests.test_fuzz_specs import data_mutation, emit, text_mutation
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = sorted((ROOT / "specs").glob("*.yaml"))
+
+pytestmark = pytest.mark.skipif(not fastyaml.available(), reason="PyYAML has no libyaml here: every spec reads slow")
+
+
+def same(a, b) -> bool:
+    """Equal values of the same types all the way down (== alone takes True for 1 and 1 for 1.0)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def reference(text: str):
+    try:
+        return loader.read_document(Path("x.yaml"), "x.yaml", raw=text.encode("utf-8"))[0]
+    except SpecError:
+        return None
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_the_shipped_specs_read_fast_to_the_reference_data(path):
+    text = path.read_text(encoding="utf-8")
+    fast = fastyaml.plain_data(text, loader.MAX_DEPTH)
+    assert fast is not None, "a shipped spec must take the fast way"
+    assert same(fast, reference(text))
+
+
+def test_a_valid_spec_is_validated_without_the_reference_reader(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("read_document ran for a valid spec")
+
+    monkeypatch.setattr(loader, "read_document", refuse)
+    spec, errors = loader.validate_file(SPECS[0], ROOT)
+    assert errors == [] and spec.doc is None
+
+
+BASE = "spec_version: 1\nmethod: m\nlist:\n  - a\n  - 2\nmap: {x: 1.5, y: null}\n"
+DECLINED = {
+    "directive": "%YAML 1.1\n---\n" + BASE,
+    "anchor_alias": BASE + "a: &A 1\nb: *A\n",
+    "core_tag": BASE + "a: !!str 12\n",
+    "local_tag": BASE + "a: !x 12\n",
+    "merge_key": BASE + "base: {a: 1}\nm: {<<: {a: 2}}\n",
+    "duplicate_key": BASE + "method: n\n",
+    "int_key": BASE + "1: a\n",
+    "null_key": BASE + "null: a\n",
+    "bool_key": BASE + "true: a\n",
+    "complex_key": BASE + "? [a, b]\n: 1\n",
+    "too_deep": BASE + "deep: " + "[" * 33 + "]" * 33 + "\n",
+    "two_documents": BASE + "---\na: 1\n",
+    "top_level_list": "- 1\n- 2\n",
+    "empty": "",
+    "timestamp": BASE + "when: 2026-10-09\n",
+    "hex": BASE + "n: 0x1F\n",
+    "octal": BASE + "n: 0o17\n",
+    "leading_zero": BASE + "n: 017\n",
+    "underscore": BASE + "n: 1_000\n",
+    "inf": BASE + "n: .inf\n",
+    "nan": BASE + "n: .nan\n",
+    "float_overflow": BASE + "n: 1e400\n",
+    "huge_int": BASE + "n: " + "9" * 302 + "\n",
+    "yes_is_a_string_only_in_1_2": BASE + "flag: yes\n",  # plain str here: taken, and checked below
+    "syntax_error": BASE + "a: [1, 2\n",
+    "control_character": BASE + "a: b\x07c\n",
+}
+TAKEN = {"yes_is_a_string_only_in_1_2"}
+
+
+@pytest.mark.parametrize("name", sorted(DECLINED))
+def test_what_it_is_not_sure_of_is_declined_and_validation_says_the_same(tmp_path, monkeypatch, name):
+    text = DECLINED[name]
+    fast = fastyaml.plain_data(text, loader.MAX_DEPTH)
+    if name in TAKEN:
+        assert same(fast, reference(text))
+    else:
+        assert fast is None
+    path = tmp_path / "m.yaml"
+    path.write_text(text, encoding="utf-8")
+    with_fast = loader.validate_file(path, tmp_path)
+    monkeypatch.setitem(fastyaml._STATE, "parts", None)
+    without = loader.validate_file(path, tmp_path)
+    assert [e.line() for e in with_fast[1]] == [e.line() for e in without[1]]
+
+
+def _check(text: str) -> None:
+    fast = fastyaml.plain_data(text, loader.MAX_DEPTH)
+    note(f"fast: {'declined' if fast is None else 'taken'}")
+    if fast is not None:
+        ref = reference(text)
+        assert ref is not None, "taken by the fast reader, refused by the reference reader"
+        assert same(fast, ref)
+
+
+@profile(120)
+@given(text_mutation())
+def test_a_mutated_text_is_declined_or_read_to_the_reference_data(mutation):
+    _, raw, _ = mutation
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return  # refused before either reader runs
+    _check(text)
+
+
+@profile(80)
+@given(data_mutation(), st.sampled_from(["", "\n# a comment\n", "\r\n"]))
+def test_mutated_data_is_declined_or_read_to_the_reference_data(mutation, extra):
+    _, data, _ = mutation
+    text = emit(data).text
+    _check(text.replace("\n", "\r\n") if extra == "\r\n" else text + extra)
