@@ -11,8 +11,10 @@ pyproject.toml; docs/testing.md). What that needs, all here:
   which `--dist load` hands out in order, so no other test is given out after
   one; the worker that reaches it waits until every other worker has finished
   its own tests (or reached a `last` test too) before running it;
-* each worker gets its share of the cores as torch threads (two workers with
-  two threads each on two cores would only wait for each other);
+* `-n auto` means one worker per core plus one (the waits inside heavy tests
+  leave a core idle otherwise), and each worker gets its share of the cores as
+  torch threads, at least one (two workers with two threads each on two cores
+  would only wait for each other);
 * values every worker must share (the leak canary) are set here, in the
   process that starts the workers, before they start.
 
@@ -71,14 +73,29 @@ def _board(config) -> Path:
     return board
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core, plus one. Part of nearly every heavy test is spent waiting (for a
+    candidate worker or a CLI subprocess to import torch, for a deadline to pass, for Ray to start, for the
+    `last` leak scan's turn); a third worker on two cores runs tests in those waits. One suite run each on a
+    2-core machine: 381 s with two workers, 348 s with three. PYTEST_XDIST_AUTO_NUM_WORKERS still decides
+    when it is set (pytest-xdist's own hook reads it)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return _cores() + 1
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "last: runs after every other test (it reads what the suite wrote)")
     if WORKER and _workers() > 1:
         (_board(config) / f"{WORKER}.pid").write_text(str(os.getpid()))
         import torch
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // _workers()))
+        # the workers share the cores' threads; with more workers than cores, one each
+        torch.set_num_threads(max(1, _cores() // _workers()))
 
 
 # The modules that take the most time, heaviest first (test seconds summed over each module's tests, from a
