@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from engine.spec import fastyaml, loader
 from engine.errors import SpecError
 from tests.fuzz_support import profile
-from tests.test_fuzz_specs import data_mutation, emit, text_mutation
+from tests.test_fuzz_specs import BASE_TEXT, data_mutation, emit, text_mutation
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
@@ -86,11 +86,19 @@ DECLINED = {
     "nan": BASE + "n: .nan\n",
     "float_overflow": BASE + "n: 1e400\n",
     "huge_int": BASE + "n: " + "9" * 302 + "\n",
+    "int_just_past_the_bound": BASE + "n: 1" + "0" * 299 + "1\n",  # 10**300 + 1: the reference reader refuses it
+    "int_just_below_the_bound": BASE + "n: " + "9" * 300 + "\n",  # taken, and checked below
     "yes_is_a_string_only_in_1_2": BASE + "flag: yes\n",  # plain str here: taken, and checked below
     "syntax_error": BASE + "a: [1, 2\n",
     "control_character": BASE + "a: b\x07c\n",
+    "tab_in_a_plain_scalar": BASE + "a: x\ty\n",  # libyaml takes it, ruamel refuses it
+    "tab_as_a_separator": BASE + "a:\t1\n",
+    "next_line": BASE + "a: x\x85y\n",
+    "line_separator": BASE + "a: x\u2028y\n",
+    "carriage_return": BASE.replace("\n", "\r\n"),
+    "byte_order_mark": "\ufeff" + BASE,
 }
-TAKEN = {"yes_is_a_string_only_in_1_2"}
+TAKEN = {"yes_is_a_string_only_in_1_2", "int_just_below_the_bound"}
 
 
 @pytest.mark.parametrize("name", sorted(DECLINED))
@@ -135,3 +143,19 @@ def test_mutated_data_is_declined_or_read_to_the_reference_data(mutation, extra)
     _, data, _ = mutation
     text = emit(data).text
     _check(text.replace("\n", "\r\n") if extra == "\r\n" else text + extra)
+
+
+# What YAML treats specially, and what YAML 1.1 (libyaml) and 1.2 (ruamel) tell apart.
+SNIPPETS = ["\t", " ", "  ", "\n", "\r\n", "\r", "#", ":", ": ", "- ", "-", "'", '"', "\\", "[", "]", "{", "}",
+            ",", "|", ">", "|-", ">+", "?", "? ", "!", "&a ", "*a", "%", "@", "`", "\x85", "\u2028", "\u2029",
+            "\ufeff", "\u00a0", "\u00e9", "0x1", "0o7", "07", ".5", "e5", "1_0", "~", "null", "yes", "on", "1e3",
+            "-.inf", ".NaN", "2026-01-01", "<<: ", "---\n", "...\n", "%YAML 1.1\n"]
+
+
+@profile(300)
+@given(st.lists(st.tuples(st.integers(0, len(BASE_TEXT)), st.sampled_from(SNIPPETS)), min_size=1, max_size=3))
+def test_special_characters_anywhere_are_declined_or_read_to_the_reference_data(edits):
+    text = BASE_TEXT
+    for at, snippet in sorted(edits, reverse=True):
+        text = text[:at] + snippet + text[at:]
+    _check(text)

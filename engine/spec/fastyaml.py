@@ -10,7 +10,7 @@ So a spec is first read here, from the events of libyaml's C parser (PyYAML's
 `CParser`, nothing constructed by PyYAML), with scalars resolved by ruamel's
 own YAML 1.2 resolver. This reader accepts only the plain subset whose meaning
 it can state exactly, and answers None for everything else: any parse error,
-a directive, an anchor or alias, any explicit tag, a merge key, a duplicate or
+a tab, carriage return, NEL, line or paragraph separator or byte-order mark, a directive, an anchor or alias, any explicit tag, a merge key, a duplicate or
 non-string key, nesting past MAX_DEPTH, more than one document, a top level
 that is not a mapping, and any scalar other than a string, a null, a boolean,
 a decimal integer within the loader's bound or a finite decimal float. None is
@@ -28,10 +28,14 @@ import math
 import re
 from typing import Any
 
-_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]{0,300})\Z")
+# At most 300 digits: below the loader's MAX_INT (10**300), past which the reference reader refuses an integer.
+_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]{0,299})\Z")
 _FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
 _RESOLVED = {"tag:yaml.org,2002:str": "str", "tag:yaml.org,2002:null": "null", "tag:yaml.org,2002:bool": "bool",
              "tag:yaml.org,2002:int": "int", "tag:yaml.org,2002:float": "float"}
+# Characters the two readers may treat differently (ruamel refuses a tab that libyaml takes as a separator; NEL,
+# LS and PS are line breaks in YAML 1.1 only; a carriage return or byte-order mark is rare enough to read slowly).
+_UNSURE = re.compile("[\t\r\x85\u2028\u2029\ufeff]")
 _BOOL = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 
 
@@ -86,7 +90,7 @@ def _scalar(value: str, plain: bool, resolve) -> Any:
 def plain_data(text: str, max_depth: int) -> dict | None:
     """The spec's data when `text` lies in the plain subset (see the module docstring); else None."""
     parts = _parts()
-    if parts is None:
+    if parts is None or _UNSURE.search(text):
         return None
     parser_cls, E, resolve = parts
     parser = parser_cls(text)
