@@ -66,8 +66,9 @@ def assert_same(data) -> bool:
     """Fast and jsonschema verdicts agree, and `schema_problems` words it as the old path did; returns valid."""
     valid = JS.is_valid(data)
     assert fast_accepts(data) == valid, f"fastjsonschema says {'in' * valid}valid, jsonschema {'in' * (not valid)}valid"
-    assert OLD.is_valid(data) == valid
     got = R.schema_problems(data)
+    # problem_lines walks every error before it sorts them, so it is empty exactly when the old validator
+    # accepts: these two lines also say that the old validator's verdict is jsonschema's (no is_valid pass)
     assert got == R.problem_lines(OLD, data)
     assert (got == []) == valid
     return valid
