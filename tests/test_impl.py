@@ -247,6 +247,10 @@ def test_module_and_attribute_targets(tmp_path, monkeypatch):
 
 # --- isolation ---------------------------------------------------------------------------------
 
+# Only the hang is meant to meet the deadline; the others get one they should never reach, so that a loaded
+# machine (a fresh worker's first call, 1 GB zero-filled by the allocation loop) cannot turn their own
+# failure into a deadline.
+HANG_DEADLINE_S, OTHER_DEADLINE_S = "4", "60"
 MISBEHAVING = {
     "hang": ("import time\n    while True:\n        time.sleep(0.5)\n", "past its deadline"),
     "sys_exit": ("import sys\n    sys.exit(0)\n", "SystemExit"),
@@ -262,7 +266,7 @@ def test_a_misbehaving_candidate_becomes_errors_and_the_run_goes_on(tmp_path, ki
     cand = variant(tmp_path, f"{kind}.py", RATIO_BODY, "    " + code + RATIO_BODY)
     store = tmp_path / "r"
     r = check(cand, store, "--only", "prefix_ratio_forward", "--only", "clip_schedule", "--no-mutants",
-              "--impl-timeout", "4", "--impl-memory-mb", "1024")
+              "--impl-timeout", HANG_DEADLINE_S if kind == "hang" else OTHER_DEADLINE_S, "--impl-memory-mb", "1024")
     assert r.exit_code == 3, r.output
     (run,) = json.loads(r.stdout)["runs"]
     ratio = [x for x in run["results"] if x["contract"] == "prefix_ratio_forward"]
