@@ -37,11 +37,30 @@ def same(a, b) -> bool:
     return a == b
 
 
-def reference(text: str):
+def reference(text: str, doc: bool = False):
     try:
-        return loader.read_document(Path("x.yaml"), "x.yaml", raw=text.encode("utf-8"))[0]
+        got = loader.read_document(Path("x.yaml"), "x.yaml", raw=text.encode("utf-8"))
     except SpecError:
         return None
+    return got[:2] if doc else got[0]
+
+
+def same_positions(fast, ref, path=()) -> None:
+    """Every position `loader.locate` can read (a collection's own, each key's and value's, each item's) is
+    ruamel's, all the way down."""
+    if isinstance(ref, dict):
+        assert (fast.lc.line, fast.lc.col) == (ref.lc.line, ref.lc.col), path
+        assert list(fast) == list(ref), path
+        for k in ref:
+            assert (fast.lc.key(k), fast.lc.value(k)) == (tuple(ref.lc.key(k)), tuple(ref.lc.value(k))), path + (k,)
+            same_positions(fast[k], ref[k], path + (k,))
+    elif isinstance(ref, list):
+        assert (fast.lc.line, fast.lc.col) == (ref.lc.line, ref.lc.col) and len(fast) == len(ref), path
+        for i, item in enumerate(ref):
+            assert fast.lc.item(i) == tuple(ref.lc.item(i)), path + (i,)
+            same_positions(fast[i], item, path + (i,))
+    else:
+        assert fast is None, path
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
@@ -50,6 +69,10 @@ def test_the_shipped_specs_read_fast_to_the_reference_data(path):
     fast = fastyaml.plain_data(text, loader.MAX_DEPTH)
     assert fast is not None, "a shipped spec must take the fast way"
     assert same(fast, reference(text))
+    data, positions = fastyaml.located(text, loader.MAX_DEPTH)
+    ref_data, ref_doc = reference(text, doc=True)
+    assert same(data, ref_data)
+    same_positions(positions, ref_doc)
 
 
 def test_a_valid_spec_is_validated_without_the_reference_reader(monkeypatch):
@@ -120,10 +143,13 @@ def test_what_it_is_not_sure_of_is_declined_and_validation_says_the_same(tmp_pat
 def _check(text: str) -> None:
     fast = fastyaml.plain_data(text, loader.MAX_DEPTH)
     note(f"fast: {'declined' if fast is None else 'taken'}")
+    got = fastyaml.located(text, loader.MAX_DEPTH)
+    assert (got is None) == (fast is None), "located and plain_data must take and decline the same texts"
     if fast is not None:
-        ref = reference(text)
+        ref = reference(text, doc=True)
         assert ref is not None, "taken by the fast reader, refused by the reference reader"
-        assert same(fast, ref)
+        assert same(fast, ref[0]) and same(got[0], ref[0])
+        same_positions(got[1], ref[1])
 
 
 @profile(120)
@@ -143,6 +169,42 @@ def test_mutated_data_is_declined_or_read_to_the_reference_data(mutation, extra)
     _, data, _ = mutation
     text = emit(data).text
     _check(text.replace("\n", "\r\n") if extra == "\r\n" else text + extra)
+
+
+@profile(60)
+@given(data_mutation())
+def test_an_invalid_spec_read_fast_gets_the_reference_readers_error_lines(tmp_path_factory, mutation):
+    """A spec in the plain subset with a schema or reference error is located from libyaml's positions, never
+    read again by ruamel: every error line (file, line, column, path, message, fix) is the reference reader's."""
+    _, data, _ = mutation
+    folder = tmp_path_factory.mktemp("m")
+    path = folder / "mini.yaml"
+    path.write_text(emit(data).text, encoding="utf-8")
+    fast = loader.validate_file(path, folder)
+    original = fastyaml._STATE.get("parts")
+    fastyaml._STATE["parts"] = None  # no libyaml: the reference reader reads and locates it all
+    try:
+        slow = loader.validate_file(path, folder)
+    finally:
+        fastyaml._STATE["parts"] = original
+    assert [e.line() for e in fast[1]] == [e.line() for e in slow[1]]
+    assert (fast[0] is None) == (slow[0] is None)
+
+
+def test_an_error_in_a_spec_read_fast_is_located_without_the_reference_reader(tmp_path, monkeypatch):
+    text = BASE_TEXT.replace("spec_version: 1", "spec_version: 7", 1)
+    assert text != BASE_TEXT and fastyaml.plain_data(text, loader.MAX_DEPTH) is not None
+    path = tmp_path / "mini.yaml"
+    path.write_text(text, encoding="utf-8")
+
+    def refuse(*a, **k):
+        raise AssertionError("read_document ran for a spec in the plain subset")
+
+    monkeypatch.setattr(loader, "read_document", refuse)
+    _, errors = loader.validate_file(path, tmp_path)
+    (line, col) = next((i + 1, ln.index("7") + 1) for i, ln in enumerate(text.splitlines())
+                       if ln.startswith("spec_version"))
+    assert [(e.lineno, e.col, e.path) for e in errors] == [(line, col, "$.spec_version")], errors
 
 
 # What YAML treats specially, and what YAML 1.1 (libyaml) and 1.2 (ruamel) tell apart.

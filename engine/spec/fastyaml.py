@@ -18,6 +18,12 @@ never an error: the caller reads the file the slow way, which gives the data
 or the located error. tests/test_spec_fastyaml.py checks, on the shipped specs
 and on fuzzed texts, that a non-None answer equals the slow reader's data.
 
+A spec with a schema or reference error needs its problems located. For a text
+in the plain subset, `located` gives the same data and, beside it, a document of
+positions that `loader.locate` walks like ruamel's round-trip document: each
+mapping's key and value marks and each sequence item's mark, as libyaml's events
+give them. tests/test_spec_fastyaml.py checks that every one equals ruamel's.
+
 Without PyYAML's C extension (a pure-Python PyYAML, or none), `available()`
 is False and every spec takes the slow way.
 """
@@ -87,15 +93,55 @@ def _scalar(value: str, plain: bool, resolve) -> Any:
     raise _Decline(value)
 
 
+class _Lc:
+    """Positions of one collection, 0-based, with the methods of ruamel's `lc` that `loader.locate` calls."""
+
+    __slots__ = ("line", "col", "data")
+
+    def __init__(self, mark) -> None:
+        self.line, self.col = mark.line, mark.column
+        self.data: dict = {}  # key -> (key line, key col, value line, value col); index -> (line, col)
+
+    def key(self, k) -> tuple[int, int]:
+        return self.data[k][0], self.data[k][1]
+
+    def value(self, k) -> tuple[int, int]:
+        return self.data[k][2], self.data[k][3]
+
+    def item(self, i) -> tuple[int, int]:
+        return self.data[i]
+
+
+class _Map(dict):
+    """A mapping's children (a nested _Map or _Seq, or None for a scalar) and their positions in `lc`."""
+
+    __slots__ = ("lc",)
+
+
+class _Seq(list):
+    __slots__ = ("lc",)
+
+
 def plain_data(text: str, max_depth: int) -> dict | None:
     """The spec's data when `text` lies in the plain subset (see the module docstring); else None."""
+    got = _read(text, max_depth, False)
+    return None if got is None else got[0]
+
+
+def located(text: str, max_depth: int) -> tuple[dict, Any] | None:
+    """(data, positions) when `text` lies in the plain subset, else None: `plain_data`'s answer, and a document
+    of positions that `loader.locate` reads as it reads ruamel's round-trip document."""
+    return _read(text, max_depth, True)
+
+
+def _read(text: str, max_depth: int, positions: bool) -> tuple[dict, Any] | None:
     parts = _parts()
     if parts is None or _UNSURE.search(text):
         return None
     parser_cls, E, resolve = parts
     parser = parser_cls(text)
     try:
-        return _build(parser, E, resolve, max_depth)
+        return _build(parser, E, resolve, max_depth, positions)
     except _Decline:
         return None
     except Exception:  # noqa: BLE001 - libyaml's scanner and parser errors: the slow reader words them
@@ -104,9 +150,11 @@ def plain_data(text: str, max_depth: int) -> dict | None:
         parser.dispose()
 
 
-def _build(parser, E, resolve, max_depth: int) -> dict:
-    stack: list[list] = []  # [container, pending key or None] per open collection
+def _build(parser, E, resolve, max_depth: int, positions: bool) -> tuple[dict, Any]:
+    # per open collection: [container, pending key or None, its positions or None, the pending key's mark]
+    stack: list[list] = []
     root: Any = None
+    where: Any = None  # the positions of the value just read (a _Map or _Seq, None for a scalar)
     documents = 0
     while True:
         ev = parser.get_event()
@@ -125,11 +173,17 @@ def _build(parser, E, resolve, max_depth: int) -> dict:
         if kind is E.AliasEvent or getattr(ev, "anchor", None) is not None or getattr(ev, "tag", None) is not None:
             raise _Decline("alias, anchor or tag")
         if kind is E.MappingEndEvent or kind is E.SequenceEndEvent:
-            value = stack.pop()[0]
+            value, _, where, _ = stack.pop()
+            start = where.lc if where is not None else None
         elif kind is E.MappingStartEvent or kind is E.SequenceStartEvent:
             if len(stack) + 1 > max_depth:
                 raise _Decline("too deep")
-            stack.append([{} if kind is E.MappingStartEvent else [], None])
+            is_map = kind is E.MappingStartEvent
+            pos = None
+            if positions:
+                pos = _Map() if is_map else _Seq()
+                pos.lc = _Lc(ev.start_mark)
+            stack.append([{} if is_map else [], None, pos, None])
             continue
         elif kind is E.ScalarEvent:
             top = stack[-1] if stack else None
@@ -138,8 +192,10 @@ def _build(parser, E, resolve, max_depth: int) -> dict:
                 if not isinstance(key, str) or key in top[0] or (key == "<<" and not ev.style):
                     raise _Decline("key")
                 top[1] = key
+                top[3] = ev.start_mark if positions else None
                 continue
             value = _scalar(ev.value, not ev.style, resolve)  # libyaml gives a plain scalar the style ''
+            where, start = None, (ev.start_mark if positions else None)
         else:
             raise _Decline(kind.__name__)
         if not stack:
@@ -150,9 +206,17 @@ def _build(parser, E, resolve, max_depth: int) -> dict:
             if top[1] is None:
                 raise _Decline("a collection as a key")
             top[0][top[1]] = value
+            if positions:
+                top[2][top[1]] = where
+                line, col = (start.line, start.col) if isinstance(start, _Lc) else (start.line, start.column)
+                top[2].lc.data[top[1]] = (top[3].line, top[3].column, line, col)
             top[1] = None
         else:
+            if positions:
+                line, col = (start.line, start.col) if isinstance(start, _Lc) else (start.line, start.column)
+                top[2].lc.data[len(top[0])] = (line, col)
+                top[2].append(where)
             top[0].append(value)
     if documents != 1 or not isinstance(root, dict):
         raise _Decline("not one mapping")
-    return root
+    return root, where

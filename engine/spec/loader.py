@@ -7,8 +7,9 @@ scalar/collection ones, anchors and aliases are refused before the document is
 built, so `!!python/object` and alias bombs never get that far.
 
 A spec is read first by engine/spec/fastyaml.py (libyaml's events, plain data
-only, None when unsure) and, when that declines or the data has a problem to
-locate, by `read_document`, the reference reader that words and locates it.
+only, None when unsure). When the data has a problem to locate, it is read
+there again with libyaml's positions, which equal ruamel's. When the fast reader
+declines, `read_document`, the reference reader, words and locates every problem.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class Spec:
 
     def locate(self, path: Iterable[Any]) -> tuple[int | None, int | None]:
         if self.doc is None and self.raw is not None:
-            self.doc = read_document(self.path, self.display, raw=self.raw)[1]
+            self.doc = read_located(self.path, self.display, raw=self.raw)[1]
         return locate(self.doc, list(path))
 
 
@@ -400,6 +401,19 @@ def read_data(path: Path, display: str | None = None, raw: bytes | None = None) 
     return read_document(path, display, raw=raw)
 
 
+def read_located(path: Path, display: str | None = None, raw: bytes | None = None) -> tuple[dict, Any, bytes]:
+    """(plain data, a document `locate` can walk, raw bytes): `read_document`'s answer, or for a spec in the
+    fast reader's plain subset the same data with libyaml's positions (fastyaml.located), which equal ruamel's."""
+    from engine.spec import fastyaml
+
+    display = display or display_path(path)
+    text, raw = _read_text(Path(path), display, raw)
+    got = fastyaml.located(text, MAX_DEPTH)
+    if got is not None:
+        return got[0], got[1], raw
+    return read_document(path, display, raw=raw)
+
+
 # --- schema errors --------------------------------------------------------
 
 
@@ -666,9 +680,9 @@ def validate_file(path: Path, root: Path | None = None, raw: bytes | None = None
     stem = path.name[: -len(".yaml")] if path.name.endswith(".yaml") else None
     errors = schema_errors(data, doc, display) or reference_errors(data, doc, display, stem)
     if errors and doc is None:
-        # Read fast, without positions: read again by the reference reader, whose errors name their lines.
+        # Read fast, without positions: read again with them, whose errors then name their lines.
         try:
-            data, doc, raw = read_document(path, display, raw=raw)
+            data, doc, raw = read_located(path, display, raw=raw)
         except SpecError as e:
             return None, [e]
         errors = schema_errors(data, doc, display) or reference_errors(data, doc, display, stem)
