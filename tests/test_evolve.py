@@ -70,15 +70,6 @@ def receipts_in(store: Path) -> dict[str, dict]:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _stop_the_warm_server():
-    """The warm server these tests start in this process goes when they are done, not at the session's end."""
-    yield
-    from engine.run import warm
-
-    warm.shutdown()
-
-
 @pytest.fixture(scope="module")
 def evaluator(tmp_path_factory):
     folder = tmp_path_factory.mktemp("evolve")
@@ -234,10 +225,14 @@ def test_a_candidate_without_a_function_scores_zero_and_says_which(evaluator, tm
     assert "has no function length_aware_clip" in r.artifacts["not_checked"]
 
 
-def test_warm_and_cold_workers_measure_the_same(evaluator, tmp_path):
+def test_warm_and_cold_workers_measure_the_same(evaluator, tmp_path, monkeypatch):
+    from engine.run import isolation
+
     ev, store, _ = evaluator
     good = variant(tmp_path, "same.py")
     warm_id = ev.evaluate_stage1(str(good)).artifacts["receipt_id"]
+    # `check --impl` forks its workers from a warm server too; a fresh `python` each is what it falls back to
+    monkeypatch.setattr(isolation, "warm_or_cold", isolation._Worker)
     cold = tmp_path / "cold"
     only = [x for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward")
             for x in ("--only", c)]

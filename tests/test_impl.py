@@ -297,6 +297,58 @@ def test_the_worker_environment_holds_no_secrets(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
 
 
+# Where a worker runs: the candidate writes down its parent, folder and environment, then works as usual.
+WHERE = ("import json, os\n    open({out!r}, 'a').write(json.dumps({{'ppid': os.getppid(), 'cwd': os.getcwd(), "
+         "'env': dict(os.environ)}}) + '\\n')\n")
+
+
+def _where_it_ran(folder: Path) -> list[dict]:
+    folder.mkdir()
+    out = folder / "where.jsonl"
+    code = WHERE.format(out=str(out))
+    cand = variant(folder, "where.py", "    if isinstance(T, bool)", "    " + code + "    if isinstance(T, bool)")
+    r = check(cand, folder / "r", "--only", "clip_schedule", "--no-mutants")
+    assert r.exit_code == 0, r.output
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_workers_fork_from_one_warm_server_in_the_checks_folder_and_environment(tmp_path, monkeypatch):
+    """A second check in the same process forks from the server the first one started (no second import of
+    torch), and each fork takes the folder and allow-listed environment of the check that asked, as a fresh
+    `python` started there would have them."""
+    from engine.run import warm
+
+    first = _where_it_ran(tmp_path / "a")
+    server = warm.server()
+    assert first and {w["ppid"] for w in first} == {server.proc.pid}, (first, server.proc.pid)
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("TORCH_CONTRACTS_PROBE", "after-the-server-started")  # allow-listed, set after it started
+    monkeypatch.setenv("MY_API_TOKEN", "secret-token-value")
+    second = _where_it_ran(tmp_path / "b")
+    assert warm.server() is server and {w["ppid"] for w in second} == {server.proc.pid}
+    for w in second:
+        assert w["cwd"] == str(here.resolve())
+        assert w["env"].get("TORCH_CONTRACTS_PROBE") == "after-the-server-started"
+        assert "MY_API_TOKEN" not in w["env"] and "secret-token-value" not in json.dumps(w["env"])
+
+
+def test_without_a_warm_server_each_worker_is_a_fresh_python(tmp_path, monkeypatch):
+    """Where the server cannot start (no AF_UNIX sequenced-packet sockets), the check starts cold workers, children
+    of its own process, and measures the same."""
+    from engine.run import warm
+
+    warm.shutdown()
+
+    def cannot(*a, **k):
+        raise OSError(97, "Address family not supported by protocol")
+
+    monkeypatch.setattr(warm, "WarmServer", cannot)
+    ran = _where_it_ran(tmp_path / "c")
+    assert ran and {w["ppid"] for w in ran} == {os.getpid()}
+
+
 # --- (method, implementation) is the unit ---------------------------------------------------------
 
 

@@ -188,6 +188,10 @@ def test_a_broken_verl_style_tapo_fails_loss_forward(tmp_path):
     assert r.exit_code == 1, r.output
     st = statuses(receipt(store)["predicate"])
     assert st == {"loss_forward": {"failed"}, "split_invariance": {"passed"}}, st
+    # its workers forked from a server that imported verl once; the plain server's forks never see verl
+    from engine.run import warm
+
+    assert "verl" in warm._FRAMEWORK_SERVERS and warm._FRAMEWORK_SERVERS["verl"].alive()
 
 
 def test_the_adapter_maps_tapos_inputs_onto_verls_config():

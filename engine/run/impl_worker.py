@@ -93,6 +93,21 @@ def main(argv: list[str]) -> int:
     return serve(chan, init)
 
 
+def _take_place(init: dict) -> None:
+    """Work in the folder and with the (allow-listed) environment of the check that asked for this worker. A
+    cold worker starts with both; a worker forked from a warm server has the server's, from when it started."""
+    env = init.get("env")
+    if isinstance(env, dict):
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    cwd = init.get("cwd")
+    if isinstance(cwd, str) and cwd:
+        try:
+            os.chdir(cwd)
+        except OSError:
+            pass  # gone since: a cold worker would run where it was started, which is where it is
+
+
 def serve(chan: _Channel, init: dict) -> int:
     """Load the candidate `init` names, then answer the units sent on `chan` until told to stop."""
     import torch
@@ -102,6 +117,7 @@ def serve(chan: _Channel, init: dict) -> int:
     from engine.spec import registry
     from engine.spec.registry import Implementation
 
+    _take_place(init)
     if init.get("threads"):
         torch.set_num_threads(int(init["threads"]))
     framework = init["target"].get("framework")

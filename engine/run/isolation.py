@@ -17,8 +17,15 @@ known-bad variant.
 
 What isolation means here, and what it does not:
 
-* each worker is a fresh `python` process started with an allow-listed
-  environment (no signing key, no token, password or credential variables);
+* each worker is forked from a warm server (engine/run/warm.py: a `python`
+  started with an allow-listed environment, no signing key, no token, password
+  or credential variables, that has imported torch and the method packages and
+  runs no candidate code and no check), one per process, started by the first
+  check that needs it; a worker then takes the folder and the allow-listed
+  environment of the check that asked for it, so a fork is what a fresh
+  `python` started there would be, with the imports done. Where the server
+  cannot run (no AF_UNIX sequenced-packet sockets), the worker is a fresh
+  `python`, as it always was before;
 * it talks to this process only through two pipes carrying JSON, never pickle,
   so nothing the candidate sends can run code here; answers are checked
   against the call that was asked for;
@@ -214,7 +221,7 @@ class CandidateRun:
                  should_stop: Callable[[], bool] | None = None, startup_s: float = STARTUP_S,
                  worker_factory: Callable[[dict], Any] | None = None):
         self.init = init
-        # a fresh `python` per worker by default; engine.run.warm forks one from a warm server instead
+        # a fresh `python` per worker unless told otherwise; run_candidate forks them from the warm server
         self.worker_factory = worker_factory or _Worker
         self.timeout_s = timeout_s
         self.startup_s = startup_s
@@ -326,6 +333,18 @@ class CandidateRun:
 # --- the whole --impl run ------------------------------------------------------------------------
 
 
+def warm_or_cold(init: dict) -> _Worker:
+    """A worker for `init`: forked from this process's warm server (engine/run/warm.py), whose imports every later
+    check in the process reuses (the TUI, a pipeline, a test suite); a fresh `python` where no server can be
+    started on this platform. A server that starts and then dies is a lost worker, said in the results."""
+    from engine.run import warm
+
+    try:
+        return warm.forked_worker(init)
+    except OSError:
+        return _Worker(init)
+
+
 def single_function_mutants(plan) -> list[tuple[dict, str]]:
     """(spec mutant, function) for each planned mutant that replaces exactly one function of the registered
     implementation: that function can be swapped into a candidate to show the contracts bite there too."""
@@ -353,6 +372,7 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
 
     plan = runner.plan
     init = {"type": "init", "method": plan.spec.key, "shown": ident["target"], "name": f"impl:{ident['target']}",
+            "cwd": os.getcwd(), "env": worker_env(),
             "implementation": plan.spec.data["implementation"],
             "names": names, "device": device, "threads": threads, "memory_mb": memory_mb,
             "budget": dict(plan.spec.data["budget"]),
@@ -363,7 +383,8 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
     def progress(phase: str, extra: dict | None = None):
         return lambda r: runner.on_result({"phase": phase, **(extra or {}), **r})
 
-    cand = CandidateRun(init, timeout_s, on_result=progress("baseline"), should_stop=runner.should_stop)
+    cand = CandidateRun(init, timeout_s, on_result=progress("baseline"), should_stop=runner.should_stop,
+                        worker_factory=warm_or_cold)
     runner.candidate_mutants = []
     wall = float(plan.spec.data["budget"]["max_wall_seconds"])
     try:
@@ -496,4 +517,4 @@ def check_options(impl: str | None, all_: bool, jobs: int, executor: str, addres
 
 
 __all__ = ["CandidateRun", "Unit", "check_options", "make_runner", "run_candidate",
-           "single_function_mutants", "worker_env"]
+           "single_function_mutants", "warm_or_cold", "worker_env"]

@@ -54,7 +54,7 @@ class WarmServer:
     """A handle on one warm fork server: its starter's (`WarmServer()`), or a forked process's own connection to
     the server its parent started (`WarmServer(path=...)`); one server serves a process and all its forks."""
 
-    def __init__(self, startup_s: float = STARTUP_S, path: str | None = None):
+    def __init__(self, startup_s: float = STARTUP_S, path: str | None = None, framework: str | None = None):
         self._lock = threading.Lock()
         self._next = 0
         self._replies: dict[int, dict] = {}
@@ -81,7 +81,8 @@ class WarmServer:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.run.warm_server", str(theirs.fileno()), self.path],
+            [sys.executable, "-m", "engine.run.warm_server", str(theirs.fileno()), self.path,
+             *([framework] if framework else [])],
             pass_fds=(theirs.fileno(),), env=worker_env(), stdin=subprocess.DEVNULL, stdout=self.log,
             stderr=self.log, start_new_session=True)  # its own group: no Ctrl-C from the terminal
         theirs.close()
@@ -295,13 +296,25 @@ class ForkedWorker(_Worker):
 _SERVER: WarmServer | None = None
 _INHERITED: str | None = None  # in a forked process: the socket of the server its parent started
 _SERVER_LOCK = threading.Lock()
+# A framework target's workers (`--impl verl:...`) fork from a server of their own that has imported the framework
+# too: never from the plain one, so no other candidate runs beside a framework it did not ask for.
+_FRAMEWORK_SERVERS: dict[str, WarmServer] = {}
 
 
-def server() -> WarmServer:
+def server(framework: str | None = None) -> WarmServer:
     """This process's warm server: its parent's when this is a fork of the process that started one, else one of
-    its own, started (or replaced, when it died) on first use."""
+    its own, started (or replaced, when it died) on first use. With `framework`, the one that has imported that
+    framework as well (started on first use, never shared with forks)."""
     global _SERVER, _INHERITED
     with _SERVER_LOCK:
+        if framework is not None:
+            srv = _FRAMEWORK_SERVERS.get(framework)
+            if srv is not None and not srv.alive():
+                srv.close()
+                srv = None
+            if srv is None:
+                srv = _FRAMEWORK_SERVERS[framework] = WarmServer(framework=framework)
+            return srv
         if _SERVER is not None and not _SERVER.alive():
             _SERVER.close()
             _SERVER = None
@@ -324,9 +337,11 @@ def start() -> None:
 def shutdown() -> None:
     global _SERVER
     with _SERVER_LOCK:
-        if _SERVER is not None and _SERVER.owner == os.getpid():
-            _SERVER.close()
+        for srv in [_SERVER, *_FRAMEWORK_SERVERS.values()]:
+            if srv is not None and srv.owner == os.getpid():
+                srv.close()
         _SERVER = None
+        _FRAMEWORK_SERVERS.clear()
 
 
 def _after_fork_in_child() -> None:
@@ -336,6 +351,15 @@ def _after_fork_in_child() -> None:
         _SERVER.forget()  # never share a connection: a fork connects on its own when it first needs a worker
         _INHERITED = _SERVER.path if _SERVER.dead is None else None
         _SERVER = None
+    for srv in _FRAMEWORK_SERVERS.values():
+        srv.forget()
+    _FRAMEWORK_SERVERS.clear()
+
+
+def forked_worker(init: dict) -> "ForkedWorker":
+    """A worker for `init` (a candidate's init message) forked from this process's warm server: the plain one, or
+    for a framework target the one that has imported that framework."""
+    return ForkedWorker(server(init["target"].get("framework")), init)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -430,4 +454,4 @@ def run_cells(init: dict, calls: list[dict], timeout_s: float, jobs: int = 1) ->
     return results, mech, notes
 
 
-__all__ = ["ForkedWorker", "WarmServer", "run_cells", "server", "shutdown", "start"]
+__all__ = ["ForkedWorker", "WarmServer", "forked_worker", "run_cells", "server", "shutdown", "start"]

@@ -1,8 +1,10 @@
-"""The warm fork server behind engine/run/warm.py: `python -m engine.run.warm_server CONTROL_FD SOCKET_PATH`.
+"""The warm fork server behind engine/run/warm.py: `python -m engine.run.warm_server CONTROL_FD SOCKET_PATH
+[FRAMEWORK]`.
 
 Started with the scrubbed environment of every candidate worker
 (engine.run.isolation.worker_env), it imports torch, the runner and every
-method package once, then forks one worker per request. Requests come over
+method package once (and, given FRAMEWORK, what that framework's adapter
+preloads: verl and what it imports), then forks one worker per request. Requests come over
 AF_UNIX SOCK_SEQPACKET connections, one JSON object per message: CONTROL_FD
 is its starter's, and SOCKET_PATH (in a folder only this user can enter)
 takes more, from processes forked from the starter (an OpenEvolve pool
@@ -103,6 +105,13 @@ def main(argv: list[str]) -> int:
         import torch._dynamo  # noqa: F401 - building an optimizer imports it: once here, not in every worker
     except ImportError:
         pass
+    if len(argv) > 2:
+        try:
+            from engine.run.impl_loader import _framework
+
+            _framework(argv[2]).preload()
+        except Exception:  # noqa: BLE001 - each worker preloads again and reports a broken install in one line
+            pass
     # Clear what was imported before the finder (sourceonly.check_loaded remembers it): each worker's runner
     # checks again, and without this every fork would resolve and compare thousands of modules afresh.
     sourceonly.install()
