@@ -34,6 +34,9 @@ def preload() -> None:
                 importlib.import_module(name)
             except ImportError:
                 pass  # as multiprocessing's own preload: the cell that needs it reports the error
+        # Check what was imported now (torch's modules among them) once, here: the forked workers inherit the
+        # record, and each worker's runner then checks only what it imports itself.
+        sourceonly.install()
         gc.freeze()
 
 

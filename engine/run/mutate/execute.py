@@ -29,8 +29,10 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
-# What the server imports once before forking workers (never a method package: the hook must see it first).
-PRELOAD = ["torch", "torch._dynamo", "engine.run.runner", "engine.run.mutate.execute"]
+# What the server imports once before forking workers (never a method package: the hook must see it first). The
+# last, engine.run.mutate.server, clears what the others imported with the source-only finder: each worker's runner
+# then checks only what it imports itself, not torch's thousands of modules again.
+PRELOAD = ["torch", "torch._dynamo", "engine.run.runner", "engine.run.mutate.execute", "engine.run.mutate.server"]
 KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"
 
 _CONTEXT: Any = None
@@ -51,6 +53,10 @@ class Job:
     spec_path: str
     root: str
     seeds: list[int]
+    # The spec as the parent validated it, and the sha256 of the bytes it was read from: a worker whose read of
+    # spec_path has that digest uses this data instead of validating the same bytes again (once per mutant).
+    spec_data: dict | None = None
+    spec_sha256: str = ""
     device: str = "cpu"
     threads: int = 1
     order: list[str] = field(default_factory=list)  # contract ids, in the order to run them
@@ -108,13 +114,33 @@ def _load(job: Job):
     reg = registry.load()
     for name in job.imports:
         importlib.import_module(name)
-    spec = load_spec(Path(job.spec_path), Path(job.root))
+    spec = _validated(job) or load_spec(Path(job.spec_path), Path(job.root))
     plan = plan_run(spec, job.seeds, None, mutants=False)
     runner = Runner(plan, resolve_device(job.device))
     impl = reg.get_implementation(spec.data["implementation"])
     contracts = {c["id"]: c for c in plan.contracts}
     order = [contracts[c] for c in job.order if c in contracts] or list(plan.contracts)
     return runner, impl, order, spec
+
+
+def _validated(job: Job):
+    """The parent's validated spec, when spec_path still holds exactly the bytes it validated; else None (the
+    worker validates whatever the file holds now)."""
+    import hashlib
+
+    from engine.spec.loader import Spec, display_path
+
+    if job.spec_data is None or not job.spec_sha256:
+        return None
+    path = Path(job.spec_path)
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(raw).hexdigest() != job.spec_sha256:
+        return None
+    return Spec(path=path, display=display_path(path, Path(job.root)), data=job.spec_data, doc=None,
+                sha256=job.spec_sha256, raw=raw)
 
 
 def _baseline(job: Job) -> dict:

@@ -60,6 +60,7 @@ def baseline(spec, root: Path, opts: Options) -> tuple[dict, list[Target]]:
     """Run the unmutated contracts under coverage; the targets with their executed lines."""
     include = [str(root / "methods" / "*")] + [str(Path(p) / "*") for p in opts.sys_path]
     job = Job(spec_path=str(spec.path), root=str(root), seeds=opts.seeds, device=opts.device,
+              spec_data=spec.data, spec_sha256=spec.sha256,
               sys_path=opts.sys_path, imports=opts.imports, coverage_include=include)
     limit = float(spec.data["budget"]["max_wall_seconds"])
     try:
@@ -110,6 +111,7 @@ def judge(spec, root: Path, mutants: list[Mutant], order: list[str], opts: Optio
     # A contract that never ran a mutant's statement behaves exactly as on the original code (everything it does
     # before reaching that statement is unchanged, and it never reaches it): only those that ran it are asked.
     jobs = [Job(spec_path=str(spec.path), root=str(root), seeds=opts.seeds, device=opts.device,
+                spec_data=spec.data, spec_sha256=spec.sha256,
                 order=[c for c in order if m.contracts is None or c in m.contracts],
                 sys_path=opts.sys_path, imports=opts.imports, module=m.module, path=m.path, source=m.source)
             for m in mutants]
