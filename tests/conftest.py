@@ -128,6 +128,36 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=_order)  # stable: within a module, and among the modules not listed, the order is kept
 
 
+# Modules whose tests share a costly per-process setup, handed to one worker whole instead of four tests at a time
+# (`--dist load --maxschedchunk 4` splits a module across every worker, and each builds that setup again): verl,
+# imported by the tests' own skip check and by the warm server its workers fork from (7-9 CPU-s each); a Ray
+# cluster; the tiny Hugging Face checkpoint; and the module fixtures that run full checks. Each is listed in
+# HEAVY_FIRST, so it goes out early, while the other workers have plenty to do beside it.
+TOGETHER = ("test_verl.py", "test_executors.py", "test_hf.py", "test_cli.py", "test_binding.py", "test_evolve.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist load`, except that a module in TOGETHER is never split between workers. The collection is sorted by
+    module, so a module's tests are consecutive: a batch that reaches into one is extended to its last test. The
+    queue stays in collection order, so a `last` test is still handed out after every other."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScheduling
+
+    class ModulesTogether(LoadScheduling):
+        def _send_tests(self, node, num: int) -> None:
+            pending = self.pending
+            if pending and self.collection is not None:
+                module = lambda i: self.collection[pending[i]].split("::", 1)[0].rsplit("/", 1)[-1]  # noqa: E731
+                end = min(num, len(pending))
+                while end < len(pending) and module(end - 1) in TOGETHER and module(end) == module(end - 1):
+                    end += 1
+                num = end
+            super()._send_tests(node, num)
+
+    return ModulesTogether(config, log)
+
+
 def _alive(pid_file: Path) -> bool:
     """The worker process is running: a dead one that xdist has not reaped yet (a zombie) is not."""
     try:
