@@ -130,12 +130,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 # Modules whose tests share a costly per-process setup, handed to one worker whole instead of four tests at a time
 # (`--dist load --maxschedchunk 4` splits a module across every worker, and each builds that setup again): verl,
-# imported by the tests' own skip check and by the warm server its workers fork from (7-9 CPU-s each); a Ray
+# imported by the tests' own skip check and by the warm server its workers fork from (7-9 CPU-s each); the plain
+# warm server the `--impl` checks fork from (torch, torch._dynamo and the methods, 3-4 CPU-s); a Ray
 # cluster; the tiny Hugging Face checkpoint; the module fixtures that run full checks; `contracts mutate`'s
 # forkserver, which imports torch and torch._dynamo before it forks a worker. Each is listed in
 # HEAVY_FIRST, so it goes out early, while the other workers have plenty to do beside it.
-TOGETHER = ("test_verl.py", "test_executors.py", "test_hf.py", "test_cli.py", "test_binding.py", "test_evolve.py",
-            "test_mutate.py")
+TOGETHER = ("test_impl.py", "test_verl.py", "test_executors.py", "test_hf.py", "test_cli.py", "test_binding.py",
+            "test_evolve.py", "test_mutate.py")
 
 
 def pytest_xdist_make_scheduler(config, log):

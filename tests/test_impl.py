@@ -339,12 +339,10 @@ def test_without_a_warm_server_each_worker_is_a_fresh_python(tmp_path, monkeypat
     of its own process, and measures the same."""
     from engine.run import warm
 
-    warm.shutdown()
-
-    def cannot(*a, **k):
+    def cannot(*a, **k):  # what starting one raises there; this process's own server is left running
         raise OSError(97, "Address family not supported by protocol")
 
-    monkeypatch.setattr(warm, "WarmServer", cannot)
+    monkeypatch.setattr(warm, "server", cannot)
     ran = _where_it_ran(tmp_path / "c")
     assert ran and {w["ppid"] for w in ran} == {os.getpid()}
 

@@ -59,7 +59,7 @@ class _Node:
 def test_a_module_listed_together_goes_to_one_worker_whole_and_the_queue_keeps_its_order():
     assert set(conftest.TOGETHER) <= set(conftest.HEAVY_FIRST)  # whole modules go out early, beside the rest
     sched = conftest.pytest_xdist_make_scheduler(_Config(), None)
-    collection = ([f"tests/test_impl.py::t{i}" for i in range(6)] + [f"tests/test_verl.py::v{i}" for i in range(9)]
+    collection = ([f"tests/test_cache.py::t{i}" for i in range(6)] + [f"tests/test_verl.py::v{i}" for i in range(9)]
                   + [f"tests/test_tapo.py::p{i}" for i in range(6)] + ["tests/test_reliability_leaks.py::scan"])
     nodes = [_Node(), _Node(), _Node()]
     sched.collection, sched.pending = collection, list(range(len(collection)))
