@@ -336,7 +336,8 @@ def test_workers_fork_from_one_warm_server_in_the_checks_folder_and_environment(
 
 def test_without_a_warm_server_each_worker_is_a_fresh_python(tmp_path, monkeypatch):
     """Where the server cannot start (no AF_UNIX sequenced-packet sockets), the check starts cold workers, children
-    of its own process, and measures the same."""
+    of its own process, and still passes. (That warm and cold workers measure the same is
+    tests/test_evolve.py::test_warm_and_cold_workers_measure_the_same.)"""
     from engine.run import warm
 
     def cannot(*a, **k):  # what starting one raises there; this process's own server is left running

@@ -188,10 +188,14 @@ def test_a_broken_verl_style_tapo_fails_loss_forward(tmp_path):
     assert r.exit_code == 1, r.output
     st = statuses(receipt(store)["predicate"])
     assert st == {"loss_forward": {"failed"}, "split_invariance": {"passed"}}, st
-    # its workers forked from a server that imported verl once; the plain server's forks never see verl
+    # its workers forked from a server of their own that imported verl once, not from the plain server, which
+    # other candidates' workers fork from and which is never started with a framework to preload
     from engine.run import warm
 
-    assert "verl" in warm._FRAMEWORK_SERVERS and warm._FRAMEWORK_SERVERS["verl"].alive()
+    verl_server = warm._FRAMEWORK_SERVERS.get("verl")
+    assert verl_server is not None and verl_server.alive() and verl_server.proc.args[-1] == "verl"
+    plain = warm.server()
+    assert plain is not verl_server and plain.proc.pid != verl_server.proc.pid and "verl" not in plain.proc.args
 
 
 def test_the_adapter_maps_tapos_inputs_onto_verls_config():
