@@ -226,13 +226,13 @@ def test_a_candidate_without_a_function_scores_zero_and_says_which(evaluator, tm
 
 
 def test_warm_and_cold_workers_measure_the_same(evaluator, tmp_path, monkeypatch):
-    from engine.run import isolation
+    from engine.run import isolation, warm
 
     ev, store, _ = evaluator
     good = variant(tmp_path, "same.py")
     warm_id = ev.evaluate_stage1(str(good)).artifacts["receipt_id"]
     # `check --impl` forks its workers from a warm server too; a fresh `python` each is what it falls back to
-    monkeypatch.setattr(isolation, "warm_or_cold", isolation._Worker)
+    monkeypatch.setattr(warm, "warm_or_cold", isolation._Worker)
     cold = tmp_path / "cold"
     only = [x for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward")
             for x in ("--only", c)]

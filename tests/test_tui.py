@@ -881,7 +881,7 @@ def test_every_binding_has_an_id_shows_in_the_footer_and_in_help():
         for b in cls.BINDINGS:
             assert isinstance(b, Binding) and b.id, (cls.__name__, b)
             assert b.show, (cls.__name__, b.id)  # the footer shows it where it applies
-    assert {bid for bid, _, _ in key_rows()} == binding_ids()
+    assert {bid for bid, _, _ in key_rows(binding_classes())} == binding_ids()
     assert {"mark", "check", "check.stop", "promote", "demote", "tree", "tab.results", "tab.plots"} <= binding_ids()
 
 

@@ -511,7 +511,7 @@ class ContractsApp(App):
     def action_help(self) -> None:
         from tui.screens.help import HelpScreen
 
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(binding_classes()))
 
     async def wait_loaded(self, generation: int = 1, timeout: float = 60.0) -> None:
         """Until `generation` models have been applied (for tests and the benchmark); raises, never hangs."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import signal
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
@@ -33,6 +32,7 @@ from engine.cli.common import (
     app,
     handles_errors,
 )
+from engine.cli.stopflag import _StopFlag
 from engine.paths import spec_path
 from engine.spec.loader import SpecError, display_path, spec_files
 
@@ -47,36 +47,6 @@ def _parse_seeds(text: Optional[str]) -> Optional[list[int]]:
     if not seeds or any(s < 0 for s in seeds):
         raise E.UsageError(f"--seeds {text!r}: give one or more non-negative integers")
     return seeds
-
-
-class _StopFlag:
-    """SIGTERM (and SIGINT) set a flag the runner checks between check calls, and interrupt the check running.
-
-    While `hold` is set (the receipt is being built and written) a signal only
-    sets the flag: the receipt is written whole, then the command exits 130.
-    """
-
-    def __init__(self) -> None:
-        self.stopped = False
-        self.hold = False
-        self._old: dict = {}
-
-    def __enter__(self) -> "_StopFlag":
-        def handler(signum, frame):  # noqa: ARG001
-            self.stopped = True
-            if not self.hold:
-                raise KeyboardInterrupt
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[sig] = signal.signal(sig, handler)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 _STOP: Optional[_StopFlag] = None

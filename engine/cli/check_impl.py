@@ -27,6 +27,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
 
     from engine.run.devices import resolve_device
     from engine.run.impl_loader import identity, parse_target
+    from engine.run import warm
     from engine.run.isolation import DEFAULT_MEMORY_MB, make_runner, run_candidate
     from engine.run.runner import build_statement
     from engine.spec.interface import from_spec
@@ -61,7 +62,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
         runner = make_runner(plan, dev, ident, on_result=on_result, should_stop=lambda: stop.stopped)
         try:
             run_candidate(runner, target, ident, names, str(dev), threads, deadline,
-                          DEFAULT_MEMORY_MB if memory_mb is None else memory_mb)
+                          DEFAULT_MEMORY_MB if memory_mb is None else memory_mb, worker_factory=warm.warm_or_cold)
         finally:
             stop.hold = True  # the receipt is written whole, or not at all
     try:

@@ -137,7 +137,7 @@ def _check_cells(plans: list, device: str, executor: str, jobs: int, address: Op
         TimeElapsedColumn,
     )
 
-    from engine.cli.check import _StopFlag
+    from engine.cli.stopflag import _StopFlag
     from engine.run import session
 
     session.check_cells_options(executor, jobs, address, policy)

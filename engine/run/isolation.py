@@ -333,18 +333,6 @@ class CandidateRun:
 # --- the whole --impl run ------------------------------------------------------------------------
 
 
-def warm_or_cold(init: dict) -> _Worker:
-    """A worker for `init`: forked from this process's warm server (engine/run/warm.py), whose imports every later
-    check in the process reuses (the TUI, a pipeline, a test suite); a fresh `python` where no server can be
-    started on this platform. A server that starts and then dies is a lost worker, said in the results."""
-    from engine.run import warm
-
-    try:
-        return warm.forked_worker(init)
-    except OSError:
-        return _Worker(init)
-
-
 def single_function_mutants(plan) -> list[tuple[dict, str]]:
     """(spec mutant, function) for each planned mutant that replaces exactly one function of the registered
     implementation: that function can be swapped into a candidate to show the contracts bite there too."""
@@ -365,9 +353,12 @@ def single_function_mutants(plan) -> list[tuple[dict, str]]:
 
 
 def run_candidate(runner, target, ident: dict, names: list[str], device: str, threads: int,
-                  timeout_s: float, memory_mb: int | None) -> None:
+                  timeout_s: float, memory_mb: int | None, worker_factory=None) -> None:
     """Fill `runner` (an engine.run.runner.Runner) with the candidate's results, its replaced-function mutants
-    and the spec's mutants on the registered implementation; the caller builds and writes the receipt."""
+    and the spec's mutants on the registered implementation; the caller builds and writes the receipt.
+
+    `worker_factory(init)` starts the candidate's worker: engine.run.warm.warm_or_cold forks it from the warm
+    server (warm builds on this module, so the caller passes it in); a fresh `python` (_Worker) by default."""
     from engine.run.runner import ERROR, FAILED, INTERRUPTED, PARTIAL, PASSED, Interrupted
 
     plan = runner.plan
@@ -384,7 +375,7 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
         return lambda r: runner.on_result({"phase": phase, **(extra or {}), **r})
 
     cand = CandidateRun(init, timeout_s, on_result=progress("baseline"), should_stop=runner.should_stop,
-                        worker_factory=warm_or_cold)
+                        worker_factory=worker_factory or _Worker)
     runner.candidate_mutants = []
     wall = float(plan.spec.data["budget"]["max_wall_seconds"])
     try:
@@ -517,4 +508,4 @@ def check_options(impl: str | None, all_: bool, jobs: int, executor: str, addres
 
 
 __all__ = ["CandidateRun", "Unit", "check_options", "make_runner", "run_candidate",
-           "single_function_mutants", "warm_or_cold", "worker_env"]
+           "single_function_mutants", "worker_env"]

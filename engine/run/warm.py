@@ -369,6 +369,16 @@ atexit.register(shutdown)
 # --- running a candidate's cells ------------------------------------------------------------------
 
 
+def warm_or_cold(init: dict) -> _Worker:
+    """A worker for `init`: forked from this process's warm server, whose imports every later check in the
+    process reuses (the TUI, a pipeline, a test suite); a fresh `python` where no server can be started on this
+    platform. A server that starts and then dies is a lost worker, said in the results."""
+    try:
+        return forked_worker(init)
+    except OSError:
+        return _Worker(init)
+
+
 def _is_lost(r: dict) -> bool:
     return r["status"] == "error" and str(r.get("message") or "").startswith("no measurement: ")
 
@@ -454,4 +464,4 @@ def run_cells(init: dict, calls: list[dict], timeout_s: float, jobs: int = 1) ->
     return results, mech, notes
 
 
-__all__ = ["ForkedWorker", "WarmServer", "forked_worker", "run_cells", "server", "shutdown", "start"]
+__all__ = ["ForkedWorker", "WarmServer", "forked_worker", "run_cells", "server", "shutdown", "start", "warm_or_cold"]

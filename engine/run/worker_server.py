@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import pkgutil
 
 from engine.run import sourceonly
 from engine.run.imports import gc_paused
@@ -20,11 +19,10 @@ sourceonly.install()
 
 
 def modules() -> list[str]:
-    """torch, torch._dynamo, the runner and each method package (found without importing it)."""
-    import methods
+    """torch, torch._dynamo, the runner and each method package (named by the registry, found without importing it)."""
+    from engine.spec.registry import method_packages
 
-    return ["torch", "torch._dynamo", "engine.run.runner", "engine.run.executors"] + sorted(
-        f"methods.{m.name}" for m in pkgutil.iter_modules(methods.__path__) if m.ispkg)
+    return ["torch", "torch._dynamo", "engine.run.runner", "engine.run.executors"] + sorted(method_packages())
 
 
 def preload() -> None:

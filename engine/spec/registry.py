@@ -205,6 +205,13 @@ def adapter(framework: str, implementation: str) -> Callable[[Callable[..., Adap
     return deco
 
 
+def method_packages() -> list[str]:
+    """The importable names of the method packages (`methods.tapo`, ...), found without importing any of them:
+    the one place the engine names the methods package (the engine looks methods up here, never imports them)."""
+    return [f"{METHODS_PACKAGE}.{info.name}"
+            for info in sorted(pkgutil.iter_modules([str(methods_root())]), key=lambda m: m.name) if info.ispkg]
+
+
 def load() -> Registry:
     """Import every method package (this imports torch) and return the registry."""
     from engine.run.imports import gc_paused
@@ -212,10 +219,8 @@ def load() -> Registry:
     global _LOADED
     if not _LOADED:
         with gc_paused():
-            pkg = importlib.import_module(METHODS_PACKAGE)
-            for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-                if info.ispkg:
-                    importlib.import_module(f"{METHODS_PACKAGE}.{info.name}")
+            for name in method_packages():
+                importlib.import_module(name)
         _LOADED = True
     return _REGISTRY
 

@@ -32,12 +32,11 @@ DOES = {
 }
 
 
-def key_rows() -> list[tuple[str, str, str]]:
-    """(binding id, default key, what it does) for every binding of ours, each id once."""
-    from tui.app import binding_classes
-
+def key_rows(classes: list[type]) -> list[tuple[str, str, str]]:
+    """(binding id, default key, what it does) for every binding of `classes` (the app's binding_classes), each id
+    once. The app hands the classes in: a screen it shows does not import it back."""
     rows, seen = [], set()
-    for cls in binding_classes():
+    for cls in classes:
         for b in cls.BINDINGS:
             if not isinstance(b, Binding) or b.id in seen:
                 continue
@@ -49,10 +48,14 @@ def key_rows() -> list[tuple[str, str, str]]:
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,question_mark,q", "close", "Close", id="help.close")]
 
+    def __init__(self, classes: list[type]) -> None:
+        super().__init__()
+        self.classes_with_keys = list(classes)
+
     def compose(self) -> ComposeResult:
         t = Table(title="keys (binding id -> default key)", title_justify="left", expand=True)
         t.add_column("id", no_wrap=True), t.add_column("key", no_wrap=True), t.add_column("does")
-        for bid, key, what in key_rows():
+        for bid, key, what in key_rows(self.classes_with_keys):
             t.add_row(Text(bid), Text(key), Text(what))
         t.add_row(Text("(palette)"), Text("ctrl+p"), Text("method:, check:, receipt:, compare:, promote:, copy:, "
                                                           "filter:, then Textual's own commands"))
