@@ -126,13 +126,13 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
     passed: dict[tuple, list[str]] = {}
     failed: list[dict] = []
     for a in on_dev:
-        for r in a.predicate["results"]:
-            cell = (r["contract"], r["seed"], r["dtype"])
-            if r["status"] == "passed":
+        for r in a.receipt.results:
+            cell = (r.contract, r.seed, r.dtype)
+            if r.status == "passed":
                 passed.setdefault(cell, []).append(a.receipt_id)
             else:
-                failed.append({"contract": r["contract"], "seed": r["seed"], "dtype": r["dtype"], "status": r["status"],
-                               "receipt_id": a.receipt_id, "message": r.get("message") or ""})
+                failed.append({"contract": r.contract, "seed": r.seed, "dtype": r.dtype, "status": r.status,
+                               "receipt_id": a.receipt_id, "message": r.message})
     missing: list[dict] = []
     used: set[str] = set()
     for c in data["contracts"]:
@@ -150,8 +150,8 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
                     used.update(hits)
                 else:
                     missing.append({"contract": c["id"], "seed": None, "dtype": dtype})
-    run_errors = [{"receipt_id": a.receipt_id, "errors": a.predicate["errors"]} for a in on_dev
-                  if a.predicate["errors"] and a.predicate["status"] != "interrupted"]
+    run_errors = [{"receipt_id": a.receipt_id, "errors": list(a.receipt.errors)} for a in on_dev
+                  if a.receipt.errors and a.receipt.status != "interrupted"]
     total = sum(len(c["dtypes"]) * (len(seeds) if all_seeds else 1) for c in data["contracts"])
     met = bool(on_dev) and not missing and not failed and not run_errors
     seed_text = f"budget seeds {','.join(map(str, seeds))}" if all_seeds else "at least one seed"
@@ -205,11 +205,11 @@ def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Co
     seen: set[str] = set()
     proven_in: dict[str, list[str]] = {}
     for a in relevant:
-        for m in a.predicate["mutants"]:
-            seen.add(m["id"])
-            if m["killed"]:
-                killed_in.setdefault(m["id"], []).append(a.receipt_id)
-        for cid, ms in a.predicate["contracts_proven"].items():
+        for m in a.receipt.mutants:
+            seen.add(m.id)
+            if m.killed:
+                killed_in.setdefault(m.id, []).append(a.receipt_id)
+        for cid, ms in a.receipt.contracts_proven.items():
             if ms:
                 proven_in.setdefault(cid, []).append(a.receipt_id)
     mutant_ids = [m["id"] for m in spec.data["mutants"]]
@@ -255,20 +255,20 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Com
     groups: dict[tuple, dict] = {}
     diagnostic = 0
     for a in relevant:
-        for rec in a.predicate["mechanism"]:
-            for comp in rec["comparisons"]:
-                if comp.get("formal") is not True:
+        for rec in a.receipt.mechanism:
+            for comp in rec.comparisons:
+                if not comp.formal:
                     diagnostic += 1
                     continue
-                key = (a.receipt_id, rec["contract"], rec["dtype"], comp["name"], comp["metric"])
-                g = groups.setdefault(key, {"receipt_id": a.receipt_id, "device": a.device, "contract": rec["contract"],
-                                            "dtype": rec["dtype"], "name": comp["name"], "metric": comp["metric"],
-                                            "method": comp["method"], "control": comp["control"],
-                                            "higher_is_better": comp.get("higher_is_better", True),
+                key = (a.receipt_id, rec.contract, rec.dtype, comp.name, comp.metric)
+                g = groups.setdefault(key, {"receipt_id": a.receipt_id, "device": a.device, "contract": rec.contract,
+                                            "dtype": rec.dtype, "name": comp.name, "metric": comp.metric,
+                                            "method": comp.method, "control": comp.control,
+                                            "higher_is_better": comp.higher_is_better,
                                             "per_seed": {}, "problems": []})
-                mv = [_number(v) for v in comp["method_values"]]
-                cv = [_number(v) for v in comp["control_values"]]
-                seed = rec["seed"]
+                mv = [_number(v) for v in comp.method_values]
+                cv = [_number(v) for v in comp.control_values]
+                seed = rec.seed
                 if not mv or not cv or None in mv or None in cv:
                     g["problems"].append(f"seed {seed}: values empty or not finite numbers")
                 elif str(seed) in g["per_seed"]:
@@ -312,7 +312,7 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Com
             lines if met else [ln for ln, g in zip(lines, evaluations) if not g["ahead"]])
     record = (f"a mechanism check must record ctx.record_comparison(..., formal=True) for the budget seeds "
               f"{','.join(map(str, seeds))}")
-    mechanisms_ran = any(a.predicate["mechanism"] for a in relevant)
+    mechanisms_ran = any(a.receipt.mechanism for a in relevant)
     if not evaluations and mechanisms_ran:  # the checks ran and record none: no run of this code adds one
         how = fix(note=f"the fresh receipts' mechanism runs record no formal comparison: {record} (a change to "
                        "the method's checks), then run " + shlex.join(cmd.check(devices[0])))
@@ -334,29 +334,26 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Com
 def refusal(a: Assessed, impl_file: str | None) -> list[str]:
     """Why a fresh receipt cannot count (empty when it can): it must come from committed code (git clean) and
     bind the spec it names and the implementation it ran (the file that registers it, when methods/ has one)."""
-    pred = a.predicate or {}
+    rec = a.receipt
     why: list[str] = []
-    git = pred.get("git")
-    if not isinstance(git, dict):
+    git = rec.git
+    if git is None:
         why.append("not run in a git checkout: whether its code was committed is unknown")
-    elif git.get("dirty") is not False:
-        files = [f"untracked {n}" for n in git.get("untracked") or []] + [f"modified {n}" for n in
-                                                                           git.get("modified") or []]
+    elif git.dirty is not False:
+        files = [f"untracked {n}" for n in git.untracked] + [f"modified {n}" for n in git.modified]
         why.append("ran with uncommitted code" + (f" ({_more(files, 4)})" if files else ""))
-    bound = {s.get("name"): (s.get("digest") or {}).get("sha256") for s in (a.subject or []) if isinstance(s, dict)}
-    spec = pred.get("spec") or {}
-    if spec.get("name") not in bound:  # its digest is what freshness compares with the spec on disk
-        why.append(f"does not bind its spec {spec.get('name')}")
-    impl = pred.get("implementation")
-    files = impl.get("files") if isinstance(impl, dict) else None
-    if not files or not isinstance(files, list):
+    bound = rec.bound
+    if rec.spec_name not in bound:  # its digest is what freshness compares with the spec on disk
+        why.append(f"does not bind its spec {rec.spec_name}")
+    impl = rec.implementation
+    if not impl.files_named:
         why.append("does not name the files of its implementation")
     else:
-        unbound = [f for f in files if f not in bound]
+        unbound = [f for f in impl.files if f not in bound]
         if unbound:
             why.append(f"does not bind its implementation's {_more(unbound, 3)}")
     if impl_file is not None and impl_file not in bound:
-        why.append(f"does not bind {impl_file}, which registers implementation {spec.get('implementation')}")
+        why.append(f"does not bind {impl_file}, which registers implementation {rec.spec_implementation}")
     return why
 
 
@@ -374,8 +371,8 @@ def _mutation_requirement(spec: Spec, relevant: list[Assessed], devices: list[st
     threshold = float(spec.data["promotion"]["requires"]["mutation_score"])
     argv = cmd.mutate()
     every = "every mutant: no --max-mutants, --only-file or --operators"
-    runs = [a for a in relevant if isinstance(a.predicate.get("mutation"), dict)]
-    complete = [a for a in runs if a.predicate["mutation"].get("complete") is True]
+    runs = [a for a in relevant if a.receipt.mutation is not None]
+    complete = [a for a in runs if a.receipt.mutation.complete]
     where = "/".join(devices)
     if not complete:
         detail = f"no fresh, complete mutation receipt on {where}"
@@ -383,16 +380,16 @@ def _mutation_requirement(spec: Spec, relevant: list[Assessed], devices: list[st
             detail += f" ({len(runs)} fresh partial run(s) judged a selection of the mutants: they do not count)"
         return _req("mutation_score", False, detail, fix(argv, every), receipts=[], score=None, threshold=threshold)
     newest = max(complete, key=lambda a: (a.created_at or "", a.receipt_id or ""))
-    m = newest.predicate["mutation"]
-    score = _number(m.get("score"))
+    m = newest.receipt.mutation
+    score = _number(m.score)
     met = score is not None and score >= threshold
-    counts = (f"{m.get('killed')} killed, {m.get('survived')} survived, {m.get('timeout')} timeout, "
-              f"{m.get('equivalent')} equivalent of {m.get('mutants')} mutants")
+    counts = (f"{m.killed} killed, {m.survived} survived, {m.timeout} timeout, "
+              f"{m.equivalent} equivalent of {m.mutants} mutants")
     shown = "n/a" if score is None else f"{score:.3f}"
     detail = (f"mutation score {shown} {'>=' if met else 'is below'} {threshold:g} in {_short(newest.receipt_id)} "
               f"({counts})")
-    if not met and m.get("survivors"):
-        detail += "; survivors: " + _more([str(x.get("id")) for x in m["survivors"]], 3)
+    if not met and m.survivors:
+        detail += "; survivors: " + _more(list(m.survivors), 3)
     how = fix(note="strengthen the contracts, or list a judged equivalent under equivalent_mutants with its reason, "
                    f"then run {shlex.join(argv)} ({every})")
     return _req("mutation_score", met, detail, how, receipts=[newest.receipt_id] if met else [],
@@ -440,11 +437,9 @@ class _Command:
 def _counted(assessed: list[Assessed], spec_name: str, unit: str, policy, impl_file: str | None):
     """(usable, untrusted, fresh, refused) receipts of one (spec, implementation) unit: usable are the trusted
     ones of the unit; fresh those of them that are fresh and not refused; refused holds (receipt, reasons)."""
-    from engine.run.impl_loader import unit_of
-
     # [impl] hook: (method, implementation) is the unit; a receipt of another implementation never counts here.
-    usable = [a for a in assessed if a.predicate is not None and a.predicate["spec"]["name"] == spec_name
-              and unit_of(a.predicate) == unit]
+    usable = [a for a in assessed if a.receipt is not None and a.receipt.spec_name == spec_name
+              and a.receipt.unit == unit]
     # Under a policy a receipt that is not trusted counts nowhere, not even as stale evidence.
     untrusted = [a for a in usable if policy is not None and a.trust != "trusted"]
     usable = [a for a in usable if a not in untrusted]

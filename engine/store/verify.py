@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from engine.store import ledger as ledger_mod
 from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, check_receipt, load_receipt, schema_problems
+from engine.store.records import Receipt
 from engine.spec.loader import KEY_RE
 
 STATES = ("fresh", "stale", "tampered", "invalid")
@@ -44,6 +45,7 @@ class Assessed:
     changed: list[str] = field(default_factory=list)
     predicate: dict | None = field(default=None, repr=False)  # only for fresh and stale receipts
     subject: list | None = field(default=None, repr=False)  # likewise: what the receipt binds
+    receipt: Receipt | None = field(default=None, repr=False)  # the typed record (engine/store/records.py), likewise
     signed_by: list[str] = field(default_factory=list)  # key ids the envelope claims (not checked without a policy)
     trust: str | None = None  # under a policy: trusted | unsigned | untrusted key | bad signature
     trust_message: str = ""
@@ -94,7 +96,13 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
         out.state, out.changed = "invalid", []
         out.message = f"filed under {folder_method}/ but is a receipt of {pred['method']}"
         return out
-    out.device = pred["environment"]["device"]["kind"]
+    try:
+        out.receipt = Receipt.from_statement(data, tuple(out.signed_by))
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # the schema allows what the record cannot read
+        out.state, out.changed = "invalid", []
+        out.message = f"unexpected receipt shape: {type(err).__name__}: {err}"
+        return out
+    out.device = out.receipt.device
     out.predicate = pred
     out.subject = data.get("subject")
     return out
