@@ -132,13 +132,15 @@ CONTRACTS = {"double-value": ("double-value", ["float64", "float32"]), "mechanis
 
 
 def make_layout(tmp: Path, spec_text: str = SPEC_TEXT) -> tuple[Path, Path, Path]:
-    """(root, specs_dir, receipts_dir): a checkout with one bound source file and the toy spec."""
+    """(root, specs_dir, receipts_dir): a checkout with one bound source file, the toy spec and an empty store
+    (a store that is not there is a usage error for every reading verb)."""
     root = tmp / "repo"
     (root / "src").mkdir(parents=True)
     (root / "src" / "toy.py").write_text("def double(x):\n    return 2 * x\n")
     specs = root / "specs"
     specs.mkdir()
     (specs / "toy.yaml").write_text(spec_text)
+    (root / "receipts").mkdir()
     return root, specs, root / "receipts"
 
 

@@ -216,6 +216,7 @@ def test_a_broken_spec_stays_in_list_as_invalid_with_its_first_error(tmp_path):
     for key in KEYS:
         (specs / f"{key}.yaml").write_text((ROOT / "specs" / f"{key}.yaml").read_text())
     path = _two_errors(specs)
+    (tmp_path / "r").mkdir()  # an empty store (a missing one is exit 2 before any spec is read)
     r = invoke("list", "--specs", str(specs), "--receipts", str(tmp_path / "r"), columns=80)
     assert r.exit_code == 2
     row = next(ln for ln in r.stdout.splitlines() if ln.startswith("tapo-trajectory"))
@@ -244,8 +245,10 @@ def test_check_reports_every_spec_error(tmp_path):
 # --- verify, help, warnings -------------------------------------------------------------------------------------
 
 
-def test_verify_on_a_store_that_does_not_exist_exits_2_with_one_line(tmp_path):
-    r = invoke("verify", "--receipts", str(tmp_path / "nonexistent"))
+@pytest.mark.parametrize("verb", [["verify"], ["list"], ["list", "--json"], ["show", "mrtpo"], ["gate", "mrtpo"],
+                                  ["gate", "mrtpo", "--json"], ["tui", "--json"]])
+def test_every_reading_verb_on_a_store_that_does_not_exist_exits_2_with_one_line(tmp_path, verb):
+    r = invoke(*verb, "--receipts", str(tmp_path / "nonexistent"))
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [f"error: no receipt store at {tmp_path / 'nonexistent'}: not a folder (give "
                                      "--receipts DIR of an existing store; contracts check creates one)"]

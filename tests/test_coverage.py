@@ -62,6 +62,10 @@ def test_only_on_a_contract_no_mutant_targets_is_not_called_no_mutants():
 
 def test_mutate_receipts_are_judged_by_their_own_completeness():
     assert coverage(_pred(mutants=(), mutation={"complete": True}), SPEC).full
+    # its baseline runs on one seed by design: not a partial run for that (list and the TUI say the same)
+    one_seed = coverage(_pred(mutants=(), seeds=(42,), mutation={"complete": True}), SPEC)
+    assert one_seed.full and one_seed.label() == "full"
+    assert "seeds 42" in coverage(_pred(mutants=(), seeds=(42,)), SPEC).text()
     c = coverage(_pred(mutants=(), mutation={"complete": False}), SPEC)
     assert not c.full and "mutate on a selection" in c.text()
 

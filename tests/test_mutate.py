@@ -253,6 +253,7 @@ def test_a_failing_baseline_refuses_to_judge(toy, tmp_path):
 
 
 def _gate(specs: Path, receipts: Path) -> dict:
+    receipts.mkdir(exist_ok=True)  # an empty store: one that is not there is exit 2
     res = CliRunner().invoke(app, ["gate", "toy-mutate", "--specs", str(specs), "--receipts", str(receipts), "--json",
                                    "--no-cache"])
     return json.loads(res.stdout)

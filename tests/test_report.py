@@ -215,6 +215,7 @@ def test_the_report_width_is_columns_else_the_terminal_and_nothing_when_piped(mo
 
 def test_no_color_produces_no_escape_codes(tmp_path, monkeypatch):
     store = tmp_path / "receipts"
+    store.mkdir()  # empty: the gate is closed (a store that is not there is exit 2)
     monkeypatch.delenv("NO_COLOR", raising=False)
     coloured = invoke("gate", "tapo-trajectory", "--receipts", str(store), color=True)
     assert coloured.exit_code == 1 and ESC in coloured.output  # UNMET is coloured on a terminal

@@ -153,11 +153,12 @@ class ContractsApp(App):
         store it runs in another process: this thread only waits, and the UI
         keeps the GIL. Small stores are evaluated here, which is quicker than a spawn.
         """
-        keys = [m.key for m in model.methods if m.spec_obj is not None]
+        units = [(m.key, m.method_key, m.unit) for m in model.methods if m.spec_obj is not None]
+        keys = [u[0] for u in units]
         views: dict = {}
         if model.receipts_total > GATE_PROCESS_THRESHOLD and self.index.persist:
             try:
-                views = self._gates_elsewhere(keys)
+                views = self._gates_elsewhere(units)
             except Exception:  # no worker process here: evaluate in this thread instead
                 views = {}
         for m in model.methods:
@@ -166,13 +167,14 @@ class ContractsApp(App):
             view = views.get(m.key)
             if view is None:
                 try:
-                    view = gate_for(m.key, self.receipts_dir, self.root, self.specs_dir, self.trust)
+                    view = gate_for(m.method_key, self.receipts_dir, self.root, self.specs_dir, self.trust,
+                                    unit=m.unit)
                 except Exception as err:  # a bug here must not take the browser down: say so on the Gate tab
                     view = GateView("unknown", [(f"engine.gate raised {type(err).__name__}: {err}",
                                                  f"contracts gate {m.key}")], "engine.gate (failed)")
             self.ui(self._apply_gate, model, m.key, view)
 
-    def _gates_elsewhere(self, keys: list[str]) -> dict:
+    def _gates_elsewhere(self, keys: list) -> dict:
         from engine.store.index import spawn_pool
 
         from engine.store.cache import names_doc
@@ -318,6 +320,10 @@ class ContractsApp(App):
         if m is None or m.spec is None:
             self.notify(f"{key}: no readable spec to check", severity="warning")
             return
+        if m.candidate:  # its target is a file of the user's: checked from a shell, in the sandbox, by its path
+            self.notify(f"{key} is an --impl candidate: run contracts check {m.method_key} --impl TARGET from a shell",
+                        severity="warning")
+            return
 
         def chosen(values) -> None:
             if values is not None:
@@ -431,6 +437,11 @@ class ContractsApp(App):
 
     def change_promotion(self, key: str, action: str) -> None:
         """Read the gate from the files (never the index or a cache), then refuse with its reasons or ask why."""
+        m = self.model.method(key) if self.model else None
+        if m is not None and m.candidate:  # promotion is the spec's, earned by its registered implementation
+            self.notify(f"{key} is an --impl candidate: promotion belongs to the registered implementation",
+                        severity="warning")
+            return
         self._gate_then_ask(key, action)
 
     @work(thread=True, group="promote", exclusive=True, description="gate verdict for a promotion")

@@ -22,6 +22,7 @@ from engine.cli.common import (
     _store_name,
     _trust_policy,
     receipt_shown,
+    shown_path,
     app,
     handles_errors,
 )
@@ -66,13 +67,12 @@ def gate(
     The verdict is derived from the files alone (the spec, every receipt's bytes, the working tree): the
     validation cache and the index, which anyone who can write the store can edit, are never read here.
     """
-    from engine.gate.verdict import evaluate
     from engine.spec.memo import load_spec
+    from engine.store.overview import Overview
 
     del no_cache  # accepted so scripts keep working: a verdict never reads the cache
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
-    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())  # from the file, never the cache
     unit, flags = "default", _flags(specs, receipts)
     if impl is not None:  # [impl] hook: (method, implementation) is the unit; the target is hashed, never run
         import shlex
@@ -81,8 +81,12 @@ def gate(
 
         unit = SUBJECT_PREFIX + identity(parse_target(impl))["digest"]
         flags += f" --impl {shlex.quote(impl)}"
-    result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, flags, implementation=unit,
-                      policy=policy, store=_store_name(receipts_dir), shown=receipt_shown(receipts_dir))
+    # no cache: every receipt is assessed from its bytes
+    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), policy=policy, flags=flags,
+                        shown=receipt_shown(receipts_dir), store=_store_name(receipts_dir))
+    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())  # from the file, never the cache
+    overview.require_store(shown_path)
+    result = dict(overview.verdict(spec, unit).result)
     if json_out:
         from engine.gate.verdict import published
 

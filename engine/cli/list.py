@@ -30,58 +30,24 @@ from engine.cli.common import (
 )
 
 
-def _units(spec, specs_dir: Path, receipts_dir: Path, policy=None) -> list[tuple[str, str, list]]:
-    """[impl] (unit, label, receipts) per implementation with receipts of this method: 'default' (the registered
-    one, always listed) first, then each --impl target by its files' digest (engine/run/impl_loader.py)."""
-    from engine.run.impl_loader import unit_of
-    from engine.store.verify import assess_receipts
-
-    assessed, _ = assess_receipts(receipts_dir, _paths.project_root(), specs_dir, spec.key,
-                                  cache=_spec_cache(receipts_dir), policy=policy)
-    by_unit: dict[str, list] = {"default": []}
-    labels = {"default": "default"}
-    for a in assessed:
-        unit = unit_of(a.predicate)
-        by_unit.setdefault(unit, []).append(a)
-        if unit != "default":
-            labels[unit] = f"--impl {a.predicate['implementation'].get('target')} ({unit[5:17]})"
-    return [(u, labels[u], by_unit[u]) for u in by_unit]
-
-
-def _receipt_and_gate(spec, specs_dir: Path, receipts_dir: Path, unit: str = "default", assessed=None,
-                      policy=None) -> dict:
-    """`list` columns: the latest receipt with its freshness, and the gate verdict (the same evaluation as `gate`,
-    sped up by the validation cache: a display; `contracts gate` decides from the files)."""
-    from engine.gate.verdict import evaluate
-    from engine.store.verify import assess_receipts
-
-    if assessed is None:
-        assessed, _ = assess_receipts(receipts_dir, _paths.project_root(), specs_dir, spec.key,
-                                      cache=_spec_cache(receipts_dir), policy=policy)
-    dated = [a for a in assessed if a.created_at]
-    last = max(dated, key=lambda a: a.created_at) if dated else (assessed[-1] if assessed else None)
-    from engine.store.coverage import coverage
-
-    latest = None if last is None else {
-        "file": shown_path(Path(receipts_dir) / last.file), "state": last.state, "status": last.status,
-        "created_at": last.created_at or "", "receipt_id": last.receipt_id, "count": len(assessed),
-        "changed": last.changed,
-        "coverage": None if last.predicate is None else coverage(last.predicate, spec).as_dict(),
+def row_of(row, receipts_dir: Path) -> dict:
+    """One `list --json` row from the read model's UnitRow (engine/store/overview.py)."""
+    s = row.spec
+    view = row.latest_view()
+    latest = None if view is None else {
+        "file": shown_path(Path(receipts_dir) / view.file), "state": view.state, "status": view.status,
+        "created_at": view.created_at or "", "receipt_id": view.receipt_id, "count": len(row.receipts),
+        "changed": list(view.changed),
+        "coverage": None if view.coverage is None else view.coverage.as_dict(),
         # a `contracts mutate` receipt: its score, not its one-seed baseline, is what it says
-        "mutation": _mutation_of(last.predicate)}
-    g = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, assessed=assessed, implementation=unit,
-                 policy=policy)
-    return {"latest_receipt": latest,
-            "gate": {"promotable": g["promotable"], "unmet": [r["id"] for r in g["requirements"] if not r["met"]]}}
-
-
-def _mutation_of(pred) -> dict | None:
-    m = pred.get("mutation") if isinstance(pred, dict) else None
-    if not isinstance(m, dict):
-        return None
-    score = m.get("score")
-    return {"score": score if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
-            "complete": m.get("complete") is True}
+        "mutation": None if view.mutation is None else {"score": view.mutation.score,
+                                                        "complete": view.mutation.complete},
+        # the outcome in the words every view uses (engine.store.records.describe)
+        "outcome": None if view.described is None else view.described.short()}
+    return {"method": s.key, "implementation": row.unit, "implementation_label": row.label, "title": s.title,
+            "level": s.level, "review": s.review, "promotion": s.state, "contracts": len(s.contracts),
+            "mutants": len(s.mutants), "latest_receipt": latest,
+            "gate": {"promotable": row.verdict.promotable, "unmet": [r.id for r in row.verdict.unmet]}}
 
 
 LIST_SCHEMA = "paper-contracts/list/v1"
@@ -93,25 +59,23 @@ LIST_SCHEMA_VERSION = 1
 def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOpt = False,
           trust: TrustOpt = None) -> None:
     """Every method: level, review, promotion state, contracts, latest receipt and its freshness, gate verdict."""
+    from engine.store.overview import Overview, count_label
+
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
+    # the validation cache speeds up this display; `contracts gate` decides from the files
+    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), policy=policy,
+                        cache=_spec_cache(receipts_dir))
+    overview.require_store(shown_path)
     good, bad = _load_valid_specs(specs_dir, receipts_dir)
-    rows = []
-    for s in good:
-        d = s.data
-        for unit, label, assessed in _units(s, specs_dir, receipts_dir, policy):  # [impl] one row per implementation
-            rows.append({
-                "method": s.key, "implementation": unit, "implementation_label": label, "title": d["title"],
-                "level": d["level"], "review": d["promotion"]["review"],
-                "promotion": d["promotion"]["state"], "contracts": len(d["contracts"]), "mutants": len(d["mutants"]),
-                **_receipt_and_gate(s, specs_dir, receipts_dir, unit, assessed, policy),
-            })
+    units = overview.rows(good)  # [impl] one row per implementation: the registered one, then each candidate
+    rows = [row_of(u, receipts_dir) for u in units]
     invalid = _invalid(bad)
     if json_out:
         _print_json({"schema": LIST_SCHEMA, "schema_version": LIST_SCHEMA_VERSION, "methods": rows,
                      "invalid_specs": [e.as_dict() for e in bad], "invalid": invalid})
     else:
-        _print_table(rows, invalid)
+        _print_table(rows, invalid, count_label(units, len(invalid)))
         for v in invalid:  # the first error of each; validate lists every one
             more = f" (+{v['errors'] - 1} more: contracts validate {v['file']})" if v["errors"] > 1 else ""
             _err(f"invalid spec {v['method']}: {v['first_error']}{more}")
@@ -128,7 +92,7 @@ def _invalid(bad: list) -> list[dict]:
     return list(out.values())
 
 
-def _print_table(rows: list[dict], invalid: list[dict]) -> None:
+def _print_table(rows: list[dict], invalid: list[dict], title: str) -> None:
     """The table, fitted to the terminal: method keys are never cut (they are what you type next); below 110
     columns level, review and promotion share the review column, the latest receipt takes two lines, and the
     contract and mutant counts (`contracts show`) give way."""
@@ -139,7 +103,7 @@ def _print_table(rows: list[dict], invalid: list[dict]) -> None:
 
     con = _console()
     narrow = con.width < 110
-    t = Table(title=f"{len(rows)} method(s)" + (f", {len(invalid)} invalid spec(s)" if invalid else ""),
+    t = Table(title=title,
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     keys = [r["method"] for r in rows] + [v["method"] for v in invalid]
     t.add_column("method", min_width=max(map(len, keys), default=6), overflow="fold")
@@ -153,19 +117,15 @@ def _print_table(rows: list[dict], invalid: list[dict]) -> None:
         if lr is None:
             latest = "none"
         else:
-            label, when = (lr.get("coverage") or {}).get("label"), lr["created_at"] or ""
+            when = lr["created_at"] or ""
             stamp = f"{when[:10]} {when[11:16]}Z" if narrow else f"{when[:19]}Z"
-            status = lr["status"]
-            if lr.get("mutation"):  # "mutate 1.000 (full)": a mutation run, judged by its score
-                mu = lr["mutation"]
-                status = "mutate " + ("n/a" if mu["score"] is None else f"{mu['score']:.3f}")
-                label = "full" if mu["complete"] else "partial"
-            if label is None:  # tampered or invalid: no verdict to qualify
+            outcome = lr.get("outcome")  # "passed (partial 3/12)", "mutate 1.000 (full)": the words every view uses
+            if outcome is None:  # tampered or invalid: no verdict to qualify
                 latest = f"{lr['state']}" + (f"\n{stamp}" if narrow else f" {stamp}") if when else lr["state"]
             elif narrow:  # two lines of at most 24 characters
-                latest = f"{status} ({label})\n{lr['state']}, {stamp}"
+                latest = f"{outcome}\n{lr['state']}, {stamp}"
             else:
-                latest = f"{status} ({label}, {lr['state']}) {stamp}"
+                latest = f"{outcome[:-1]}, {lr['state']}) {stamp}"
         g = r["gate"]
         method = r["method"] if r["implementation"] == "default" else f"{r['method']} {r['implementation_label']}"
         cells = {"level": r["level"], "review": f"{r['level']} {r['review']}\n{r['promotion']}" if narrow

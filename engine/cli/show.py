@@ -37,24 +37,34 @@ def show(
     json_out: JsonOpt = False,
 ) -> None:
     """One method in full: formulas, assumptions, contracts, mutants, budget, paper results, receipts."""
-    from engine.store.receipts import check_receipt, receipt_files
+    from engine.store.overview import Overview, ReceiptView
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
     cache = _spec_cache(receipts_dir)
     spec = cache.load_spec(spec_path(specs_dir, method), _paths.project_root())
     d = spec.data
+    # the same read model as list (and the same display cache): one method's units, newest receipts, verdicts
+    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), cache=cache)
+    overview.require_store(shown_path)
+    units = overview.units(spec)
     recent = []
-    for f in receipt_files(receipts_dir, spec.key)[-5:]:
-        rc = check_receipt(f, _paths.project_root(), specs_dir, cache=cache)
-        recent.append({"file": shown_path(f), "state": rc.state, "status": rc.status, "created_at": rc.created_at})
+    for row in units:
+        for a in row.receipts[-5:]:
+            view = ReceiptView.of(a, spec)
+            recent.append({"file": shown_path(receipts_dir / a.file), "state": a.state, "status": a.status,
+                           "created_at": a.created_at, "implementation": row.unit,
+                           "implementation_label": row.label,
+                           "outcome": None if view.described is None else view.described.short()})
+    gates = [{"implementation": row.unit, "implementation_label": row.label, "promotable": row.verdict.promotable,
+              "unmet": [r.id for r in row.verdict.unmet]} for row in units]
     if json_out:
-        _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "receipts": recent})
+        _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "receipts": recent, "gate": gates})
         return
     from rich.table import Table
 
     from engine.text import term_safe_deep
 
-    d, recent = term_safe_deep(d), term_safe_deep(recent)  # spec text is data: no control sequence reaches the terminal
+    d, recent, gates = term_safe_deep(d), term_safe_deep(recent), term_safe_deep(gates)  # spec text is data: no control sequence reaches the terminal
     con = _console()
     p = d["paper"]
     con.print(f"{spec.key}: {d['title']}", style="bold")
@@ -99,4 +109,9 @@ def show(
     con.print("latest receipts" + ("" if recent else ": none yet (run contracts check "
                                                                   f"{spec.key} --device cpu)"))
     for r in recent:
-        con.print(f"- {r['file']}  {r['status']}  {r['state']}")
+        unit = "" if r["implementation"] == "default" else f"  [{r['implementation_label']}]"
+        con.print(f"- {r['file']}  {r['outcome'] or r['status']}  {r['state']}{unit}")
+    for g in gates:
+        unit = "" if g["implementation"] == "default" else f" [{g['implementation_label']}]"
+        con.print(f"gate{unit}: " + ("open" if g["promotable"] else f"closed ({len(g['unmet'])} unmet: "
+                                     + ", ".join(g["unmet"]) + f"; contracts gate {spec.key} says why)"))

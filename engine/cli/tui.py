@@ -44,7 +44,11 @@ def tui(
 
     from pathlib import Path
 
+    from engine.cli.common import shown_path
+    from engine.store.overview import Overview
+
     specs_dir, receipts_dir = _dirs(specs, receipts)
+    Overview(specs_dir, receipts_dir, _paths.project_root()).require_store(shown_path)  # exit 2, as every reader
     policy = _trust_policy(trust, receipts_dir)  # a bad policy is a usage error here, before the app starts
     trust_file = Path(policy.file) if policy is not None else None  # the Gate tab reads it afresh each time
     try:

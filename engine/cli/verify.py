@@ -48,7 +48,7 @@ def verify(
     """
     from engine.spec.loader import check_key
     from engine.store.coverage import coverage
-    from engine.store.verify import assess_store
+    from engine.store.overview import Overview
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
     if method is not None:
@@ -59,12 +59,12 @@ def verify(
             raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
     del no_cache  # accepted so scripts keep working: verify never reads the cache
     policy = _trust_policy(trust, receipts_dir)
-    if not receipts_dir.is_dir():  # "0 receipts, OK" would pass a store that is not there (a typo, a lost mount)
-        raise E.UsageError(f"no receipt store at {shown_path(receipts_dir)}: not a folder (give --receipts DIR of "
-                           "an existing store; contracts check creates one)")
+    # no cache: every verdict comes from the files
+    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), policy=policy)
+    overview.require_store(shown_path)  # "0 receipts, OK" would pass a store that is not there (a typo, a lost mount)
     cache = _spec_cache(receipts_dir, use=False)  # in this process only: nothing read from the store's cache
     states, state_problems = _spec_states(specs_dir, method, cache)
-    report = assess_store(receipts_dir, _paths.project_root(), specs_dir, method, states, cache=None, policy=policy)
+    report = overview.store_report(method, states)
     report.ledger.problems.extend(state_problems)
     counts = report.counts()
     shown = receipt_shown(receipts_dir)

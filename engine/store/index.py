@@ -40,11 +40,12 @@ from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_re
 from engine.spec.loader import KEY_RE
 from engine.run.expect import headroom, worst_expectation
 from engine.store.coverage import facts as coverage_facts
+from engine.store.records import unit_of
 
 INDEX_NAME = ".index.jsonl"
 DETAIL_NAME = ".index-detail.jsonl"
-INDEX_VERSION = 8  # 5: worst expectation by headroom; 6: gate slice with git; 7: no gate slice (verdicts read files);
-# 8: coverage facts (engine/store/coverage.py)
+INDEX_VERSION = 9  # 5: worst expectation by headroom; 6: gate slice with git; 7: no gate slice (verdicts read files);
+# 8: coverage facts (engine/store/coverage.py); 9: implementation unit and label, mutation score
 OK, TAMPERED, INVALID = "ok", "tampered", "invalid"
 FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
@@ -137,7 +138,7 @@ def _light(rel: str, state: str, message: str) -> dict:
     return {"state": state, "message": message, "method": folder or None, "receipt_id": None,
             "created_at": _stamp_time(name), "status": None, "device": None, "device_name": None, "seeds": [],
             "commit": None, "dirty": None, "subjects": None, "cset": None, "spec_name": None, "spec_state": None,
-            "coverage": None}
+            "coverage": None, "unit": "default", "impl_label": "default", "mutation": None}
 
 
 def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, list | None, list | None, list | None]:
@@ -186,6 +187,9 @@ def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, li
             "subjects": _digest(pairs) if pairs else None, "cset": _digest(cids),
             "spec_name": spec.get("name"), "spec_state": spec.get("promotion_state"),
             "coverage": coverage_facts(pred),  # full or partial: coverage.coverage(entry["coverage"], spec)
+            # [impl] which implementation it measured: a candidate's receipts are a row of their own
+            "unit": unit_of(pred), "impl_label": _impl_label(pred),
+            "mutation": _mutation(pred),
         })
         heavy = [{"c": contract_digest(results),
                   "m": {m["id"]: bool(m.get("killed")) for m in pred.get("mutants") or []
@@ -194,6 +198,23 @@ def index_file(path: str, rel: str, folder_method: str | None) -> tuple[dict, li
         return light, heavy, pairs, cids
     except Exception as err:  # an odd shape that still passed the checks above: listed as broken, never fatal
         return _light(rel, INVALID, f"unexpected receipt shape: {type(err).__name__}: {err}"), None, None, None
+
+
+def _impl_label(pred: dict) -> str:
+    impl = pred.get("implementation") if isinstance(pred.get("implementation"), dict) else {}
+    unit = unit_of(pred)
+    if unit == "default":
+        return unit
+    target = impl.get("target")
+    return f"--impl {target if isinstance(target, str) else '?'} ({unit[5:17]})"
+
+
+def _mutation(pred: dict) -> dict | None:
+    m = pred.get("mutation")
+    if not isinstance(m, dict):
+        return None
+    score = m.get("score")
+    return {"score": float(score) if _finite(score) else None, "complete": m.get("complete") is True}
 
 
 def spawn_pool(workers: int):
@@ -628,8 +649,12 @@ class Freshness:
         key = (digest, spec_state)
         if key in self._verdicts:
             return self._verdicts[key]
+        from engine.store.receipts import is_external_subject
+
         out = []
         for name, sha in pairs:
+            if is_external_subject(name):
+                continue  # a checkpoint's or an --impl target's file: not in the tree (as check_receipt rules)
             p = Path(name) if isinstance(name, str) else None
             if not name or p is None or p.is_absolute() or ".." in p.parts:
                 out.append(f"{name} (not a repository path)")
