@@ -394,6 +394,27 @@ def test_with_state_keeps_quoting_and_comments(written, expected):
     assert with_state(text, "promoted") == f"a: 1\npromotion:\n  review: DONE\n{expected}  reasons: []\n"
 
 
+@pytest.mark.parametrize("text", [
+    "a: 1\npromotion:\n  review: DONE\n  state: not-promoted\n  reasons: []\n",
+    "a: 1\npromotion:\n  state: 'not-promoted'  # c\n",
+    't: "é ü 中"\npromotion:\n  state: "promoted"\n',
+    "promotion: {review: DONE, state: promoted}\n",
+    "x: 1\r\npromotion:\r\n  state: promoted\r\n",
+    "promotion:\n  state: &s promoted\n",  # an anchor: not the plain subset, the round trip decides
+])
+def test_the_fast_state_position_is_the_round_trips_or_none(text, monkeypatch):
+    from engine.gate import promote
+
+    fast = promote._fast_state_span(text)
+    monkeypatch.setattr(promote, "_fast_state_span", lambda t: None)
+    try:
+        slow = promote.state_span(text)
+    except StateNotFound:
+        slow = None
+    assert fast is None or fast == slow, (fast, slow)
+    assert fast is not None or "&s" in text or "\r" in text
+
+
 def test_with_state_on_a_flow_mapping_and_crlf():
     assert with_state("promotion: {review: DONE, state: promoted}\n", "not-promoted") == \
         "promotion: {review: DONE, state: not-promoted}\n"

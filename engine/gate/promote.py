@@ -37,8 +37,31 @@ def _line_starts(text: str) -> list[int]:
     return starts
 
 
+def _fast_state_span(text: str) -> tuple[int, int, str] | None:
+    """state_span from libyaml's events (engine/spec/fastyaml.py, whose marks equal ruamel's), or None: then
+    ruamel's round-trip parse decides. The token found is checked against the text either way."""
+    from engine.spec import fastyaml
+    from engine.spec.loader import MAX_DEPTH, locate
+
+    got = fastyaml.located(text, MAX_DEPTH) if fastyaml.available() else None
+    promo = got[0].get("promotion") if got is not None else None
+    if not isinstance(promo, dict) or not isinstance(promo.get("state"), str):
+        return None
+    line, col = locate(got[1], ["promotion", "state"])
+    starts = _line_starts(text)
+    if line is None or line > len(starts):
+        return None
+    start = starts[line - 1] + col - 1
+    quote = text[start] if text[start:start + 1] in ("'", '"') else ""
+    token = f"{quote}{promo['state']}{quote}"
+    return (start, start + len(token), quote) if text[start:start + len(token)] == token else None
+
+
 def state_span(text: str) -> tuple[int, int, str]:
     """(start, end, quote) of the promotion.state token in `text`; quote is '', "'" or '"'."""
+    fast = _fast_state_span(text)  # a third of a millisecond, where the round-trip parse takes 0.1-0.3 s
+    if fast is not None:
+        return fast
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 

@@ -530,6 +530,13 @@ class Detail:
     text: str
     error: str = ""
 
+    @property
+    def predicate(self) -> dict:
+        """The run as the file states it, for showing the receipt whole ({} when unreadable). A broken file is shown
+        too, so this is the parsed text, not a typed record: screens read it defensively."""
+        pred = self.data.get("predicate") if isinstance(self.data, dict) else None
+        return pred if isinstance(pred, dict) else {}
+
 
 MAX_RAW_CHARS = 400_000
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from engine.store import bounded
-from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_receipt, receipt_id, serialize
+from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, canonical, load_receipt, receipt_id, serialize_parsed
 from engine.spec.loader import KEY_RE
 from engine.run.expect import headroom, worst_expectation
 from engine.store.coverage import facts as coverage_facts
@@ -69,7 +69,7 @@ def integrity(data: dict, raw: bytes) -> tuple[str, str]:
     """(state, message) from the file's bytes alone: the tests of `check_receipt`, minus freshness."""
     pred = data["predicate"]
     try:
-        expected = receipt_id(pred)
+        expected = receipt_id(pred, parsed=True)
     except (TypeError, ValueError) as err:
         return INVALID, f"predicate cannot be canonicalised: {err}"
     if expected != pred.get("receipt_id"):
@@ -77,7 +77,7 @@ def integrity(data: dict, raw: bytes) -> tuple[str, str]:
     subject = data.get("subject")
     if not isinstance(subject, list) or _digest(subject) != pred.get("subject_sha256"):
         return TAMPERED, "subject list does not match the digest in the predicate"
-    if serialize(data) != raw:
+    if serialize_parsed(data) != raw:
         return TAMPERED, "file bytes differ from the form it was written in"
     return OK, ""
 

@@ -115,7 +115,7 @@ class ReceiptScreen(Screen):
         if not self.is_mounted or (opened is not None and opened != self._opened):
             return  # another receipt was opened since this one was asked for
         self.detail = detail
-        pred = (detail.data or {}).get("predicate") or {}
+        pred = detail.predicate
         self._results = [r for r in pred.get("results") or [] if isinstance(r, dict)]
         self._raw_shown = False
         try:
@@ -165,7 +165,7 @@ class ReceiptScreen(Screen):
         if self.detail is None or self._plots_shown:
             return
         self._plots_shown = True
-        pred = (self.detail.data or {}).get("predicate") or {}
+        pred = self.detail.predicate if self.detail else {}
         self.query_one("#plots-view", Static).update(plots.render(pred, self.size.width - 4))
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
@@ -337,7 +337,7 @@ class ReceiptScreen(Screen):
     def action_failures(self) -> None:
         self.failures_only = not self.failures_only
         self._fill_results()
-        self._fill_mutants(((self.detail.data if self.detail else None) or {}).get("predicate") or {})
+        self._fill_mutants(self.detail.predicate if self.detail else {})
 
     def action_diff(self) -> None:
         self.app.open_diff(self.row.file)
