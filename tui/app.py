@@ -14,7 +14,15 @@ from textual.binding import Binding
 from engine.store.index import Freshness, ReceiptIndex
 from engine.spec.loader import display_path
 from tui.commands import ContractsCommands
-from tui.data import GateView, Model, build_model, gate_flags, gate_for, gate_views, previous_full_receipt
+from tui.data import (
+    GateView,
+    Model,
+    build_model,
+    gate_flags,
+    gate_for,
+    gate_views_elsewhere,
+    previous_full_receipt,
+)
 
 DEFAULT_POLL_SECONDS = 3.0
 GATE_PROCESS_THRESHOLD = 1000  # receipts; above this the gate runs in another process
@@ -175,15 +183,7 @@ class ContractsApp(App):
             self.ui(self._apply_gate, model, m.key, view)
 
     def _gates_elsewhere(self, keys: list) -> dict:
-        from engine.store.index import spawn_pool
-
-        from engine.store.cache import names_doc
-        from engine.spec.registry import known_names
-
-        # The other process checks specs against this process's registered names, so both agree on validity.
-        with spawn_pool(1) as pool:
-            return pool.submit(gate_views, keys, self.specs_dir, self.receipts_dir, self.root,
-                               names_doc(known_names()), self.trust).result()
+        return gate_views_elsewhere(keys, self.specs_dir, self.receipts_dir, self.root, self.trust)
 
     def _apply_gate(self, model: Model, key: str, view) -> None:
         if model is not self.model:

@@ -26,6 +26,7 @@ from engine.store.browse import (  # noqa: F401  (the rows and builders the scre
     gate_for,
     gate_view,
     gate_views,
+    gate_views_elsewhere,
     load_detail,
     model_as_dict,
     previous_full_receipt,
