@@ -183,7 +183,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     terminalreporter.section("contracts receipts")
     for method, status, path in opts.written:
-        terminalreporter.write_line(term_safe(f"{method}: {status.upper()}  {path}"))
+        terminalreporter.write_line(term_safe(f"{method}: {status}  {path}"))
 
 
 # --- collection -------------------------------------------------------------------
@@ -389,7 +389,14 @@ class _SpecRun:
         stmt, path = session.write(self.runner, self.created, self.opts.receipts, self.opts.sign_key)
         pred = stmt["predicate"]
         shown = display_path(path, project_root())
-        self.opts.written.append((pred["method"], pred["status"], shown))
+        # worded as list, show and the TUI word it (engine.store.records): a -k selection reads as partial
+        from engine.store.records import Receipt
+
+        try:
+            outcome = Receipt.from_statement(stmt).describe(self.runner.plan.spec).text()
+        except (KeyError, TypeError, ValueError):  # the receipt is written either way; only its wording is lost
+            outcome = str(pred.get("status"))
+        self.opts.written.append((pred["method"], outcome, shown))
         last = next((it for it in reversed(self.item_list) if it.nodeid in self.finished), None)
         if last is not None:
             last.user_properties += [("receipt", shown), ("receipt_id", pred["receipt_id"]),
