@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "tui", "methods")
 # The one allowed upward edge: `contracts tui` starts the browser.
-ALLOWED_UP = {("engine.cli.tui", "tui.app"), ("engine.cli.tui", "tui.data")}
+ALLOWED_UP = {("engine.cli.tui", "tui.app")}
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -142,3 +142,14 @@ def test_the_checks_find_what_they_look_for(tmp_path, files, expect_cycle, expec
     edges = graph(modules(tmp_path))
     assert cycles(edges) == expect_cycle
     assert upward(edges) == expect_up
+
+
+def test_the_tui_and_the_gate_read_receipts_by_attribute():
+    """Receipts reach tui/ and engine/gate as typed records (engine/store/records.py): no reader there indexes a
+    predicate dict, so a field renamed in the store breaks where the record is made, not silently here."""
+    import re
+
+    raw_reads = re.compile(r"""predicate\[|\.get\(\s*["']predicate["']""")
+    hits = [f"{path.relative_to(ROOT)}:{n}" for base in ("tui", "engine/gate") for path in sorted((ROOT / base).rglob("*.py"))
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if raw_reads.search(line)]
+    assert hits == []

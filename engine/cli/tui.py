@@ -60,7 +60,7 @@ def tui(
         raise E.UsageError(f"--keys: no binding with id {', '.join(unknown)}; valid ids: {', '.join(sorted(binding_ids()))}")
     if json_out:
         from engine.store.index import Freshness, ReceiptIndex
-        from tui.data import build_model, model_as_dict
+        from engine.store.browse import build_model, model_as_dict
 
         model = build_model(specs_dir, receipts_dir, _paths.project_root(), ReceiptIndex(receipts_dir),
                             Freshness(_paths.project_root(), specs_dir), gates=True, trust=trust_file)

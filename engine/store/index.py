@@ -265,7 +265,7 @@ class ReceiptIndex:
     Light summaries live in `.index.jsonl` (read on every start); heavy parts in
     `.index-detail.jsonl`, read the first time a view asks for one (the
     Contracts tab's newest receipts), so a start reads only the light lines.
-    Display only: no verdict reads the index (tui.data.gate_for reads the files).
+    Display only: no verdict reads the index (engine.store.browse.gate_for reads the files).
     """
 
     def __init__(self, receipts_dir: Path, persist: bool = True):
