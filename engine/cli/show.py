@@ -37,6 +37,8 @@ def show(
     json_out: JsonOpt = False,
 ) -> None:
     """One method in full: formulas, assumptions, contracts, mutants, budget, paper results, receipts."""
+    import shlex
+
     from engine.store.overview import Overview, ReceiptView
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
@@ -56,7 +58,10 @@ def show(
                            "implementation_label": row.label,
                            "outcome": None if view.described is None else view.described.short()})
     gates = [{"implementation": row.unit, "implementation_label": row.label, "promotable": row.verdict.promotable,
-              "unmet": [r.id for r in row.verdict.unmet]} for row in units]
+              "unmet": [r.id for r in row.verdict.unmet],
+              "command": f"contracts gate {spec.key}" + ("" if not row.is_candidate else " --impl " + shlex.quote(
+                  next((a.receipt.implementation.target for a in row.receipts if a.receipt is not None), None)
+                  or "TARGET"))} for row in units]
     if json_out:
         _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "receipts": recent, "gate": gates})
         return
@@ -114,4 +119,4 @@ def show(
     for g in gates:
         unit = "" if g["implementation"] == "default" else f" [{g['implementation_label']}]"
         con.print(f"gate{unit}: " + ("open" if g["promotable"] else f"closed ({len(g['unmet'])} unmet: "
-                                     + ", ".join(g["unmet"]) + f"; contracts gate {spec.key} says why)"))
+                                     + ", ".join(g["unmet"]) + f"; {g['command']} says why)"))
