@@ -44,8 +44,8 @@ def _print_gate(result: dict) -> None:
     if ev.get("unsigned"):
         what = [f"{len(ev['receipts'])} receipt(s)"] if ev["receipts"] else []
         what += ["the review"] if ev.get("review") else []
-        _out(f"  unsigned: the evidence counted ({' and '.join(what) or 'none'}) is not verified by a trust policy; "
-             "anyone who can write the store could have written it (gate --trust POLICY.yaml verifies it)")
+        _out(f"  unsigned: {' and '.join(what)} counted without a trust policy, so not verified (anyone who can "
+             "write the store could have written it; gate --trust POLICY.yaml verifies)")
     for w in result["warnings"]:
         _out(f"  warning: {w}")
     more = result.get("warnings_total", 0) - len(result["warnings"])

@@ -320,8 +320,7 @@ def requirement(spec, receipts_dir: Path, policy, flags: str, make) -> dict:
     else:
         whys = "; ".join(f"entry {n['seq']}: {n['why']}" for n in j["not_counted"][:2])
         parts.append(f"no review counts for this spec ({whys})")
-    note = (f"a reviewer reads {spec.display} (the reviewed fields: all but promotion.state, review and reasons), "
-            f"then runs: {run}")
+    note = f"a reviewer reads {spec.display}, then runs: {run}"
     if status != "DONE":
-        note = f"finish the review, set promotion.review: DONE in {spec.display}; then {note[2:]}"
+        note = f"finish the review, set promotion.review: DONE in {spec.display}, then: {run}"
     return req_fn("review", False, "; ".join(parts), fix(note=note), **extra)
