@@ -311,9 +311,11 @@ def requirement(spec, receipts_dir: Path, policy, flags: str, make) -> dict:
     newest = j["newest"]
     if j["counted"] is not None:
         parts.append(f"ledger entry {j['counted']['seq']} approves this spec")
+    elif newest is None and status != "DONE":
+        parts[0] += " and a ledger review of this spec"
     elif newest is None:
-        parts.append(f"no review in the ledger approves this spec (reviewed fields sha256 {short})"
-                     + ("; promotion.review: DONE alone does not count" if status == "DONE" else ""))
+        parts.append(f"no review in the ledger approves this spec (reviewed fields sha256 {short}); "
+                     "promotion.review: DONE alone does not count")
     elif j["changed"]:
         parts.append(f"the review in ledger entry {newest['seq']} ({newest['reviewer']}, {newest['reviewed_at']}) is "
                      f"stale: the spec changed since in {describe(j['changed'])}")
