@@ -275,3 +275,25 @@ def test_review_usage_errors_are_one_line(store):
         res = _invoke("review", "toy", *extra, *_args(s, trust=False))
         assert res.exit_code == 2 and why in res.stderr and res.stderr.count("\n") == 1, (extra, res.output)
     assert not ledger.ledger_path(s["receipts"]).exists()
+
+
+def test_gate_json_and_ledger_lines_match_their_published_schemas(store):
+    from jsonschema import Draft202012Validator
+
+    s = store
+    repo = Path(__file__).resolve().parent.parent / "engine" / "schemas"
+    gate_schema = Draft202012Validator(json.loads((repo / "gate.schema.json").read_text()))
+    ledger_schema = Draft202012Validator(json.loads((repo / "ledger.schema.json").read_text()))
+    _approve(s, "--sign-key", str(s["reviewer"]))
+    _edit(s, "      - {metric: max_abs_err, le: 1.0e-6}\n", "      - {metric: max_abs_err, le: 1.0e-2}\n")
+    for trust in (True, False):
+        gate_schema.validate(_gate(s, trust)[1])  # a stale review, with its changed fields
+    _approve(s)
+    gate_schema.validate(_gate(s, trust=False)[1])  # an unsigned review counted
+    assert _invoke("promote", "toy", "--reason", "x", "--allow-unsigned", *_args(s, trust=False)).exit_code == 1
+    G.write(s["root"], s["receipts"], s["spec"], comparisons=G.ahead(), sign_key=s["runner"])
+    assert _invoke("promote", "toy", "--reason", "x", "--allow-unsigned", *_args(s, trust=False)).exit_code == 0
+    entries = [json.loads(x) for x in ledger.ledger_path(s["receipts"]).read_text().splitlines()]
+    assert [e["action"] for e in entries] == ["review", "review", "promote"]
+    for e in entries:
+        ledger_schema.validate(e)
