@@ -297,3 +297,31 @@ def test_gate_json_and_ledger_lines_match_their_published_schemas(store):
     assert [e["action"] for e in entries] == ["review", "review", "promote"]
     for e in entries:
         ledger_schema.validate(e)
+
+
+def test_review_without_approve_reads_only_and_never_imports_torch(store):
+    import subprocess
+    import sys
+
+    s = store
+    _approve(s, "--sign-key", str(s["reviewer"]))
+    script = f"""
+import sys
+from pathlib import Path
+from typer.testing import CliRunner
+from engine.spec import registry
+from tests import gate_support as G
+import engine.cli as cli
+import engine.paths
+registry._STATIC = G.TOY_NAMES
+engine.paths.project_root = lambda: Path({str(s['root'])!r})
+res = CliRunner().invoke(cli.app, ["review", "toy", "--json", *{_args(s)!r}])
+assert res.exit_code == 0, res.output
+assert "torch" not in sys.modules
+print("ok")
+"""
+    before = ledger.ledger_path(s["receipts"]).read_bytes()
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert ledger.ledger_path(s["receipts"]).read_bytes() == before
