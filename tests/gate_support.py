@@ -218,3 +218,12 @@ def write(root: Path, receipts: Path, spec_path: Path, extra: tuple[str, ...] = 
 
 def sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def approve(root: Path, specs: Path, receipts: Path, sign_key: Path | None = None, name: str = "toy.yaml",
+            reviewer: str = "R. Viewer") -> dict:
+    """Record a review of the spec as it is now in the store's ledger (as `contracts review --approve` does)."""
+    from engine.gate import review
+    from engine.spec.loader import load_spec
+
+    return review.record(load_spec(specs / name, root), receipts, reviewer, "checked the tolerances", sign_key)

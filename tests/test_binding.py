@@ -237,6 +237,7 @@ def layout(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
     root, specs, receipts = G.make_layout(tmp_path)
     monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    G.approve(root, specs, receipts)
     return root, specs, receipts
 
 

@@ -28,10 +28,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def layout(tmp_path, monkeypatch):
-    """A checkout in tmp with the toy spec; the static registry knows the toy names."""
+    """A checkout in tmp with the toy spec, approved in the store's ledger; the static registry knows the toy
+    names."""
     monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
     root, specs, receipts = G.make_layout(tmp_path)
     monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    G.approve(root, specs, receipts)
     return root, specs, receipts
 
 
@@ -44,10 +46,12 @@ def _req(result: dict, rid: str) -> dict:
 
 
 def _set_requires(specs: Path, old: str, new: str) -> None:
+    """Edit the spec and review the edit (these tests are about other requirements; test_review.py about that)."""
     p = specs / "toy.yaml"
     text = p.read_text()
     assert old in text
     p.write_text(text.replace(old, new))
+    G.approve(specs.parent, specs, specs.parent / "receipts")
 
 
 def _invoke(*args: str):
@@ -84,9 +88,9 @@ def test_review_not_done_closes_the_gate(layout):
     _set_requires(specs, "review: DONE   # reviewed by hand", "review: IN-REVIEW")
     G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
     r = _gate(root, specs, receipts)
-    assert not r["promotable"] and r["reasons"] == [
-        "review: review is IN-REVIEW; the gate needs DONE -> finish the review, then set promotion.review: DONE in "
-        + _req(r, "review")["fix"].split(" in ")[-1]]
+    assert not r["promotable"] and len(r["reasons"]) == 1 and r["reasons"][0].startswith(
+        "review: review is IN-REVIEW; the gate needs DONE; ledger entry 2 approves this spec -> finish the review, "
+        "set promotion.review: DONE in ")
 
 
 def test_a_required_cuda_receipt_cannot_be_replaced_by_cpu_ones(layout):
@@ -336,10 +340,12 @@ def test_gate_cli_user_errors_are_one_line(layout):
 def test_promote_refused_while_the_gate_is_closed(layout):
     root, specs, receipts = layout
     before = (specs / "toy.yaml").read_bytes()
-    res = _invoke("promote", "toy", "--reason", "want it", "--specs", str(specs), "--receipts", str(receipts))
+    lines = ledger.ledger_path(receipts).read_text()
+    res = _invoke("promote", "toy", "--reason", "want it", "--specs", str(specs), "--receipts", str(receipts),
+                  "--allow-unsigned")
     assert res.exit_code == 1 and "not promoted: the gate is closed" in res.stderr
     assert (specs / "toy.yaml").read_bytes() == before
-    assert not ledger.ledger_path(receipts).exists()
+    assert ledger.ledger_path(receipts).read_text() == lines  # the review only
 
 
 def test_promote_rewrites_only_the_state_line_and_ledgers_then_demote(layout):
@@ -349,32 +355,34 @@ def test_promote_rewrites_only_the_state_line_and_ledgers_then_demote(layout):
     rid = json.loads(path.read_bytes())["predicate"]["receipt_id"]
     before = spec.read_text()
     args = ["--specs", str(specs), "--receipts", str(receipts)]
-    res = _invoke("promote", "toy", "--reason", "all evidence fresh", "--by", "evolve", *args, "--json")
+    res = _invoke("promote", "toy", "--reason", "all evidence fresh", "--by", "evolve", *args, "--json",
+                  "--allow-unsigned")
     assert res.exit_code == 0, res.output
     after = spec.read_text()
     changed = [ln for ln in difflib.ndiff(before.splitlines(), after.splitlines()) if ln[:1] in "+-"]
     assert changed == ['-   state: "not-promoted"    # the gate decides; promote rewrites only this value',
                        '+   state: "promoted"    # the gate decides; promote rewrites only this value']
-    entry = json.loads(ledger.ledger_path(receipts).read_text().splitlines()[0])
+    entry = json.loads(ledger.ledger_path(receipts).read_text().splitlines()[1])  # after the review
+    assert entry["review"] == 1 and entry["unsigned"] is True and entry["trust"] is None
     assert {k: entry[k] for k in ("seq", "method", "action", "old_state", "new_state", "reason", "by", "receipts")} == {
-        "seq": 1, "method": "toy", "action": "promote", "old_state": "not-promoted", "new_state": "promoted",
+        "seq": 2, "method": "toy", "action": "promote", "old_state": "not-promoted", "new_state": "promoted",
         "reason": "all evidence fresh", "by": "evolve", "receipts": [rid]}
     assert entry["at"].endswith("Z") and "git" in entry and entry["spec"]["sha256_after"] == G.sha(spec)
     assert json.loads(res.stdout)["ledger_entry"] == entry
 
     # promoting changed the spec's bytes, yet the receipt still counts: only promotion.state differs
     assert _gate(root, specs, receipts)["promotable"]
-    again = _invoke("promote", "toy", "--reason", "again", *args)
+    again = _invoke("promote", "toy", "--reason", "again", *args, "--allow-unsigned")
     assert again.exit_code == 0 and "already promoted" in again.stderr
-    assert len(ledger.ledger_path(receipts).read_text().splitlines()) == 1
+    assert len(ledger.ledger_path(receipts).read_text().splitlines()) == 2
 
     (root / "src" / "toy.py").write_text("def double(x):\n    return x + x\n")  # gate closes; demote still works
     res = _invoke("demote", "toy", "--reason", "source changed", *args)
     assert res.exit_code == 0, res.output
     assert spec.read_text() == before
     lines = ledger.ledger_path(receipts).read_text().splitlines()
-    assert [json.loads(ln)["action"] for ln in lines] == ["promote", "demote"]
-    assert json.loads(lines[1])["receipts"] == [] and json.loads(lines[1])["gate"]["promotable"] is False
+    assert [json.loads(ln)["action"] for ln in lines] == ["review", "promote", "demote"]
+    assert json.loads(lines[2])["receipts"] == [] and json.loads(lines[2])["gate"]["promotable"] is False
     assert _invoke("verify", *args).exit_code == 0
 
 
@@ -504,6 +512,9 @@ def test_end_to_end_gate_open_promote_then_stale_then_tampered(tmp_path):
     proj = _copy_project(tmp_path / "proj")
     run = _contracts(proj, "check", "toy", "--device", "cpu", "--json")
     assert run.returncode == 0, run.stderr
+    assert _contracts(proj, "gate", "toy").returncode == 1  # no review in the ledger yet
+    rev = _contracts(proj, "review", "toy", "--approve", "--reviewer", "R. Viewer", "--note", "read it")
+    assert rev.returncode == 0 and "recorded in ledger entry 1" in rev.stdout, rev.stderr
     receipt = proj / json.loads(run.stdout)["runs"][0]["receipt"]
     rid = json.loads(receipt.read_bytes())["predicate"]["receipt_id"]
 
@@ -519,12 +530,12 @@ def test_end_to_end_gate_open_promote_then_stale_then_tampered(tmp_path):
 
     spec = proj / "specs" / "toy.yaml"
     before = spec.read_text()
-    prom = _contracts(proj, "promote", "toy", "--reason", "toy evidence complete")
+    prom = _contracts(proj, "promote", "toy", "--reason", "toy evidence complete", "--allow-unsigned")
     assert prom.returncode == 0, prom.stderr
     diff = [ln for ln in difflib.ndiff(before.splitlines(), spec.read_text().splitlines()) if ln[:1] in "+-"]
     assert diff == ['-   state: "not-promoted"    # the gate decides; promote rewrites only this value',
                     '+   state: "promoted"    # the gate decides; promote rewrites only this value']
-    entry = json.loads((proj / "receipts" / "ledger.jsonl").read_text())
+    entry = json.loads((proj / "receipts" / "ledger.jsonl").read_text().splitlines()[1])
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=proj, capture_output=True, text=True).stdout.strip()
     assert entry["receipts"] == [rid] and entry["git"]["commit"] == head and entry["new_state"] == "promoted"
     assert _contracts(proj, "gate", "toy").returncode == 0

@@ -299,6 +299,9 @@ def test_gate_demands_the_mutation_score(toy, tmp_path, monkeypatch):
     assert out["mutation"]["equivalent"] == 2 and out["mutation"]["survived"] == 0
     assert out["mutation"]["score"] == 1.0
     write_receipt(receipts, statement(spec, ROOT, out, opts, utc_now()))
+    from engine.gate import review
+
+    review.record(spec, receipts, "R. Viewer", "read it")  # the gate's review requirement: this spec, approved
     res = _gate(toy, receipts)
     req = requirement(res)
     assert req["met"] is True and req["score"] == 1.0, req

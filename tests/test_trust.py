@@ -28,15 +28,27 @@ from engine.store import signing as S
 from tests import gate_support as G
 
 
+_REVIEWER: dict[str, Path] = {}  # the reviewer key of the running test: every policy here lists it
+
+
 @pytest.fixture
 def layout(tmp_path, monkeypatch):
-    """A checkout in tmp with the toy spec; keys and policies live beside it, outside the store."""
+    """A checkout in tmp with the toy spec, approved in the ledger by a review signed with a reviewer key that
+    every policy of these tests lists; keys and policies live beside it, outside the store."""
     monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
     monkeypatch.delenv("CONTRACTS_TRUST", raising=False)
     monkeypatch.delenv("CONTRACTS_SIGNING_KEY", raising=False)
     root, specs, receipts = G.make_layout(tmp_path)
     monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    reviewer, _ = _keys(tmp_path / "reviewer", "alice")
+    monkeypatch.setitem(_REVIEWER, "key", reviewer)
+    G.approve(root, specs, receipts, sign_key=reviewer)
     return root, specs, receipts
+
+
+def _reapprove(root: Path, specs: Path, receipts: Path) -> None:
+    """A test that edits the spec has the edit reviewed, signed like the first review."""
+    G.approve(root, specs, receipts, sign_key=_REVIEWER["key"])
 
 
 def _invoke(*args: str, env: dict | None = None):
@@ -51,10 +63,15 @@ def _keys(base: Path, name: str = "runner") -> tuple[Path, str]:
     return base / name, res.stdout.strip()
 
 
-def _policy(path: Path, entries: list[tuple[str, list[str]]]) -> Path:
+def _policy(path: Path, entries: list[tuple[str, list[str]]], reviewers: list[str] | None = None) -> Path:
+    """A policy trusting `entries` (public key, devices) and, by default, the running test's reviewer key."""
     lines = ["keys:"]
     for pub, devices in entries:
         lines += [f"  - public_key: {pub}", f"    devices: [{', '.join(devices)}]"]
+    if reviewers is None:
+        reviewers = [f"{_REVIEWER['key']}.pub"] if "key" in _REVIEWER else []
+    if reviewers:
+        lines += ["reviewers:"] + [f"  - public_key: {pub}" for pub in reviewers]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -172,6 +189,7 @@ def test_under_a_policy_only_receipts_signed_by_a_key_trusted_for_their_device_c
     rid = json.loads(base64.b64decode(json.loads(good.read_bytes())["payload"]))["predicate"]["receipt_id"]
     assert code == 0 and doc["promotable"] and _req(doc, "device:cpu")["receipts"] == [rid]
     assert doc["receipts"]["fresh"] == [rid] and doc["justified_by"] == [rid]
+    assert len(doc["trust"].pop("reviewers")) == 1
     assert doc["trust"] == {"file": str(policy), "sha256": hashlib.sha256(policy.read_bytes()).hexdigest(),
                             "keys": [{"keyid": kid, "devices": ["cpu"]}]}
     assert doc["store"] == "receipts"
@@ -209,6 +227,7 @@ def test_a_forged_payload_under_a_genuine_signature_is_not_counted(layout, tmp_p
     policy = _policy(tmp_path / "pipeline" / "trust.yaml", [("runner.pub", ["cpu"])])
     _set = (specs / "toy.yaml").read_text().replace("devices: [cpu]", "devices: [cuda]")
     (specs / "toy.yaml").write_text(_set)
+    _reapprove(root, specs, receipts)  # the edit is reviewed: only the receipts are forged here
     path = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), sign_key=key, device="cpu")
     env = json.loads(path.read_bytes())
     forged = json.loads(base64.b64decode(env["payload"]))
@@ -245,15 +264,19 @@ def test_promote_refuses_an_unsigned_receipt_under_a_policy(layout, tmp_path, mo
     policy = _policy(tmp_path / "pipeline" / "trust.yaml", [("runner.pub", ["cpu"])])
     G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
     before = (specs / "toy.yaml").read_bytes()
+    lines = (receipts / "ledger.jsonl").read_text()  # the review
     monkeypatch.setenv("CONTRACTS_TRUST", str(policy))  # the environment variable names it too
     res = _invoke("promote", "toy", "--reason", "x", "--specs", str(specs), "--receipts", str(receipts))
     assert res.exit_code == 1 and "unsigned" in res.output and (specs / "toy.yaml").read_bytes() == before
-    assert not (receipts / "ledger.jsonl").exists() or (receipts / "ledger.jsonl").read_text() == ""
+    assert (receipts / "ledger.jsonl").read_text() == lines
     lst = json.loads(_invoke("list", "--json", "--specs", str(specs), "--receipts", str(receipts)).stdout)
     assert lst["methods"][0]["gate"]["promotable"] is False
     monkeypatch.delenv("CONTRACTS_TRUST")
     res = _invoke("promote", "toy", "--reason", "x", "--specs", str(specs), "--receipts", str(receipts))
-    assert res.exit_code == 0  # without a policy (and no requires.signed) a local store still promotes
+    assert res.exit_code == 2 and "--allow-unsigned" in res.stderr  # unverified evidence: only when asked
+    res = _invoke("promote", "toy", "--reason", "x", "--specs", str(specs), "--receipts", str(receipts),
+                  "--allow-unsigned")
+    assert res.exit_code == 0  # without a policy (and no requires.signed) a local store still promotes, if asked
 
 
 def test_requires_signed_closes_the_gate_without_a_policy(layout, tmp_path):
@@ -261,6 +284,7 @@ def test_requires_signed_closes_the_gate_without_a_policy(layout, tmp_path):
     text = (specs / "toy.yaml").read_text()
     (specs / "toy.yaml").write_text(text.replace("    formal_comparison: true\n",
                                                  "    formal_comparison: true\n    signed: true\n"))
+    _reapprove(root, specs, receipts)
     assert _invoke("validate", str(specs / "toy.yaml")).exit_code == 0
     key, _ = _keys(tmp_path / "pipeline")
     G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), sign_key=key)
@@ -315,7 +339,7 @@ def test_an_inline_pem_key_is_accepted(layout, tmp_path):
     pem = (tmp_path / "pipeline" / "runner.pub").read_text()
     policy = tmp_path / "trust.yaml"
     policy.write_text("keys:\n  - public_key: |\n" + "".join(f"      {ln}\n" for ln in pem.splitlines())
-                      + "    devices: [cpu]\n")
+                      + f"    devices: [cpu]\nreviewers:\n  - public_key: {_REVIEWER['key']}.pub\n")
     G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), sign_key=key)
     code, doc = _gate_json(specs, receipts, "--trust", str(policy))
     assert code == 0 and doc["trust"]["keys"] == [{"keyid": kid, "devices": ["cpu"]}]
@@ -377,7 +401,7 @@ def test_check_refuses_a_bad_key_before_running_anything(layout, tmp_path):
         assert res.exit_code == 2 and "not an unencrypted PEM private key" in res.output, res.output
     res = _invoke("check", "toy", "--specs", str(specs), "--sign-key", str(tmp_path / "nope"))
     assert res.exit_code == 2 and "no such file" in res.output
-    assert not receipts.exists()
+    assert not list(receipts.glob("toy/*"))
 
 
 # --- decisions come from files ----------------------------------------------------------------
@@ -463,7 +487,8 @@ def test_a_poisoned_cache_and_index_change_no_cli_verdict(layout):
     assert _gate_json(specs, receipts, "--no-cache") == expected  # kept for scripts; the same verdict
     res = _invoke("verify", "--specs", str(specs), "--receipts", str(receipts))
     assert res.exit_code == 1 and "tampered" in res.stdout
-    res = _invoke("promote", "toy", "--reason", "x", "--specs", str(specs), "--receipts", str(receipts))
+    res = _invoke("promote", "toy", "--reason", "x", "--specs", str(specs), "--receipts", str(receipts),
+                  "--allow-unsigned")
     assert res.exit_code == 1
 
 
@@ -510,8 +535,13 @@ def test_check_sign_key_then_gate_trust_counts_exactly_the_signed_run(tmp_path):
     assert S.is_envelope(json.loads(signed.read_bytes()))
     pipeline = tmp_path / "pipeline"
     pipeline.mkdir()
-    trusted = _policy(pipeline / "P.yaml", [(str(keys / "K.pub"), ["cpu"])])
-    other = _policy(pipeline / "other.yaml", [(str(keys / "other.pub"), ["cpu", "cuda"])])
+    _contracts(proj, "keys", "generate", str(keys / "reviewer"))
+    reviewed = _contracts(proj, "review", "toy", "--approve", "--reviewer", "R", "--note", "read it", "--sign-key",
+                          str(keys / "reviewer"), "--receipts", str(store))
+    assert reviewed.returncode == 0, reviewed.stderr
+    rev = [str(keys / "reviewer.pub")]
+    trusted = _policy(pipeline / "P.yaml", [(str(keys / "K.pub"), ["cpu"])], rev)
+    other = _policy(pipeline / "other.yaml", [(str(keys / "other.pub"), ["cpu", "cuda"])], rev)
     gate = _contracts(proj, "gate", "toy", "--trust", str(trusted), "--receipts", str(store), "--json")
     doc = json.loads(gate.stdout)
     assert gate.returncode == 0 and doc["promotable"] and _req(doc, "device:cpu")["met"], gate.stdout

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import engine.spec.registry as registry
 from benchmarks.synthetic_store import add_receipt, write_demo_project
 from benchmarks.synthetic_store import predicate, stamp, subject_for
+from engine.gate import review
 from engine.gate import verdict as engine_gate
 from engine.store.index import INDEX_NAME, Freshness, ReceiptIndex, freshness_of
 from engine.store.receipts import statement, write_receipt
@@ -283,6 +284,8 @@ def test_gate_opens_only_with_everything(tmp_path, demo_names):
 
     assert gate().verdict == "closed"  # no cuda receipt yet
     add_receipt(rd, root, spec, 1, device="cuda")
+    assert gate().verdict == "closed"  # no review of the spec in the ledger yet
+    review.record(load_spec(specs / "demo-method.yaml", root), rd, "R. Viewer", "read it")
     assert gate().verdict == "open", gate().unmet
     (root / "engine" / "demo_engine.py").write_text("# edited\n")  # every receipt goes stale
     g = gate()

@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks.synthetic_store import add_receipt, predicate, stamp
 from benchmarks.synthetic_store import subject_for, write_demo_project
+from engine.gate import review
 from engine.spec.loader import load_spec
 from engine.store.receipts import statement, write_receipt
 from tui import checkrun, plots
@@ -406,6 +407,7 @@ def open_project(tmp_path):
     rd = root / "receipts"
     add_receipt(rd, root, spec, 0, device="cpu")
     add_receipt(rd, root, spec, 1, device="cuda")
+    review.record(load_spec(specs / "demo-method.yaml", root), rd, "R. Viewer", "read it")
     return {"root": root, "specs": specs, "receipts": rd}
 
 
@@ -473,7 +475,7 @@ def test_promote_with_a_reason_then_demote_through_the_cli(tmp_path, demo_names,
             await settle(app, pilot)
             assert "state: not-promoted" in spec_file.read_text()
             assert [json.loads(x)["action"] for x in (p["receipts"] / "ledger.jsonl").read_text().splitlines()] == [
-                "promote", "demote"]
+                "review", "promote", "demote"]
 
     asyncio.run(go())
 
@@ -524,6 +526,7 @@ def test_the_cli_refuses_even_when_the_tui_was_told_the_gate_is_open(tmp_path, d
             text = text_of(app.screen.query_one("#message-text"))
             assert "cannot be promoted" in text and "contracts promote" in text and "device:cpu:" in text
         assert "state: not-promoted" in (p["specs"] / "demo-method.yaml").read_text()
-        assert not (p["receipts"] / "ledger.jsonl").exists()
+        assert [json.loads(x)["action"] for x in (p["receipts"] / "ledger.jsonl").read_text().splitlines()] == [
+            "review"]  # open_project's review only: no promotion
 
     asyncio.run(go())

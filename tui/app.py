@@ -480,6 +480,8 @@ class ContractsApp(App):
                 "--specs", str(self.specs_dir.resolve()), "--receipts", str(self.receipts_dir.resolve())]
         if self.trust is not None:
             argv += ["--trust", str(self.trust.resolve())]
+        elif action == "promote":  # a person confirmed it with a reason; the ledger records it as unsigned
+            argv.append("--allow-unsigned")
         return argv
 
     @work(exclusive=True, group="promote", description="contracts promote/demote (child process)")

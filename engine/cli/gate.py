@@ -41,6 +41,12 @@ def _print_gate(result: dict) -> None:
             # the colour codes are ours; everything after the word is data, made terminal-safe
             typer.echo(f"  {'met  ' if r['met'] else bad('UNMET')} " + term_safe(f"{r['id']}: {r['detail']}"
                        + ("" if r["met"] else f" -> {r['fix']}")))
+    ev = result.get("evidence") or {}
+    if ev.get("unsigned"):
+        what = [f"{len(ev['receipts'])} receipt(s)"] if ev["receipts"] else []
+        what += ["the review"] if ev.get("review") else []
+        _out(f"  unsigned: {' and '.join(what)} counted without a trust policy, so not verified (anyone who can "
+             "write the store could have written it; gate --trust POLICY.yaml verifies)")
     for w in result["warnings"]:
         _out(f"  warning: {w}")
     more = result.get("warnings_total", 0) - len(result["warnings"])

@@ -40,7 +40,8 @@ def _check_reason(reason: str) -> str:
 
 
 def _change_state(method: str, new_state: str, reason: str, by: Optional[str], specs: Optional[Path],
-                  receipts: Optional[Path], json_out: bool, trust: Optional[Path] = None) -> None:
+                  receipts: Optional[Path], json_out: bool, trust: Optional[Path] = None,
+                  allow_unsigned: bool = False) -> None:
     from engine.gate.promote import rewrite_state
     from engine.gate.verdict import evaluate
     from engine.spec.memo import load_spec
@@ -51,6 +52,11 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
     action = "promote" if new_state == "promoted" else "demote"
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
+    if action == "promote" and policy is None and not allow_unsigned:
+        # without a policy nothing is verified: anyone who can write the store could have written the evidence
+        raise E.UsageError("promote without a trust policy would count unsigned receipts and an unsigned review: "
+                           "give --trust POLICY.yaml (or CONTRACTS_TRUST), or --allow-unsigned to promote on "
+                           "unverified evidence anyway")
     path = spec_path(specs_dir, method)
     spec = load_spec(path, _paths.project_root())  # as the gate reads it
     result = evaluate(spec, receipts_dir, _paths.project_root(), specs_dir, _flags(specs, receipts),
@@ -82,7 +88,10 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
             gate={"promotable": result["promotable"], "unmet": [r["id"] for r in result["requirements"] if not r["met"]]},
             spec={"file": f"specs/{path.name}", "sha256_before": spec.sha256,
                   "sha256_after": hashlib.sha256(new).hexdigest()},
-            git=git_revision(_paths.project_root()))
+            git=git_revision(_paths.project_root()),
+            trust=None if policy is None else {"file": policy.file, "sha256": policy.sha256},
+            unsigned=bool(result["evidence"]["unsigned"]) if action == "promote" else False,
+            review=(result["evidence"]["review"] or {}).get("seq") if action == "promote" else None)
     except BaseException:
         path.write_bytes(old)  # no ledger entry, no state change
         raise
@@ -96,14 +105,15 @@ def _change_state(method: str, new_state: str, reason: str, by: Optional[str], s
 
 
 def _locked_change(method: str, new_state: str, reason: str, by: Optional[str], specs: Optional[Path],
-                   receipts: Optional[Path], json_out: bool, trust: Optional[Path] = None) -> None:
+                   receipts: Optional[Path], json_out: bool, trust: Optional[Path] = None,
+                   allow_unsigned: bool = False) -> None:
     """`_change_state` with the store's promotion lock held, so concurrent promote/demote take turns."""
     from engine.spec.loader import check_key
     from engine.store.locking import PROMOTION_LOCK, exclusive
 
     check_key(method)  # a path trick is refused before any file (the lock file included) is touched
     with exclusive(_dirs(specs, receipts)[1], PROMOTION_LOCK):
-        _change_state(method, new_state, reason, by, specs, receipts, json_out, trust)
+        _change_state(method, new_state, reason, by, specs, receipts, json_out, trust, allow_unsigned)
 
 
 ReasonOpt = Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded in the ledger).")]
@@ -120,9 +130,12 @@ def promote(
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
     trust: TrustOpt = None,
+    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Promote without a trust policy: the "
+                                                                          "receipts and the review counted are not "
+                                                                          "verified (recorded in the ledger).")] = False,
 ) -> None:
     """Set promotion.state: promoted, only when the gate is open; ledger the change."""
-    _locked_change(method, "promoted", reason, by, specs, receipts, json_out, trust)
+    _locked_change(method, "promoted", reason, by, specs, receipts, json_out, trust, allow_unsigned)
 
 
 @app.command()

@@ -3,7 +3,9 @@
 Requirements, each met or not, each with what is missing and the command that
 would produce it:
 
-  review              promotion.review is DONE.
+  review              promotion.review is DONE and the newest intact ledger review of the
+                      method approves the spec's reviewed fields as they are now (signed
+                      by a reviewer key of the policy, under one): engine/gate/review.py.
   device:<kind>       for every device in requires.devices: every contract passed
                       for every budget seed (any one seed when all_budget_seeds
                       is false) and every dtype, in fresh receipts of that device
@@ -96,10 +98,11 @@ def _req(rid: str, met: bool, detail: str, how: Optional[dict] = None, required:
 # --- requirements -----------------------------------------------------------
 
 
-def _review(spec: Spec) -> dict:
-    review = spec.data["promotion"]["review"]
-    return _req("review", review == "DONE", f"review is {review}" + ("" if review == "DONE" else "; the gate needs DONE"),
-                fix(note=f"finish the review, then set promotion.review: DONE in {spec.display}"))
+def _review(spec: Spec, receipts_dir: Path, policy, flags: str) -> dict:
+    """Met only by a ledger review of this very spec (engine.gate.review), signed under a policy."""
+    from engine.gate import review
+
+    return review.requirement(spec, receipts_dir, policy, flags, (_req, fix))
 
 
 def _signed(spec: Spec, policy, untrusted: list[Assessed], flags: str) -> dict:
@@ -488,7 +491,7 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     cmd = _Command(key, flags, policy)
     relevant = [a for a in fresh if a.device in devices]
 
-    requirements = [_review(spec)]
+    requirements = [_review(spec, receipts_dir, policy, flags)]
     requirements += [_device(spec, dev, fresh, stale, cmd, untrusted, refused) for dev in devices]
     requirements.append(_mutants(spec, relevant, devices, cmd))
     requirements.append(_formal(spec, relevant, devices, cmd))
@@ -557,9 +560,28 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
                            "why": a.trust, "message": a.trust_message} for a in untrusted],
         },
         "justified_by": justified if promotable else [],
+        "evidence": _evidence(requirements, fresh, policy),
         "ci_method": CI_METHOD,
         "evaluated_at": utc_now(),
     }
+
+
+def _evidence(requirements: list[dict], fresh: list[Assessed], policy) -> dict:
+    """What the met requirements counted and whether it is signed: without a policy nothing is verified."""
+    counted = sorted({rid for r in requirements if r["met"] and r["required"] for rid in r.get("receipts", [])})
+    by_id = {a.receipt_id: a for a in fresh}
+
+    def state(rid: str) -> str:
+        if policy is not None:
+            return "trusted"  # under a policy only trusted receipts count at all
+        return "unverified" if by_id.get(rid) is not None and by_id[rid].signed_by else "unsigned"
+
+    review = next((r.get("review") for r in requirements if r["id"] == "review" and r["met"]), None)
+    receipts = [{"receipt_id": rid, "signature": state(rid)} for rid in counted]
+    unsigned = any(x["signature"] != "trusted" for x in receipts) or (
+        review is not None and review["signature"] != "trusted")
+    return {"trust_policy": policy is not None, "unsigned": unsigned, "receipts": receipts,
+            "review": None if review is None else {"seq": review["seq"], "signature": review["signature"]}}
 
 
 def published(result: dict) -> dict:

@@ -1,4 +1,4 @@
-"""The promotion ledger: an append-only history of promote/demote decisions.
+"""The promotion ledger: an append-only history of promote/demote decisions and reviews.
 
 The spec's `promotion.state` is the pointer; the ledger is the history (MLflow
 aliases move without one). One JSON object per line in
@@ -25,7 +25,7 @@ from engine.store.receipts import canonical, utc_now
 LEDGER_NAME = "ledger.jsonl"
 ENTRY_SCHEMA = "paper-contracts/ledger/v1"
 GENESIS = "0" * 64
-ACTIONS = ("promote", "demote")
+ACTIONS = ("promote", "demote", "review")  # review: engine.gate.review (the state is unchanged by it)
 _REQUIRED = {"schema": str, "seq": int, "prev": str, "entry_sha256": str, "method": str, "action": str,
              "old_state": str, "new_state": str, "at": str, "reason": str, "receipts": list}
 
@@ -143,6 +143,9 @@ def _shape_problem(entry: Any) -> str | None:
         return f"action {entry['action']!r} is not one of {', '.join(ACTIONS)}"
     if not all(isinstance(r, str) for r in entry["receipts"]):
         return "'receipts' must list receipt ids"
+    if entry["action"] == "review" and (not isinstance(entry.get("review"), dict)
+                                        or not isinstance(entry.get("signature"), (dict, type(None)))):
+        return "a review entry needs a 'review' object and a 'signature' (an object or null)"
     return None
 
 
@@ -159,6 +162,8 @@ def check_against(report: LedgerReport, known_receipts: set[str], spec_states: d
             report.problems.append(
                 f"{LEDGER_NAME}: entry {entry['seq']} ({entry['action']} {entry['method']}) names receipt(s) "
                 f"not in the store: {', '.join(m[:12] for m in missing)}")
+        if entry["action"] == "review":  # approves a spec; moves no state
+            continue
         before = last.get(entry["method"], "not-promoted")
         if entry["old_state"] != before:  # two changes raced, or a line was forged: the history does not add up
             report.problems.append(

@@ -7,16 +7,22 @@ the checkout: whoever writes candidate code can write both):
       - public_key: runner.pub      # a path relative to this file, or an inline PEM
         devices: [cpu, cuda]        # device kinds this key may attest
 
+    reviewers:                      # optional: keys whose signed reviews count (engine.gate.review)
+      - public_key: alice.pub
+
 Under a policy a receipt counts only when an envelope signature verifies
 against a key trusted for the receipt's device kind. Every other receipt is
-`unsigned`, `untrusted key` or `bad signature`, and never counted.
+`unsigned`, `untrusted key` or `bad signature`, and never counted. Likewise a
+review counts only when signed by a key listed under `reviewers:` (a policy
+without reviewers lets no review count). A key may not be both a runner key and
+a reviewer key: whatever runs candidate code must not be able to approve a spec.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import UsageError
@@ -34,6 +40,7 @@ class TrustPolicy:
     file: str  # as given (what gate --json names)
     sha256: str  # of the policy file's bytes
     keys: dict
+    reviewers: dict = field(default_factory=dict)  # key id -> public key whose signed reviews count
 
     def judge(self, signatures: list[dict] | None, payload: bytes, device: str | None) -> tuple[str, str]:
         """(TRUSTED | UNSIGNED | UNTRUSTED | BAD_SIGNATURE, why) for one receipt of `device` kind."""
@@ -55,7 +62,8 @@ class TrustPolicy:
 
     def as_dict(self) -> dict:
         return {"file": self.file, "sha256": self.sha256,
-                "keys": [{"keyid": k, "devices": sorted(v[1])} for k, v in sorted(self.keys.items())]}
+                "keys": [{"keyid": k, "devices": sorted(v[1])} for k, v in sorted(self.keys.items())],
+                "reviewers": sorted(self.reviewers)}
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -68,7 +76,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def load_policy(path: Path, receipts_dir: Path | None = None, shown: str | None = None) -> TrustPolicy:
     """Read and check a policy file; UsageError (exit 2) with one line naming the file, the field and the fix."""
-    from engine.store.signing import KeyProblem, key_id, load_public_pem
+    from engine.store.signing import key_id
 
     path = Path(path)
     shown = shown or str(path)
@@ -98,8 +106,9 @@ def load_policy(path: Path, receipts_dir: Path | None = None, shown: str | None 
             from None
     except RecursionError:
         raise UsageError(f"trust policy {shown}: nested too deeply to be a policy") from None
-    fix = "expected keys: [{public_key: FILE.pub or PEM, devices: [cpu, cuda]}]"
-    if not isinstance(doc, dict) or set(doc) != {"keys"}:
+    fix = ("expected keys: [{public_key: FILE.pub or PEM, devices: [cpu, cuda]}] and optionally "
+           "reviewers: [{public_key: FILE.pub or PEM}]")
+    if not isinstance(doc, dict) or "keys" not in doc or not set(doc) <= {"keys", "reviewers"}:
         raise UsageError(f"trust policy {shown} $: {fix}")
     entries = doc["keys"]
     if not isinstance(entries, list) or not entries:
@@ -113,29 +122,50 @@ def load_policy(path: Path, receipts_dir: Path | None = None, shown: str | None 
         if not isinstance(devices, list) or not devices or not all(d in DEVICE_KINDS for d in devices):
             raise UsageError(f"{at}.devices: give a non-empty list of {', '.join(DEVICE_KINDS)}")
         text = e["public_key"]
-        if not isinstance(text, str) or not text.strip():
-            raise UsageError(f"{at}.public_key: give a .pub file (relative to the policy) or an inline PEM")
-        if text.lstrip().startswith("-----BEGIN"):
-            pem, where = text.encode("utf-8"), f"{at}.public_key"
-        else:
-            key_path = path.parent / text
-            if receipts_dir is not None and _inside(key_path, Path(receipts_dir)):
-                raise UsageError(f"{at}.public_key: {text} lies inside the receipt store; keep keys with the policy")
-            try:
-                with open(key_path, "rb") as f:
-                    pem = f.read(MAX_POLICY_BYTES)
-            except OSError as err:
-                raise UsageError(f"{at}.public_key: cannot read {text} ({err.strerror or err}); paths are relative "
-                                 "to the policy file") from None
-            where = f"{at}.public_key ({text})"
-        try:
-            key = load_public_pem(pem, where)
-        except KeyProblem as err:
-            raise UsageError(str(err)) from None
+        key = _public_key(text, at, path, receipts_dir)
         kid = key_id(key)
         old = keys.get(kid)
         keys[kid] = (key, frozenset(devices) | (old[1] if old else frozenset()))
-    return TrustPolicy(file=shown, sha256=hashlib.sha256(raw).hexdigest(), keys=keys)
+    reviewers: dict = {}
+    listed = doc.get("reviewers", [])
+    if not isinstance(listed, list):
+        raise UsageError(f"trust policy {shown} $.reviewers: not a list ({fix})")
+    for i, e in enumerate(listed):
+        at = f"trust policy {shown} $.reviewers[{i}]"
+        if not isinstance(e, dict) or set(e) != {"public_key"}:
+            raise UsageError(f"{at}: needs exactly public_key ({fix})")
+        key = _public_key(e["public_key"], at, path, receipts_dir)
+        kid = key_id(key)
+        if kid in keys:
+            raise UsageError(f"{at}.public_key: key {kid[:16]} is also a runner key under keys:; a key that signs "
+                             "runs of candidate code must not approve specs: give the reviewer a key of their own")
+        reviewers[kid] = key
+    return TrustPolicy(file=shown, sha256=hashlib.sha256(raw).hexdigest(), keys=keys, reviewers=reviewers)
+
+
+def _public_key(text, at: str, path: Path, receipts_dir: Path | None):
+    """The Ed25519 public key of a policy entry's public_key: a .pub path relative to the policy, or inline PEM."""
+    from engine.store.signing import KeyProblem, load_public_pem
+
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError(f"{at}.public_key: give a .pub file (relative to the policy) or an inline PEM")
+    if text.lstrip().startswith("-----BEGIN"):
+        pem, where = text.encode("utf-8"), f"{at}.public_key"
+    else:
+        key_path = path.parent / text
+        if receipts_dir is not None and _inside(key_path, Path(receipts_dir)):
+            raise UsageError(f"{at}.public_key: {text} lies inside the receipt store; keep keys with the policy")
+        try:
+            with open(key_path, "rb") as f:
+                pem = f.read(MAX_POLICY_BYTES)
+        except OSError as err:
+            raise UsageError(f"{at}.public_key: cannot read {text} ({err.strerror or err}); paths are relative "
+                             "to the policy file") from None
+        where = f"{at}.public_key ({text})"
+    try:
+        return load_public_pem(pem, where)
+    except KeyProblem as err:
+        raise UsageError(str(err)) from None
 
 
 def policy_from_option(trust: Path | None, receipts_dir: Path | None = None) -> TrustPolicy | None:
