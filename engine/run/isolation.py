@@ -364,10 +364,42 @@ def single_function_mutants(plan) -> list[tuple[dict, str]]:
     return out
 
 
+class _Boxed:
+    """Workers for one candidate in its bubblewrap sandbox (engine/run/sandbox.py): the first worker starts the
+    sandbox and stages the candidate's bound files in it; a lost worker takes the sandbox with it, and the next
+    worker gets a fresh one. `close` kills it: nothing the candidate started outlives the run."""
+
+    def __init__(self, ident: dict, target, hidden: list[str], device: str):
+        from engine.run import sandbox
+
+        self.ident, self.target = ident, target
+        self.pool = sandbox.Pool(hidden, device)
+        self.box = None
+
+    def __call__(self, init: dict):
+        from engine.run import sandbox, warm
+
+        if self.box is None or not self.box.alive():
+            self.close()
+            self.box = self.pool.take(self.target.framework)
+            self.inside = self.box.stage_candidate(self.ident, self.target)
+        return warm.ForkedWorker(self.box, dict(init, target=self.inside, cwd=sandbox.INSIDE, env=sandbox._env()))
+
+    def outside(self, path: str) -> str:
+        return self.box.outside(path) if self.box is not None else path
+
+    def close(self) -> None:
+        if self.box is not None:
+            self.box.close()
+            self.box = None
+
+
 def run_candidate(runner, target, ident: dict, names: list[str], device: str, threads: int,
-                  timeout_s: float, memory_mb: int | None) -> None:
+                  timeout_s: float, memory_mb: int | None, hidden: list[str] | None = None) -> None:
     """Fill `runner` (an engine.run.runner.Runner) with the candidate's results, its replaced-function mutants
-    and the spec's mutants on the registered implementation; the caller builds and writes the receipt."""
+    and the spec's mutants on the registered implementation; the caller builds and writes the receipt. With
+    `hidden` (the paths a sandbox masks), the candidate runs in a bubblewrap sandbox; without, in plain workers."""
+    from engine.run import sandbox
     from engine.run.runner import ERROR, FAILED, INTERRUPTED, PARTIAL, PASSED, Interrupted
 
     plan = runner.plan
@@ -383,13 +415,15 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
     def progress(phase: str, extra: dict | None = None):
         return lambda r: runner.on_result({"phase": phase, **(extra or {}), **r})
 
+    boxed = _Boxed(ident, target, hidden, device) if hidden is not None else None
+    runner.isolation = sandbox.record(boxed is not None, "candidate")
     cand = CandidateRun(init, timeout_s, on_result=progress("baseline"), should_stop=runner.should_stop,
-                        worker_factory=warm_or_cold)
+                        worker_factory=boxed or warm_or_cold)
     runner.candidate_mutants = []
     wall = float(plan.spec.data["budget"]["max_wall_seconds"])
     try:
         cand.probe()  # a usage error (missing function, syntax error) leaves here, before any result
-        adapter = _adapted_identity(cand, ident, target)
+        adapter = _adapted_identity(cand, ident, target, boxed.outside if boxed else None)
         for contract in plan.contracts:
             if time.perf_counter() - runner.t0 > wall:
                 runner.errors.append(f"budget: run wall time is over budget.max_wall_seconds {wall:g}")
@@ -439,6 +473,8 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
             cand.worker = None
     finally:
         cand.close()
+        if boxed is not None:
+            boxed.close()  # the sandbox and all it held are gone before anything is built or signed
     if cand.load_failure:
         runner.errors.append(f"the candidate could not be run: {cand.load_failure}")
     runner.errors += [f"isolation: {n}" for n in cand.notes]
@@ -446,15 +482,17 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
         runner.run_mutants()  # the registered implementation's mutants, here: trusted code, no candidate loaded
 
 
-def _adapted_identity(cand: "CandidateRun", ident: dict, target) -> dict | None:
+def _adapted_identity(cand: "CandidateRun", ident: dict, target, outside=None) -> dict | None:
     """For a framework target: check that the file defining the adapted object is bound, and record in `ident`
-    which object it is and what the method's adapter made of it. None for other targets."""
+    which object it is and what the method's adapter made of it. None for other targets. `outside` maps a path
+    a sandboxed worker reported to the file here."""
     from engine.run.impl_loader import subject_of
 
     info = cand.loaded.get("function")
     if target.form != "framework" or not isinstance(info, dict):
         return None
-    subject = subject_of(ident, str(info.get("source") or ""))
+    source = str(info.get("source") or "")
+    subject = subject_of(ident, outside(source) if outside else source)
     if subject is None:
         where = Path(str(info.get("source") or "?")).name
         raise UsageError(f"--impl {ident['target']}: {target.framework}'s {target.name!r} is defined in {where}, "
@@ -489,7 +527,10 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
             return v
 
         def predicate(self) -> dict:
+            from engine.run import sandbox
+
             pred = super().predicate()
+            pred["isolation"] = getattr(self, "isolation", None) or sandbox.record(False, "candidate")
             # `name` is the spec's registered implementation whose interface the candidate exposes; `kind:
             # external` and the target say it ran instead of that one (engine.run.impl_loader.unit_of)
             pred["implementation"] = {k: v for k, v in ident.items() if k != "subjects"} | {
@@ -504,9 +545,11 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
 
 
 def check_options(impl: str | None, all_: bool, jobs: int, executor: str, address: str | None,
-                  policy: str | None) -> None:
+                  policy: str | None, no_sandbox: bool = False) -> None:
     """--impl runs one method serially in isolated workers: refuse the options it cannot honour."""
     if impl is None:
+        if no_sandbox:
+            raise UsageError("--no-sandbox applies to --impl (candidate code); leave it out here")
         return
     if all_:
         raise UsageError("--impl checks one implementation of one method; name the method instead of --all")

@@ -6,6 +6,8 @@ the checkout: whoever writes candidate code can write both):
     keys:
       - public_key: runner.pub      # a path relative to this file, or an inline PEM
         devices: [cpu, cuda]        # device kinds this key may attest
+    require: [sandboxed]            # optional: a receipt that ran candidate code counts only if it ran in
+                                    # a sandbox (predicate.isolation.sandbox: bubblewrap)
 
 Under a policy a receipt counts only when an envelope signature verifies
 against a key trusted for the receipt's device kind. Every other receipt is
@@ -25,6 +27,20 @@ ENV_VAR = "CONTRACTS_TRUST"
 DEVICE_KINDS = ("cpu", "cuda")
 MAX_POLICY_BYTES = 1 << 20
 TRUSTED, UNSIGNED, UNTRUSTED, BAD_SIGNATURE = "trusted", "unsigned", "untrusted key", "bad signature"
+UNSANDBOXED = "unsandboxed"
+REQUIREMENTS = ("sandboxed",)
+
+
+def _isolation(payload: bytes) -> dict | None:
+    """predicate.isolation of a signed Statement's bytes (read defensively: the schema is checked later)."""
+    import json
+
+    try:
+        pred = json.loads(payload).get("predicate")
+        iso = pred.get("isolation") if isinstance(pred, dict) else None
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return iso if isinstance(iso, dict) else None
 
 
 @dataclass(frozen=True)
@@ -34,6 +50,7 @@ class TrustPolicy:
     file: str  # as given (what gate --json names)
     sha256: str  # of the policy file's bytes
     keys: dict
+    require: frozenset = frozenset()  # of REQUIREMENTS
 
     def judge(self, signatures: list[dict] | None, payload: bytes, device: str | None) -> tuple[str, str]:
         """(TRUSTED | UNSIGNED | UNTRUSTED | BAD_SIGNATURE, why) for one receipt of `device` kind."""
@@ -51,11 +68,20 @@ class TrustPolicy:
         if device not in allowed:
             return UNTRUSTED, (f"untrusted key: key {kid[:16]} may attest {', '.join(sorted(allowed))} receipts "
                                f"in {self.file}, not {device}")
+        if "sandboxed" in self.require:
+            # A receipt of the registered implementation ran no candidate code; every other one (and one that
+            # does not say) must have run its candidate in a sandbox.
+            iso = _isolation(payload)
+            if iso is None or (iso.get("candidate") is not False and iso.get("sandbox") != "bubblewrap"):
+                return UNSANDBOXED, (f"unsandboxed: {self.file} requires sandboxed and this receipt's candidate ran "
+                                     f"with sandbox {(iso or {}).get('sandbox', 'unrecorded')}; run it again without "
+                                     "--no-sandbox")
         return TRUSTED, f"signed by trusted key {kid[:16]}"
 
     def as_dict(self) -> dict:
         return {"file": self.file, "sha256": self.sha256,
-                "keys": [{"keyid": k, "devices": sorted(v[1])} for k, v in sorted(self.keys.items())]}
+                "keys": [{"keyid": k, "devices": sorted(v[1])} for k, v in sorted(self.keys.items())],
+                "require": sorted(self.require)}
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -98,9 +124,12 @@ def load_policy(path: Path, receipts_dir: Path | None = None, shown: str | None 
             from None
     except RecursionError:
         raise UsageError(f"trust policy {shown}: nested too deeply to be a policy") from None
-    fix = "expected keys: [{public_key: FILE.pub or PEM, devices: [cpu, cuda]}]"
-    if not isinstance(doc, dict) or set(doc) != {"keys"}:
+    fix = "expected keys: [{public_key: FILE.pub or PEM, devices: [cpu, cuda]}] and optionally require: [sandboxed]"
+    if not isinstance(doc, dict) or "keys" not in doc or not set(doc) <= {"keys", "require"}:
         raise UsageError(f"trust policy {shown} $: {fix}")
+    require = doc.get("require", [])
+    if not isinstance(require, list) or not all(isinstance(r, str) and r in REQUIREMENTS for r in require):
+        raise UsageError(f"trust policy {shown} $.require: give a list of {', '.join(REQUIREMENTS)}")
     entries = doc["keys"]
     if not isinstance(entries, list) or not entries:
         raise UsageError(f"trust policy {shown} $.keys: not a non-empty list ({fix})")
@@ -135,7 +164,7 @@ def load_policy(path: Path, receipts_dir: Path | None = None, shown: str | None 
         kid = key_id(key)
         old = keys.get(kid)
         keys[kid] = (key, frozenset(devices) | (old[1] if old else frozenset()))
-    return TrustPolicy(file=shown, sha256=hashlib.sha256(raw).hexdigest(), keys=keys)
+    return TrustPolicy(file=shown, sha256=hashlib.sha256(raw).hexdigest(), keys=keys, require=frozenset(require))
 
 
 def policy_from_option(trust: Path | None, receipts_dir: Path | None = None) -> TrustPolicy | None:
