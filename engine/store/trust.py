@@ -79,9 +79,11 @@ class TrustPolicy:
         return TRUSTED, f"signed by trusted key {kid[:16]}"
 
     def as_dict(self) -> dict:
-        return {"file": self.file, "sha256": self.sha256,
-                "keys": [{"keyid": k, "devices": sorted(v[1])} for k, v in sorted(self.keys.items())],
-                "require": sorted(self.require)}
+        out = {"file": self.file, "sha256": self.sha256,
+               "keys": [{"keyid": k, "devices": sorted(v[1])} for k, v in sorted(self.keys.items())]}
+        if self.require:  # only where a policy asks: other policies' documents keep their shape
+            out["require"] = sorted(self.require)
+        return out
 
 
 def _inside(path: Path, folder: Path) -> bool:
