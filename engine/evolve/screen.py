@@ -40,11 +40,13 @@ def screen_source(text: str, name: str = "<candidate>") -> str | None:
         tree = ast.parse(text, filename=name)
     except SyntaxError as exc:
         return f"{name}:{exc.lineno}:{exc.offset}: not valid Python ({exc.msg})"
-    for node in ast.walk(tree):
-        why = _refuse(node)
-        if why:
-            return f"{name}:{getattr(node, 'lineno', '?')}:{getattr(node, 'col_offset', -1) + 1}: {why}"
-    return None
+    refused = [(node, why) for node in ast.walk(tree) if (why := _refuse(node))]
+    if not refused:
+        return None
+    # the first in reading order (torch.__class__.__dict__: __class__, whose expression ends first)
+    node, why = min(refused, key=lambda nw: (getattr(nw[0], "lineno", 0), getattr(nw[0], "col_offset", 0),
+                                             getattr(nw[0], "end_col_offset", 0) or 0))
+    return f"{name}:{getattr(node, 'lineno', '?')}:{getattr(node, 'col_offset', -1) + 1}: {why}"
 
 
 def screen(path: Path) -> str | None:
