@@ -39,11 +39,11 @@ What isolation means here, and what it does not:
   space than any useful cap);
 * the receipt is built and written here, after the workers are gone.
 
-It is NOT a sandbox: the worker runs as the same OS user, can read and write
-what that user can (the checkout included), and can reach the network. It
-runs in the same process as the checks that measure it, so a hostile
-candidate could forge its own measurements; the contracts catch mistakes, not
-adversaries. Run untrusted code in a container or VM with this inside.
+Each candidate's workers run inside a bubblewrap sandbox of its own (engine/run/sandbox.py: read-only views,
+the store, key and policy masked, private /tmp, no network, its own PID namespace, isolated Python), killed
+before the receipt is built or signed; `--no-sandbox` runs them as above without it (receipts record which).
+The checks still run in the worker, beside the candidate: a hostile candidate could forge its own run's
+measurements (docs/trust.md, "What is not defended"), though not reach the store, the key or the next candidate.
 """
 
 from __future__ import annotations
@@ -373,7 +373,7 @@ class _Boxed:
         from engine.run import sandbox
 
         self.ident, self.target = ident, target
-        self.pool = sandbox.Pool(hidden, device)
+        self.pool = sandbox.shared_pool(hidden, device)
         self.box = None
 
     def __call__(self, init: dict):

@@ -383,10 +383,14 @@ class Pool:
     """Fresh sandboxes, one per candidate; with `spare`, the next one is started as soon as one is taken so its
     imports run while the current candidate is checked. A spare has run nothing of any candidate."""
 
-    def __init__(self, hidden: list[str], device: str = "cpu", spare: bool = False):
+    def __init__(self, hidden: list[str], device: str = "cpu", spare: bool = False, spare_after_first: bool = False):
         self.hidden = list(hidden)
         self.device = device
         self.spare = spare
+        # a process that checks a second candidate will likely check a third (a pipeline, the TUI, a test
+        # suite): from then on keep one started; a one-shot `check --impl` starts none it would not use
+        self.spare_after_first = spare_after_first
+        self.taken = 0
         self._spares: dict[str | None, Sandbox] = {}
         self._lock = threading.Lock()
         self.owner = os.getpid()
@@ -406,7 +410,8 @@ class Pool:
                 box = None
             if box is None:
                 box = Sandbox(self.hidden, self.device, framework)
-            if self.spare:
+            self.taken += 1
+            if self.spare or (self.spare_after_first and self.taken > 1):
                 self._spares[framework] = Sandbox(self.hidden, self.device, framework)
             return box
 
@@ -423,6 +428,41 @@ class Pool:
                 for box in self._spares.values():
                     box.close()
             self._spares.clear()
+
+
+_POOLS: dict[tuple, Pool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(hidden: list[str], device: str) -> Pool:
+    """This process's pool for these masks and this device (`check --impl` calls in one process share it)."""
+    key = (tuple(hidden), device, os.getpid())
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = Pool(hidden, device, spare_after_first=True)
+        return pool
+
+
+def _close_pools() -> None:
+    with _POOLS_LOCK:
+        for pool in _POOLS.values():
+            pool.close()
+        _POOLS.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _POOLS_LOCK
+    _POOLS_LOCK = threading.Lock()
+    for pool in _POOLS.values():
+        pool._own()
+    _POOLS.clear()
+
+
+import atexit  # noqa: E402 - beside what it registers
+
+atexit.register(_close_pools)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 __all__ = ["INSIDE", "Pool", "Sandbox", "command", "hidden_paths", "record", "require", "unavailable", "version"]
