@@ -100,6 +100,7 @@ def test_geo_mean_fails_and_the_receipt_says_which_contracts(tmp_path):
     assert "trajectory_ratio" in pred["applicability"]["partial"]["on_policy_identity"]["reasons"][0]
     # which implementation: verl's version, the function, and the file defining it bound by its sha256
     impl = pred["implementation"]
+    assert pred["isolation"]["sandbox"] == "bubblewrap"  # verl imported inside the candidate's own sandbox
     assert impl["framework"] == {"name": "verl", "version": verl.__version__, "object": "geo_mean"}
     assert impl["function"]["qualname"] == "compute_policy_loss_geo_mean"
     core = {"name": "impl:verl/trainer/ppo/core_algos.py", "digest": {"sha256": _sha256(core_algos.__file__)}}
@@ -183,8 +184,10 @@ def test_a_broken_verl_style_tapo_fails_loss_forward(tmp_path):
     broken.write_text(text.replace(old, "eps = _schedule(t, lengths.clamp(min=1), eps_max, eps_min)")
                       .replace('register_policy_loss("tapo")', 'register_policy_loss("tapo_reversed")'))
     store = tmp_path / "r"
+    # unsandboxed, to see which warm server its workers forked from (sandboxed, each candidate has a template of its
+    # own that imports verl: test_a_verl_style_tapo_holds_every_contract_a_loss_can_be_held_to runs that way)
     r = check(f"verl:{broken}:tapo_reversed", store, "--only", "loss_forward", "--only", "split_invariance",
-              "--no-mutants")
+              "--no-mutants", "--no-sandbox")
     assert r.exit_code == 1, r.output
     st = statuses(receipt(store)["predicate"])
     assert st == {"loss_forward": {"failed"}, "split_invariance": {"passed"}}, st
