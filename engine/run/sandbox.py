@@ -429,6 +429,12 @@ class Pool:
                     box.close()
             self._spares.clear()
 
+    def __del__(self) -> None:  # an evaluator dropped: its spare (torch imported, a few hundred MB) goes too
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit anything may be half torn down
+            pass
+
 
 _POOLS: dict[tuple, Pool] = {}
 _POOLS_LOCK = threading.Lock()
