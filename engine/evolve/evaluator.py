@@ -145,7 +145,8 @@ class Evaluator:
         if self.strict:
             from engine.evolve.screen import screen
 
-            refusal = screen(target.path) if target.path is not None else None
+            refusal = screen(target.path) if target.form == "file" else \
+                f"{target.shown}: strict screens a candidate's source file; give the program's .py path"
             if refusal:
                 return self._unchecked(k, f"refused by the strict screen: {refusal}", t0)
         policy = self._policy()
