@@ -203,7 +203,9 @@ def command(stage: str, hidden: list[str], device: str = "cpu", framework: str |
     from engine.paths import project_root
 
     args = [bwrap() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--clearenv", *_system_binds()]
+            "--clearenv", *_system_binds(),
+            # first: a checkout or interpreter that lives under /tmp is bound over the private /tmp, not hidden by it
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
     trees = _trees()
     for t in trees:
         args += ["--ro-bind", t, t]
@@ -215,8 +217,7 @@ def command(stage: str, hidden: list[str], device: str = "cpu", framework: str |
             args += ["--tmpfs", h]
         elif hp.exists():
             args += ["--ro-bind", "/dev/null", h]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home",
-             "--ro-bind", stage, INSIDE, "--chdir", INSIDE]
+    args += ["--ro-bind", stage, INSIDE, "--chdir", INSIDE]
     if device.startswith("cuda"):
         for dev in sorted(glob.glob("/dev/nvidia*")) + ["/dev/dri"]:
             args += ["--dev-bind-try", dev, dev]
