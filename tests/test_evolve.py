@@ -193,7 +193,8 @@ def test_a_misbehaving_candidate_scores_zero_and_the_next_one_runs_in_a_fresh_wo
     from engine.evolve.evaluator import Evaluator
 
     code, says = MISBEHAVING[kind]
-    ev = Evaluator(METHOD, receipts=tmp_path / "store", timeout_s=4)
+    # not strict: the screen would refuse these imports before they run (tests/test_sandbox.py); here, how they run
+    ev = Evaluator(METHOD, receipts=tmp_path / "store", timeout_s=4, strict=False)
     bad = variant(tmp_path, f"{kind}.py", RATIO_BODY, "    " + code + RATIO_BODY)
     r = ev.stage(1, str(bad))
     assert r.metrics["combined_score"] == 0.0
@@ -237,7 +238,7 @@ def test_warm_and_cold_workers_measure_the_same(evaluator, tmp_path, monkeypatch
     only = [x for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward")
             for x in ("--only", c)]
     r = invoke("check", METHOD, "--impl", str(good), "--seeds", "42", "--no-mutants", "--receipts", str(cold),
-               "--json", *only)
+               "--json", "--no-sandbox", *only)
     assert r.exit_code == 0, r.output
     measured = lambda stmt: {(x["contract"], x["dtype"]): x["measurements"]  # noqa: E731
                              for x in stmt["predicate"]["results"]}
@@ -336,9 +337,9 @@ def test_the_warm_workers_environment_holds_no_secrets(tmp_path, monkeypatch):
             "    raw = open('/proc/self/environ', 'rb').read()\n"
             "    if seen or b'secret' in raw:\n        raise RuntimeError(f'saw secrets: {seen}')\n")
     cand = variant(tmp_path, "peek.py", "    if isinstance(T, bool)", "    " + peek + "    if isinstance(T, bool)")
-    r = Evaluator(METHOD, receipts=tmp_path / "store").stage(1, str(cand))
+    r = Evaluator(METHOD, receipts=tmp_path / "store", strict=False).stage(1, str(cand))  # the screen refuses os
     assert r.metrics["combined_score"] == 0.5, r.artifacts
     leaky = variant(tmp_path, "leaky.py", "    if isinstance(T, bool)", "    " + peek.replace("'KEY' in k or ", "")
                     .replace("b'secret' in raw", "'PATH' in os.environ") + "    if isinstance(T, bool)")
-    r = Evaluator(METHOD, receipts=tmp_path / "store").stage(1, str(leaky))
+    r = Evaluator(METHOD, receipts=tmp_path / "store", strict=False).stage(1, str(leaky))
     assert r.metrics["combined_score"] == 0.0 and "saw secrets" in r.artifacts["failures"]  # the peek can see

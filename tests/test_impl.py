@@ -303,11 +303,12 @@ WHERE = ("import json, os\n    open({out!r}, 'a').write(json.dumps({{'ppid': os.
 
 
 def _where_it_ran(folder: Path) -> list[dict]:
+    """Where an unsandboxed worker ran (in the sandbox it could not write `out`: tests/test_sandbox.py)."""
     folder.mkdir()
     out = folder / "where.jsonl"
     code = WHERE.format(out=str(out))
     cand = variant(folder, "where.py", "    if isinstance(T, bool)", "    " + code + "    if isinstance(T, bool)")
-    r = check(cand, folder / "r", "--only", "clip_schedule", "--no-mutants")
+    r = check(cand, folder / "r", "--only", "clip_schedule", "--no-mutants", "--no-sandbox")
     assert r.exit_code == 0, r.output
     return [json.loads(line) for line in out.read_text().splitlines()]
 

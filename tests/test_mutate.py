@@ -472,3 +472,65 @@ def test_a_worker_takes_the_parents_validated_spec_only_for_the_same_bytes(tmp_p
     assert execute._validated(job) is None  # other bytes: the worker validates the file itself
     _, _, _, again = execute._load(job)
     assert again.sha256 != spec.sha256 and again.data == spec.data
+
+
+# --- signed mutation receipts ------------------------------------------------------------------------------------
+
+
+def test_a_signed_mutation_receipt_meets_mutation_score_under_a_trust_policy(toy, tmp_path, monkeypatch):
+    """Under a trust policy only signed receipts count, so `mutation_score` needs a signed mutation receipt: the
+    unsigned one of the same run is refused, the one signed by the runner's key meets it."""
+    monkeypatch.setattr("engine.gate.verdict.refusal", lambda a, impl_file: [])  # as above: the toy lives in tests/
+    from engine.run.mutate.session import run, statement
+    from engine.store.receipts import utc_now, write_receipt
+    from engine.store.signing import usable_signer
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    assert CliRunner().invoke(app, ["keys", "generate", str(keys / "runner")]).exit_code == 0
+    policy = keys / "trust.yaml"
+    policy.write_text("keys:\n  - public_key: runner.pub\n    devices: [cpu]\n")
+    spec = _spec(toy)
+    opts = _opts()
+    out = run(spec, ROOT, opts)
+    ids = [s["id"] for s in out["mutation"]["survivors"]]
+    listed = "equivalent_mutants:\n" + "".join(
+        f"  - id: {i}\n    reason: every row's weights sum to more than 1, so the clamp never binds\n" for i in ids)
+    (toy / "toy-mutate.yaml").write_text(TOY_SPEC.replace("promotion:\n", listed + "promotion:\n"), encoding="utf-8")
+    spec = _spec(toy)
+    out = run(spec, ROOT, opts)
+    assert out["mutation"]["score"] == 1.0
+    receipts = tmp_path / "receipts"
+
+    def requirement(*extra):
+        res = CliRunner().invoke(app, ["gate", "toy-mutate", "--specs", str(toy), "--receipts", str(receipts),
+                                       "--json", *extra])
+        return next(r for r in json.loads(res.stdout)["requirements"] if r["id"] == "mutation_score")
+
+    write_receipt(receipts, statement(spec, ROOT, out, opts, utc_now()))  # unsigned
+    assert requirement()["met"] is True
+    assert requirement("--trust", str(policy))["met"] is False
+    write_receipt(receipts, statement(spec, ROOT, out, opts, utc_now()),
+                  sign_key=usable_signer(keys / "runner"))
+    req = requirement("--trust", str(policy))
+    assert req["met"] is True and req["score"] == 1.0, req
+
+
+def test_cli_mutate_signs_its_receipt_with_sign_key(tmp_path):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    assert CliRunner().invoke(app, ["keys", "generate", str(keys / "runner")]).exit_code == 0
+    store = tmp_path / "store"
+    res = CliRunner().invoke(app, ["mutate", "tapo-trajectory", "--only-file", "objective.py", "--max-mutants", "1",
+                                   "--receipts", str(store), "--json", "--sign-key", str(keys / "runner")])
+    assert res.exit_code in (0, 1), res.output
+    (receipt,) = list(store.rglob("*.json"))
+    env = json.loads(receipt.read_text())
+    assert set(env) == {"payloadType", "payload", "signatures"}  # a DSSE envelope, not a bare Statement
+    policy = keys / "trust.yaml"
+    policy.write_text("keys:\n  - public_key: runner.pub\n    devices: [cpu]\n")
+    v = CliRunner().invoke(app, ["verify", "tapo-trajectory", "--receipts", str(store), "--trust", str(policy)])
+    assert "signed by trusted key" in v.stdout, v.output
+    bad = CliRunner().invoke(app, ["mutate", "tapo-trajectory", "--max-mutants", "1", "--receipts", str(store),
+                                   "--sign-key", str(keys / "missing")])
+    assert bad.exit_code == 2 and "signing" in bad.output and len(list(store.rglob("*.json"))) == 1

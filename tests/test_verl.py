@@ -100,6 +100,7 @@ def test_geo_mean_fails_and_the_receipt_says_which_contracts(tmp_path):
     assert "trajectory_ratio" in pred["applicability"]["partial"]["on_policy_identity"]["reasons"][0]
     # which implementation: verl's version, the function, and the file defining it bound by its sha256
     impl = pred["implementation"]
+    assert pred["isolation"]["sandbox"] == "bubblewrap"  # verl imported inside the candidate's own sandbox
     assert impl["framework"] == {"name": "verl", "version": verl.__version__, "object": "geo_mean"}
     assert impl["function"]["qualname"] == "compute_policy_loss_geo_mean"
     core = {"name": "impl:verl/trainer/ppo/core_algos.py", "digest": {"sha256": _sha256(core_algos.__file__)}}
@@ -183,8 +184,10 @@ def test_a_broken_verl_style_tapo_fails_loss_forward(tmp_path):
     broken.write_text(text.replace(old, "eps = _schedule(t, lengths.clamp(min=1), eps_max, eps_min)")
                       .replace('register_policy_loss("tapo")', 'register_policy_loss("tapo_reversed")'))
     store = tmp_path / "r"
+    # unsandboxed, to see which warm server its workers forked from (sandboxed, each candidate has a template of its
+    # own that imports verl: test_a_verl_style_tapo_holds_every_contract_a_loss_can_be_held_to runs that way)
     r = check(f"verl:{broken}:tapo_reversed", store, "--only", "loss_forward", "--only", "split_invariance",
-              "--no-mutants")
+              "--no-mutants", "--no-sandbox")
     assert r.exit_code == 1, r.output
     st = statuses(receipt(store)["predicate"])
     assert st == {"loss_forward": {"failed"}, "split_invariance": {"passed"}}, st
@@ -248,7 +251,8 @@ def test_bad_verl_targets_are_one_usage_line(tmp_path):
                                            "register_policy_loss\nregister_policy_loss('elsewhere')(my_loss)\n")
     for target, says in (("verl:no_such_loss", "registered: "), (f"verl:{FIXTURE}:nope", "no policy loss"),
                          ("verl:", "verl:NAME"), ("verl:a:b:c", "neither a .py file"),
-                         (f"verl:{tmp_path / 'registers.py'}:elsewhere", "helper.py, which this target does not bind")):
+                         # the sandbox stages only the bound file: its unbound sibling is not there to import
+                         (f"verl:{tmp_path / 'registers.py'}:elsewhere", "No module named 'helper' (registers.py:1)")):
         r = check(target, store, "--only", "loss_forward", "--no-mutants")
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.exit_code == 2 and len(lines) == 1 and says in lines[0], (target, r.output)

@@ -110,6 +110,9 @@ def check(
                                                                                   "may add after its imports, in MiB "
                                                                                   "(cpu only; 0: no limit; default "
                                                                                   "4096).")] = None,
+    no_sandbox: Annotated[bool, typer.Option("--no-sandbox", help="Run an --impl candidate without the bubblewrap "
+                                                                  "sandbox (where bwrap is not installed); its "
+                                                                  "receipt records sandbox: none.")] = False,
     sign_key: Annotated[Optional[Path], typer.Option(
         "--sign-key", metavar="FILE", help="Sign each receipt (DSSE, ed25519) with this private key (default: "
                            "$CONTRACTS_SIGNING_KEY). Only a separate signing process reads it, after the checks.")] = None,
@@ -137,7 +140,7 @@ def check(
         raise E.UsageError(f"--threads {threads}: give 1 or more")
     from engine.run.isolation import check_options  # [impl] hook
 
-    check_options(impl, all_, jobs, executor, address, policy)
+    check_options(impl, all_, jobs, executor, address, policy, no_sandbox)
     sign_key = _signer(sign_key, sign_command)
     if all_:
         paths = spec_files(specs_dir)
@@ -163,7 +166,8 @@ def check(
         from engine.cli.check_impl import run_impl_check
 
         run_impl_check(plans[0], impl, device, threads, receipts_dir, _STOP, json_out, impl_timeout, impl_memory_mb,
-                       flags=_flags(specs, receipts), sign_key=sign_key)
+                       flags=_flags(specs, receipts) + (" --no-sandbox" if no_sandbox else ""), sign_key=sign_key,
+                       no_sandbox=no_sandbox)
     if jobs != 1 or executor != "local" or address:
         _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads,
                      flags=_flags(specs, receipts), all_summary=all_, sign_key=sign_key)  # exits

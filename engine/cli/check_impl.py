@@ -20,7 +20,7 @@ from engine.spec.loader import display_path
 
 def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipts_dir: Path, stop, json_out: bool,
                    timeout_s: Optional[float], memory_mb: Optional[int], flags: str = "",
-                   sign_key=None) -> None:
+                   sign_key=None, no_sandbox: bool = False) -> None:
     """Check `plan` against the --impl target, write the receipt, exit like `check` (0/1/3/130)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -29,6 +29,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
     from engine.run.impl_loader import identity, parse_target
     from engine.run import warm
     from engine.run.isolation import DEFAULT_MEMORY_MB, make_runner, run_candidate
+    from engine.run import sandbox
     from engine.run.runner import build_statement
     from engine.spec.interface import from_spec
     from engine.spec.registry import known_names
@@ -44,6 +45,10 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
     names = list(from_spec(spec.data, known_names().implementations.get(spec.data["implementation"])).names)
     dev = resolve_device(device)
     ensure_writable(receipts_dir)
+    # The sandbox masks the store, the signer and the policy; without bwrap (and no --no-sandbox): exit 4 here.
+    hidden = sandbox.hidden_paths(receipts_dir, sign_key if isinstance(sign_key, Path) else None,
+                                  sign_key if isinstance(sign_key, tuple) else None) \
+        if sandbox.require(no_sandbox) else None
     budget = spec.data["budget"]
     deadline = timeout_s or float(budget.get("per_contract_timeout_seconds") or 60)
     created = utc_now()
@@ -60,9 +65,12 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
                             description=f"{spec.key} --impl {ident['target']}: {label} {r['status']}")
 
         runner = make_runner(plan, dev, ident, on_result=on_result, should_stop=lambda: stop.stopped)
+        boxed = sandbox.Boxed(ident, target, hidden, str(dev)) if hidden is not None else None
         try:
             run_candidate(runner, target, ident, names, str(dev), threads, deadline,
-                          DEFAULT_MEMORY_MB if memory_mb is None else memory_mb, worker_factory=warm.warm_or_cold)
+                          DEFAULT_MEMORY_MB if memory_mb is None else memory_mb,
+                          worker_factory=boxed or warm.warm_or_cold,
+                          isolation=sandbox.record(boxed is not None, "candidate"))
         finally:
             stop.hold = True  # the receipt is written whole, or not at all
     try:
@@ -94,6 +102,10 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
         more = f", +{len(ident['subjects']) - 4} more files" if len(ident["subjects"]) > 4 else ""
         _out(f"implementation {ident['target']} (id {ident['digest'][:12]}: {files}{more}); "
                    f"single-function mutants in it: {cm['killed']} killed, {cm['survived']} survived")
+        iso = pred.get("isolation") or {}
+        _out(f"isolation: sandbox {iso.get('sandbox')}" + (f" {iso['version']}" if iso.get("version") else "")
+             + ("" if iso.get("sandbox") != "none" else " (--no-sandbox: a trust policy requiring sandboxed "
+                                                          "refuses this receipt)"))
         for line in coverage_lines(pred):
             _out(line)
     for m in pred["candidate_mutants"]:

@@ -79,6 +79,12 @@ def evolve_evaluator(
     trust: Annotated[Optional[Path], typer.Option(
         "--trust", help="Count only receipts signed by a key this trust policy trusts for the device kind "
                         "(default at run time: $CONTRACTS_TRUST).")] = None,
+    no_sandbox: Annotated[bool, typer.Option(
+        "--no-sandbox", help="Run candidates without the bubblewrap sandbox (where bwrap is not installed); their "
+                             "receipts record sandbox: none.")] = False,
+    no_strict: Annotated[bool, typer.Option(
+        "--no-strict", help="Do not screen candidates' source against the import and construct allowlist "
+                            "(docs/evolve.md) before they run.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace FILE if it exists.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -128,7 +134,8 @@ def evolve_evaluator(
              "1 (the spec declares no evolve.score)")
     options = {"specs": _absolute(specs_dir), "receipts": _absolute(receipts_dir), "device": device,
                "seeds": seed_list, "timeout_s": impl_timeout, "memory_mb": impl_memory_mb, "jobs": jobs,
-               "sign_key": _absolute(sign_key), "sign_command": sign_command, "trust": _absolute(trust)}
+               "sign_key": _absolute(sign_key), "sign_command": sign_command, "trust": _absolute(trust),
+               "sandbox": not no_sandbox, "strict": not no_strict}
     text = render(method=method, spec_name=f"specs/{spec.path.name}", version=package_version(), stages=stages,
                   score=score, options=options, receipts_shown=str(receipts_dir))
     compile(text, str(out), "exec")  # what we write must at least be Python

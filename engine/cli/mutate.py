@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -70,6 +71,13 @@ def mutate(
     timeout: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Seconds one mutant may take before it counts as "
                                                           "`timeout` (default: from the baseline's time).")] = None,
     device: Annotated[str, typer.Option(metavar="DEVICE", help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
+    sign_key: Annotated[Optional[Path], typer.Option(
+        "--sign-key", metavar="FILE", help="Sign the receipt (DSSE, ed25519) with this private key (default: "
+                           "$CONTRACTS_SIGNING_KEY), as contracts check does; only a separate signing process "
+                           "reads it, after every mutant's process has ended.")] = None,
+    sign_command: Annotated[Optional[str], typer.Option(
+        "--sign-command", metavar="COMMAND", help="Sign the receipt with this command instead (default: "
+                               "$CONTRACTS_SIGN_COMMAND); see docs/trust.md.")] = None,
     specs: SpecsOpt = None,
     receipts: ReceiptsOpt = None,
     json_out: JsonOpt = False,
@@ -111,6 +119,9 @@ def mutate(
         raise E.BudgetError(f"{len(seed_list)} seeds requested but {spec.display} budget.max_seeds is "
                             f"{spec.data['budget']['max_seeds']}; ask for fewer seeds")
     ensure_writable(receipts_dir)
+    from engine.cli.check import _signer
+
+    signer = _signer(sign_key, sign_command)  # proven before any mutant runs: a bad key costs no run (exit 2)
     opts = Options(seeds=seed_list, device=device, jobs=jobs, timeout_s=timeout, max_mutants=max_mutants,
                    only_files=list(only_file or []), operators=ops)
     created = utc_now()
@@ -144,7 +155,7 @@ def mutate(
                                 + (f" in {', '.join(opts.only_files)}" if opts.only_files else "")
                                 + " with operators " + ", ".join(sorted(ops)))
     stmt = statement(spec, root, outcome, opts, created)
-    path = write_receipt(receipts_dir, stmt)
+    path = write_receipt(receipts_dir, stmt, sign_key=signer)  # every mutant's process has ended
     shown = display_path(path, root)
     if json_out:
         _print_json({"method": spec.key, "receipt": shown, "receipt_id": stmt["predicate"]["receipt_id"],

@@ -80,7 +80,7 @@ class Evaluator:
                  timeout_s: float | None = None,
                  memory_mb: int | None = None, jobs: int | None = None, threads: int | None = None,
                  sign_key: str | os.PathLike | None = None, sign_command: str | None = None,
-                 trust: str | os.PathLike | None = None):
+                 trust: str | os.PathLike | None = None, sandbox: bool = True, strict: bool = True):
         from engine.run.devices import parse_device
         from engine.spec.loader import check_key
 
@@ -99,6 +99,9 @@ class Evaluator:
         self.sign_key = Path(sign_key) if sign_key else None
         self.sign_command = sign_command
         self.trust = Path(trust) if trust else None
+        self.sandbox = bool(sandbox)  # each candidate in a bubblewrap sandbox of its own (engine/run/sandbox.py)
+        self.strict = bool(strict)  # screen the source first (engine/evolve/screen.py)
+        self._pool = None
 
     # -- OpenEvolve's entry points --------------------------------------------------------
 
@@ -130,12 +133,22 @@ class Evaluator:
         t0 = time.perf_counter() if t0 is None else t0
         if k not in S.STAGES:
             raise UsageError(f"stage {k!r}: OpenEvolve's cascade here has stages {', '.join(map(str, S.STAGES))}")
-        from engine.run import warm
+        if self.sandbox:
+            self._sandboxes().prestart()  # its imports overlap with ours (torch, the methods) on the first call
+        else:
+            from engine.run import warm
 
-        warm.start()  # its imports overlap with ours (torch, the methods) on the first call
+            warm.start()
         spec = self._spec()
         target = parse_target(str(program_path))
         ident = identity(target)
+        if self.strict:
+            from engine.evolve.screen import screen
+
+            refusal = screen(target.path) if target.form == "file" else \
+                f"{target.shown}: strict screens a candidate's source file; give the program's .py path"
+            if refusal:
+                return self._unchecked(k, f"refused by the strict screen: {refusal}", t0)
         policy = self._policy()
         kind = self.device.split(":")[0]
         evidence, refused = self._evidence(ident, kind, policy)
@@ -150,6 +163,17 @@ class Evaluator:
             evidence, refused = evidence + more, refused + why
             verdict = SC.judge(spec.data, k, evidence, self.seeds)
         return SC.report(spec, k, verdict, evidence, refused, time.perf_counter() - t0, written, self.seeds)
+
+    def _sandboxes(self):
+        """Fresh sandboxes for this evaluator's candidates, a spare kept started (no candidate ever shares one)."""
+        from engine.run import sandbox
+
+        sandbox.require(False)  # without bwrap: EnvironmentProblem, and the stage scores 0 saying so
+        with _LOCK:
+            if self._pool is None:
+                self._pool = sandbox.Pool(sandbox.hidden_paths(self.receipts_dir, self.sign_key, self.sign_command,
+                                                               self.trust), self.device, spare=True)
+            return self._pool
 
     def _unchecked(self, k: int, why: str, t0: float) -> tuple[dict, dict]:
         metrics = {"combined_score": 0.0, f"stage{k}_passed": 0.0, "cells_passed": 0.0, "contracts_broken": 0.0,
@@ -249,7 +273,18 @@ class Evaluator:
         runner.candidate_mutants = []
         calls = [{"contract": c, "seed": s, "dtype": d, "record_mechanism": True}
                  for c in plan.contracts for s in plan.seeds for d in c["dtypes"]]
-        results, mechanism, notes = warm.run_cells(init, calls, deadline, self.jobs)
+        from engine.run import sandbox
+
+        runner.isolation = sandbox.record(self.sandbox, "candidate")
+        if self.sandbox:
+            box = self._sandboxes().take(init["target"]["framework"])
+            try:
+                init.update(target=box.stage_candidate(ident, target), cwd=sandbox.INSIDE, env=sandbox._env())
+                results, mechanism, notes = warm.run_cells(init, calls, deadline, self.jobs, srv=box)
+            finally:
+                box.close()  # the candidate and all it started are gone before its receipt is built and signed
+        else:
+            results, mechanism, notes = warm.run_cells(init, calls, deadline, self.jobs)
         runner.results, runner.mechanism = results, mechanism
         runner.errors += [f"isolation: {n}" for n in notes]
         stmt = build_statement(runner, created)

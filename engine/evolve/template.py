@@ -23,8 +23,10 @@ combined_score: 0 for a candidate that breaks any contract (or cannot be checked
 holds and 0.75 once stage 2 holds (OpenEvolve's default cascade_thresholds); 0.9 + 0.1 x {score} once
 every contract holds. Artifacts name each broken contract with its measured value against its
 tolerance, and the receipt ids. Every stage writes a receipt to {receipts_shown}; its verdict
-is read back from the receipts, never from a cache. Candidates run in isolated worker processes
-forked from a warm server (scrubbed environment, a deadline per call, crashes recorded as errors).
+is read back from the receipts, never from a cache. Under strict (the default) a candidate's source
+is screened against an allowlist of imports and constructs before it runs; each candidate runs in a
+bubblewrap sandbox of its own (read-only views, no network, its own PID namespace, isolated Python),
+killed before its receipt is signed.
 See docs/evolve.md in paper-contracts.
 """
 
@@ -46,6 +48,8 @@ EVALUATOR = Evaluator(
     sign_key={sign_key!r},
     sign_command={sign_command!r},
     trust={trust!r},
+    sandbox={sandbox!r},
+    strict={strict!r},
 )
 
 

@@ -151,6 +151,17 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def sources(target: Target) -> list[tuple[str, Path]]:
+    """(bound name without the `impl:` prefix, file) for the target's own files: what a sandbox stages for it
+    (a framework target's framework file is the installed framework's, not staged)."""
+    if target.path is not None:
+        return [(target.path.name, target.path)]
+    if target.module is not None:
+        root, found = _find(target.module)
+        return [(f.relative_to(root).as_posix(), f) for f in found]
+    return []
+
+
 def identity(target: Target) -> dict:
     """What the receipt records of the implementation: target (no absolute path), file subjects, digest,
     package versions, and the git revision of the repository holding it, if any."""

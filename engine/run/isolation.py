@@ -39,11 +39,11 @@ What isolation means here, and what it does not:
   space than any useful cap);
 * the receipt is built and written here, after the workers are gone.
 
-It is NOT a sandbox: the worker runs as the same OS user, can read and write
-what that user can (the checkout included), and can reach the network. It
-runs in the same process as the checks that measure it, so a hostile
-candidate could forge its own measurements; the contracts catch mistakes, not
-adversaries. Run untrusted code in a container or VM with this inside.
+Each candidate's workers run inside a bubblewrap sandbox of its own (engine/run/sandbox.py: read-only views,
+the store, key and policy masked, private /tmp, no network, its own PID namespace, isolated Python), killed
+before the receipt is built or signed; `--no-sandbox` runs them as above without it (receipts record which).
+The checks still run in the worker, beside the candidate: a hostile candidate could forge its own run's
+measurements (docs/trust.md, "What is not defended"), though not reach the store, the key or the next candidate.
 """
 
 from __future__ import annotations
@@ -352,13 +352,20 @@ def single_function_mutants(plan) -> list[tuple[dict, str]]:
     return out
 
 
+# What a receipt records of a candidate run without a sandbox (engine.run.sandbox.record(False, "candidate")).
+UNSANDBOXED = {"sandbox": "none", "candidate": True, "checks_in": "candidate"}
+
+
 def run_candidate(runner, target, ident: dict, names: list[str], device: str, threads: int,
-                  timeout_s: float, memory_mb: int | None, worker_factory=None) -> None:
+                  timeout_s: float, memory_mb: int | None, worker_factory=None,
+                  isolation: dict | None = None) -> None:
     """Fill `runner` (an engine.run.runner.Runner) with the candidate's results, its replaced-function mutants
     and the spec's mutants on the registered implementation; the caller builds and writes the receipt.
 
-    `worker_factory(init)` starts the candidate's worker: engine.run.warm.warm_or_cold forks it from the warm
-    server (warm builds on this module, so the caller passes it in); a fresh `python` (_Worker) by default."""
+    `worker_factory(init)` starts the candidate's worker: engine.run.sandbox.Boxed in a bubblewrap sandbox, or
+    engine.run.warm.warm_or_cold forked from the warm server (both build on this module, so the caller passes
+    them in); a fresh `python` (_Worker) by default. `isolation` is what the receipt records of it
+    (engine.run.sandbox.record)."""
     from engine.run.runner import ERROR, FAILED, INTERRUPTED, PARTIAL, PASSED, Interrupted
 
     plan = runner.plan
@@ -374,13 +381,16 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
     def progress(phase: str, extra: dict | None = None):
         return lambda r: runner.on_result({"phase": phase, **(extra or {}), **r})
 
+    # a sandboxed factory maps the sandbox's paths out and is closed before the receipt is built
+    boxed = worker_factory if hasattr(worker_factory, "close") else None
+    runner.isolation = isolation or UNSANDBOXED
     cand = CandidateRun(init, timeout_s, on_result=progress("baseline"), should_stop=runner.should_stop,
                         worker_factory=worker_factory or _Worker)
     runner.candidate_mutants = []
     wall = float(plan.spec.data["budget"]["max_wall_seconds"])
     try:
         cand.probe()  # a usage error (missing function, syntax error) leaves here, before any result
-        adapter = _adapted_identity(cand, ident, target)
+        adapter = _adapted_identity(cand, ident, target, boxed.outside if boxed else None)
         for contract in plan.contracts:
             if time.perf_counter() - runner.t0 > wall:
                 runner.errors.append(f"budget: run wall time is over budget.max_wall_seconds {wall:g}")
@@ -430,6 +440,8 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
             cand.worker = None
     finally:
         cand.close()
+        if boxed is not None:
+            boxed.close()  # the sandbox and all it held are gone before anything is built or signed
     if cand.load_failure:
         runner.errors.append(f"the candidate could not be run: {cand.load_failure}")
     runner.errors += [f"isolation: {n}" for n in cand.notes]
@@ -437,15 +449,17 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
         runner.run_mutants()  # the registered implementation's mutants, here: trusted code, no candidate loaded
 
 
-def _adapted_identity(cand: "CandidateRun", ident: dict, target) -> dict | None:
+def _adapted_identity(cand: "CandidateRun", ident: dict, target, outside=None) -> dict | None:
     """For a framework target: check that the file defining the adapted object is bound, and record in `ident`
-    which object it is and what the method's adapter made of it. None for other targets."""
+    which object it is and what the method's adapter made of it. None for other targets. `outside` maps a path
+    a sandboxed worker reported to the file here."""
     from engine.run.impl_loader import subject_of
 
     info = cand.loaded.get("function")
     if target.form != "framework" or not isinstance(info, dict):
         return None
-    subject = subject_of(ident, str(info.get("source") or ""))
+    source = str(info.get("source") or "")
+    subject = subject_of(ident, outside(source) if outside else source)
     if subject is None:
         where = Path(str(info.get("source") or "?")).name
         raise UsageError(f"--impl {ident['target']}: {target.framework}'s {target.name!r} is defined in {where}, "
@@ -481,6 +495,7 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
 
         def predicate(self) -> dict:
             pred = super().predicate()
+            pred["isolation"] = getattr(self, "isolation", None) or UNSANDBOXED
             # `name` is the spec's registered implementation whose interface the candidate exposes; `kind:
             # external` and the target say it ran instead of that one (engine.run.impl_loader.unit_of)
             pred["implementation"] = {k: v for k, v in ident.items() if k != "subjects"} | {
@@ -495,9 +510,11 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
 
 
 def check_options(impl: str | None, all_: bool, jobs: int, executor: str, address: str | None,
-                  policy: str | None) -> None:
+                  policy: str | None, no_sandbox: bool = False) -> None:
     """--impl runs one method serially in isolated workers: refuse the options it cannot honour."""
     if impl is None:
+        if no_sandbox:
+            raise UsageError("--no-sandbox applies to --impl (candidate code); leave it out here")
         return
     if all_:
         raise UsageError("--impl checks one implementation of one method; name the method instead of --all")

@@ -392,6 +392,7 @@ class Runner:
                 **numeric_environment(),
             },
             "implementation": {"name": spec.data["implementation"], "files": self.implementation_files()},
+            "isolation": {"sandbox": "none", "candidate": False},  # engine/run/sandbox.py: candidates say more
             "policy": None if self.policy is None else {**self.policy.describe(),
                                                         "used_by": sorted(self.policy_used_by)},
             "request": {"device": str(self.device), "seeds": list(self.plan.seeds), "only": self.plan.only,

@@ -251,6 +251,9 @@ class ForkedWorker(_Worker):
     def _kill(self) -> None:
         if self.status is not None or self.server.exited(self.pid):
             return  # reaped already: the pid may belong to someone else by now
+        if getattr(self.server, "sandboxed", False):
+            self.server.kill_worker(self.pid)  # a pid of the sandbox's own namespace: the sandbox goes whole
+            return
         try:
             os.killpg(self.pid, signal.SIGKILL)  # the worker made itself a group leader: its children go too
         except ProcessLookupError:
@@ -263,6 +266,8 @@ class ForkedWorker(_Worker):
 
     def cpu_s(self) -> float | None:
         """CPU seconds this worker has used so far (Linux /proc), None where that cannot be read."""
+        if getattr(self.server, "sandboxed", False):
+            return None  # its pid is the sandbox's own
         try:
             with open(f"/proc/{self.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -387,16 +392,18 @@ def _is_lost(r: dict) -> bool:
 last_stats: dict = {}
 
 
-def run_cells(init: dict, calls: list[dict], timeout_s: float, jobs: int = 1) -> tuple[list[dict], list[dict], list[str]]:
+def run_cells(init: dict, calls: list[dict], timeout_s: float, jobs: int = 1,
+              srv=None) -> tuple[list[dict], list[dict], list[str]]:
     """Run check calls against the candidate `init` names in forked workers, `jobs` at a time.
 
     One unit per (contract, seed): its dtypes run back to back in one worker. Once a worker is lost (a
     deadline, a crash, an exit), the candidate gets no further unit: what was not run becomes an `error`
     result saying why, so a hanging candidate costs one deadline, not one per contract. Returns (results in
     the order of `calls`, mechanism records, notes); a usage problem with the candidate (a missing function,
-    a syntax error) raises UsageError, as with a cold worker.
+    a syntax error) raises UsageError, as with a cold worker. `srv`: the candidate's sandbox
+    (engine/run/sandbox.py), else this process's warm server.
     """
-    srv = server()
+    srv = server() if srv is None else srv
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(calls):
         groups.setdefault((c["contract"]["id"], c["seed"]), []).append(i)

@@ -6,6 +6,8 @@ the checkout: whoever writes candidate code can write both):
     keys:
       - public_key: runner.pub      # a path relative to this file, or an inline PEM
         devices: [cpu, cuda]        # device kinds this key may attest
+    require: [sandboxed]            # optional: a receipt that ran candidate code counts only if it ran in
+                                    # a sandbox (predicate.isolation.sandbox: bubblewrap)
 
     reviewers:                      # optional: keys whose signed reviews count (engine.gate.review)
       - public_key: alice.pub
@@ -31,6 +33,20 @@ ENV_VAR = "CONTRACTS_TRUST"
 DEVICE_KINDS = ("cpu", "cuda")
 MAX_POLICY_BYTES = 1 << 20
 TRUSTED, UNSIGNED, UNTRUSTED, BAD_SIGNATURE = "trusted", "unsigned", "untrusted key", "bad signature"
+UNSANDBOXED = "unsandboxed"
+REQUIREMENTS = ("sandboxed",)
+
+
+def _isolation(payload: bytes) -> dict | None:
+    """predicate.isolation of a signed Statement's bytes (read defensively: the schema is checked later)."""
+    import json
+
+    try:
+        pred = json.loads(payload).get("predicate")
+        iso = pred.get("isolation") if isinstance(pred, dict) else None
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return iso if isinstance(iso, dict) else None
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,7 @@ class TrustPolicy:
     sha256: str  # of the policy file's bytes
     keys: dict
     reviewers: dict = field(default_factory=dict)  # key id -> public key whose signed reviews count
+    require: frozenset = frozenset()  # of REQUIREMENTS
 
     def judge(self, signatures: list[dict] | None, payload: bytes, device: str | None) -> tuple[str, str]:
         """(TRUSTED | UNSIGNED | UNTRUSTED | BAD_SIGNATURE, why) for one receipt of `device` kind."""
@@ -58,12 +75,23 @@ class TrustPolicy:
         if device not in allowed:
             return UNTRUSTED, (f"untrusted key: key {kid[:16]} may attest {', '.join(sorted(allowed))} receipts "
                                f"in {self.file}, not {device}")
+        if "sandboxed" in self.require:
+            # A receipt of the registered implementation ran no candidate code; every other one (and one that
+            # does not say) must have run its candidate in a sandbox.
+            iso = _isolation(payload)
+            if iso is None or (iso.get("candidate") is not False and iso.get("sandbox") != "bubblewrap"):
+                return UNSANDBOXED, (f"unsandboxed: {self.file} requires sandboxed and this receipt's candidate ran "
+                                     f"with sandbox {(iso or {}).get('sandbox', 'unrecorded')}; run it again without "
+                                     "--no-sandbox")
         return TRUSTED, f"signed by trusted key {kid[:16]}"
 
     def as_dict(self) -> dict:
-        return {"file": self.file, "sha256": self.sha256,
-                "keys": [{"keyid": k, "devices": sorted(v[1])} for k, v in sorted(self.keys.items())],
-                "reviewers": sorted(self.reviewers)}
+        out = {"file": self.file, "sha256": self.sha256,
+               "keys": [{"keyid": k, "devices": sorted(v[1])} for k, v in sorted(self.keys.items())],
+               "reviewers": sorted(self.reviewers)}
+        if self.require:  # only where a policy asks: other policies' documents keep their shape
+            out["require"] = sorted(self.require)
+        return out
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -107,9 +135,12 @@ def load_policy(path: Path, receipts_dir: Path | None = None, shown: str | None 
     except RecursionError:
         raise UsageError(f"trust policy {shown}: nested too deeply to be a policy") from None
     fix = ("expected keys: [{public_key: FILE.pub or PEM, devices: [cpu, cuda]}] and optionally "
-           "reviewers: [{public_key: FILE.pub or PEM}]")
-    if not isinstance(doc, dict) or "keys" not in doc or not set(doc) <= {"keys", "reviewers"}:
+           "reviewers: [{public_key: FILE.pub or PEM}] and require: [sandboxed]")
+    if not isinstance(doc, dict) or "keys" not in doc or not set(doc) <= {"keys", "reviewers", "require"}:
         raise UsageError(f"trust policy {shown} $: {fix}")
+    require = doc.get("require", [])
+    if not isinstance(require, list) or not all(isinstance(r, str) and r in REQUIREMENTS for r in require):
+        raise UsageError(f"trust policy {shown} $.require: give a list of {', '.join(REQUIREMENTS)}")
     entries = doc["keys"]
     if not isinstance(entries, list) or not entries:
         raise UsageError(f"trust policy {shown} $.keys: not a non-empty list ({fix})")
@@ -140,7 +171,8 @@ def load_policy(path: Path, receipts_dir: Path | None = None, shown: str | None 
             raise UsageError(f"{at}.public_key: key {kid[:16]} is also a runner key under keys:; a key that signs "
                              "runs of candidate code must not approve specs: give the reviewer a key of their own")
         reviewers[kid] = key
-    return TrustPolicy(file=shown, sha256=hashlib.sha256(raw).hexdigest(), keys=keys, reviewers=reviewers)
+    return TrustPolicy(file=shown, sha256=hashlib.sha256(raw).hexdigest(), keys=keys, reviewers=reviewers,
+                       require=frozenset(require))
 
 
 def _public_key(text, at: str, path: Path, receipts_dir: Path | None):

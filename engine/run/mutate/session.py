@@ -257,4 +257,5 @@ def statement(spec, root: Path, outcome: dict, opts: Options, created_at: str) -
     pred = predicate(spec, outcome, opts, created_at, git_state(root, files))
     pred["implementation"] = {"name": spec.data["implementation"],
                               "files": outcome["baseline"].get("implementation_files") or []}
+    pred["isolation"] = {"sandbox": "none", "candidate": False}  # source mutants of the registered code
     return make_statement(sorted(subj, key=lambda s: s["name"]), pred)

@@ -1,0 +1,501 @@
+"""A bubblewrap sandbox per candidate: what `check --impl` and the evolve evaluator run candidate code in.
+
+bubblewrap (`bwrap`, Debian's and Fedora's `bubblewrap` package; unprivileged user namespaces) builds each
+sandbox; nothing here is a home-made one. A sandbox is one `bwrap` process holding a warm template
+(engine/run/warm_server.py: torch and the harness imported, no candidate code run) that forks the
+candidate's workers. Inside it:
+
+* a read-only view of what the workers need: /usr, the interpreter's prefix, the virtual environment and
+  the checkout; the receipt store, the checkout's .git, the signing key, the files a signing command names
+  and the trust policy are masked (an empty folder, or /dev/null) wherever they fall inside that view;
+* the candidate's bound files, copied into a staging folder this process owns and mounted read-only at
+  /candidate (the working folder): the candidate runs exactly the bytes the receipt binds, and its module
+  finds no sibling the receipt does not bind;
+* a private, empty /tmp and home; /proc of the sandbox's own PID namespace (no process outside, this one
+  and the signer included, is visible); a minimal /dev; no network (`--unshare-all`); no capabilities;
+* an environment of only what Python, torch and the threads need (`--clearenv`), and Python in isolated
+  mode (`-I`: no PYTHON* variables, no user site, no current folder on sys.path), so no `PYTHONPATH`,
+  `sitecustomize` or `usercustomize` from anywhere writable is read;
+* `--die-with-parent` and a PID namespace of its own: when this process kills the sandbox (after the
+  candidate's last call, before any receipt is built or signed), everything the candidate started dies
+  with it, double-forked daemons included.
+
+A sandbox serves one candidate and is then killed; a spare may be started ahead (`Pool`) so the next
+candidate finds its imports done, but no template ever serves a second candidate.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from engine.errors import EnvironmentProblem, UsageError
+
+INSIDE = "/candidate"  # where the candidate's files are, inside; the workers' folder
+SOCKET = "/tmp/warm.sock"  # the template's own listener, in the sandbox's private /tmp
+TOOL = "bubblewrap"
+INSTALL = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
+
+# Variables a worker keeps inside: locale, time zone, thread counts, CUDA device selection. Never PATH's
+# folders from outside, PYTHON*, LD_*, HOME or TMPDIR (each set below to something inside).
+_KEEP = ("LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "CONTRACTS_DEBUG", "NO_COLOR", "TERM")
+_KEEP_PREFIX = ("LC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "CUDA_VISIBLE", "CUBLAS_WORKSPACE")
+
+_PROBE: dict = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def unavailable() -> str | None:
+    """Why no sandbox can be made here (one line), or None when bubblewrap runs; probed once per process."""
+    with _PROBE_LOCK:
+        if "why" in _PROBE:
+            return _PROBE["why"]
+        exe = bwrap()
+        why = None
+        if exe is None:
+            why = f"bubblewrap (bwrap) is not installed; {INSTALL}"
+        else:
+            try:
+                done = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
+                                       *_system_binds(), "--proc", "/proc", "--dev", "/dev", "true"],
+                                      capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+                if done.returncode != 0:
+                    tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+                    why = (f"bubblewrap cannot make a sandbox here ({tail[-1][:160] if tail else done.returncode}); "
+                           "it needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)")
+            except (OSError, subprocess.SubprocessError) as err:
+                why = f"bubblewrap did not run: {err}"
+        _PROBE["why"] = why
+        return why
+
+
+def version() -> str | None:
+    """`bubblewrap 0.8.0` -> `0.8.0`; None where it cannot be read."""
+    with _PROBE_LOCK:
+        if "version" in _PROBE:
+            return _PROBE["version"]
+    exe = bwrap()
+    out = None
+    if exe:
+        try:
+            text = subprocess.run([exe, "--version"], capture_output=True, timeout=10).stdout.decode().split()
+            out = text[-1] if text else None
+        except (OSError, subprocess.SubprocessError):
+            out = None
+    with _PROBE_LOCK:
+        _PROBE["version"] = out
+    return out
+
+
+def require(no_sandbox: bool) -> bool:
+    """True when candidate code is to run sandboxed; EnvironmentProblem (exit 4) when it cannot be and the caller
+    did not say --no-sandbox."""
+    if no_sandbox:
+        return False
+    why = unavailable()
+    if why:
+        raise EnvironmentProblem(f"candidate code runs only in a sandbox: {why}; or pass --no-sandbox (its receipt "
+                                 "then records sandbox: none, which a trust policy requiring sandboxed refuses)")
+    return True
+
+
+def record(sandboxed: bool, checks_in: str) -> dict:
+    """What a receipt says of its candidate's isolation (predicate.isolation)."""
+    if not sandboxed:
+        return {"sandbox": "none", "candidate": True, "checks_in": checks_in}
+    return {"sandbox": TOOL, "candidate": True, "version": version(), "network": False, "pid_namespace": True,
+            "python": "isolated", "checks_in": checks_in}
+
+
+# A receipt of the registered implementation (or of source mutants): no candidate code ran.
+NO_CANDIDATE = {"sandbox": "none", "candidate": False}
+
+
+# --- what a sandbox sees ------------------------------------------------------------------------
+
+
+def _system_binds() -> list[str]:
+    """/usr and the merged-/usr links, and the few /etc files the dynamic loader and time zone read."""
+    out = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = Path("/") / name
+        if p.is_symlink():
+            out += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            out += ["--ro-bind", str(p), str(p)]
+    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
+        out += ["--ro-bind-try", f, f]
+    return out
+
+
+def _trees() -> list[str]:
+    """Folders the workers read: the interpreter's prefixes, where the interpreter really is, the checkout."""
+    from engine.paths import project_root
+
+    real = Path(os.path.realpath(sys.executable)).parent.parent
+    cands = [Path(sys.base_prefix), Path(sys.prefix), real, project_root()]
+    out: list[str] = []
+    for c in cands:
+        c = c.resolve()
+        if str(c) in ("/", "/usr") or not c.is_dir():
+            continue
+        if any(c == Path(o) or Path(o) in c.parents for o in out):
+            continue
+        out = [o for o in out if c not in Path(o).parents] + [str(c)]
+    return sorted(out)
+
+
+def hidden_paths(receipts: os.PathLike | str | None = None, sign_key=None, sign_command=None,
+                 trust: os.PathLike | str | None = None) -> list[str]:
+    """What a sandbox must not show: the store, the key, the files a signing command names, the policy (and what
+    their environment variables name), the checkout's .git."""
+    import shlex
+
+    from engine.paths import project_root
+
+    out = [project_root() / ".git", project_root() / "receipts"]
+    for p in (receipts, sign_key, trust, os.environ.get("CONTRACTS_SIGNING_KEY"), os.environ.get("CONTRACTS_TRUST"),
+              os.environ.get("CONTRACTS_RECEIPTS")):
+        if p:
+            out.append(Path(p))
+    for cmd in (sign_command, os.environ.get("CONTRACTS_SIGN_COMMAND")):
+        words = list(cmd) if isinstance(cmd, (tuple, list)) else (shlex.split(cmd) if isinstance(cmd, str) else [])
+        for w in words:  # a key or a script the command reads; never the interpreter or a system program
+            p = Path(w)
+            if p.is_absolute() or os.sep in w:
+                if p.exists() and not (p.is_file() and os.access(p, os.X_OK)):
+                    out.append(p)
+    seen, paths = set(), []
+    for p in out:
+        try:
+            r = str(Path(p).expanduser().resolve())
+        except OSError:
+            continue
+        if r not in seen:
+            seen.add(r)
+            paths.append(r)
+    return paths
+
+
+def _env(threads_env: dict | None = None) -> dict[str, str]:
+    src = os.environ if threads_env is None else threads_env
+    env = {k: v for k, v in src.items() if k in _KEEP or k.startswith(_KEEP_PREFIX)}
+    env.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home", "TMPDIR": "/tmp"})
+    return env
+
+
+def command(stage: str, hidden: list[str], device: str = "cpu", framework: str | None = None,
+            control_fd: int | None = None) -> list[str]:
+    """The bwrap command line of one sandbox running the warm template (control socket on `control_fd`)."""
+    from engine.paths import project_root
+
+    args = [bwrap() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--clearenv", *_system_binds(),
+            # first: a checkout or interpreter that lives under /tmp is bound over the private /tmp, not hidden by it
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
+    trees = _trees()
+    for t in trees:
+        args += ["--ro-bind", t, t]
+    for h in hidden:  # masked wherever they fall inside what is shown
+        hp = Path(h)
+        if not any(hp == Path(t) or Path(t) in hp.parents for t in trees):
+            continue
+        if hp.is_dir():
+            args += ["--tmpfs", h]
+        elif hp.exists():
+            args += ["--ro-bind", "/dev/null", h]
+    args += ["--ro-bind", stage, INSIDE, "--chdir", INSIDE]
+    if device.startswith("cuda"):
+        for dev in sorted(glob.glob("/dev/nvidia*")) + ["/dev/dri"]:
+            args += ["--dev-bind-try", dev, dev]
+        args += ["--ro-bind-try", "/sys", "/sys"]
+    for k, v in sorted(_env().items()):
+        args += ["--setenv", k, v]
+    root = str(project_root())
+    code = (f"import sys; sys.path.insert(0, {root!r}); from engine.run.warm_server import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    args += ["--", sys.executable, "-I", "-c", code, str(control_fd), SOCKET, *([framework] if framework else [])]
+    return args
+
+
+# --- one sandbox --------------------------------------------------------------------------------
+
+
+def _warm():
+    from engine.run import warm
+
+    return warm
+
+
+class Sandbox:
+    """One candidate's sandbox: a bwrap process running a warm template; `spawn` forks a worker inside.
+
+    It speaks engine.run.warm.WarmServer's interface (spawn, exit_status, exited, alive, close), so the
+    workers are engine.run.warm.ForkedWorker; killing one of them kills the whole sandbox (its pids are the
+    sandbox's own, meaningless here), and the calls it owned become errors like any lost worker's.
+    """
+
+    sandboxed = True
+
+    def __init__(self, hidden: list[str], device: str = "cpu", framework: str | None = None,
+                 startup_s: float | None = None):
+        warm = _warm()
+        self._server = warm.WarmServer.__new__(warm.WarmServer)
+        srv = self._server
+        srv._lock = threading.Lock()
+        srv._next = 0
+        srv._replies, srv._exits = {}, {}
+        srv.owner = os.getpid()
+        srv.started = time.monotonic()
+        srv.startup_s = startup_s or warm.STARTUP_S
+        srv.ready, srv.dead = False, None
+        srv.path, srv.folder = SOCKET, None
+        self.framework = framework
+        self.device = device
+        self.stage = tempfile.mkdtemp(prefix="contracts-candidate-")
+        self.staged = False
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        srv.log = tempfile.TemporaryFile()
+        srv.proc = subprocess.Popen(command(self.stage, hidden, device, framework, theirs.fileno()),
+                                    pass_fds=(theirs.fileno(),), env={"PATH": "/usr/bin:/bin"},
+                                    stdin=subprocess.DEVNULL, stdout=srv.log, stderr=srv.log,
+                                    start_new_session=True)
+        theirs.close()
+        srv.sock = mine
+        self.killed = False
+
+    # -- the candidate's files ---------------------------------------------------------------------
+
+    def stage_candidate(self, ident: dict, target) -> dict:
+        """Copy the files `ident` binds into the staging folder (checked against their digests) and return the
+        worker's `target` as seen inside. UsageError when a file changed since it was hashed."""
+        import hashlib
+
+        from engine.run.impl_loader import SUBJECT_PREFIX, sources
+
+        if self.staged:
+            raise RuntimeError("a sandbox serves one candidate")
+        self.staged = True
+        want = {s["name"]: s["digest"]["sha256"] for s in ident["subjects"]}
+        for name, src in sources(target):
+            data = Path(src).read_bytes()
+            if want.get(SUBJECT_PREFIX + name) != hashlib.sha256(data).hexdigest():
+                raise UsageError(f"--impl {ident['target']}: {name} changed while it was being checked; run again")
+            dest = Path(self.stage, name)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        form = target.form
+        inside = {"form": form, "path": None, "module": target.module, "attribute": target.attribute,
+                  "framework": getattr(target, "framework", None), "name": getattr(target, "name", None)}
+        if target.path is not None:
+            inside["path"] = f"{INSIDE}/{target.path.name}"
+        return inside
+
+    def outside(self, path: str) -> str:
+        """A path a worker reported, as it is here (a staged file's copy), else unchanged."""
+        if path.startswith(INSIDE + "/"):
+            return str(Path(self.stage, path[len(INSIDE) + 1:]))
+        return path
+
+    # -- WarmServer's interface --------------------------------------------------------------------
+
+    def spawn(self):
+        if self.killed:
+            from engine.run.isolation import WorkerLost
+
+            raise WorkerLost("the candidate's sandbox was closed")
+        return self._server.spawn()
+
+    def exit_status(self, pid: int, timeout: float):
+        if self.killed:
+            return self._server._exits.pop(pid, None)
+        return self._server.exit_status(pid, timeout)
+
+    def exited(self, pid: int) -> bool:
+        return self.killed or self._server.exited(pid)
+
+    def alive(self) -> bool:
+        return not self.killed and self._server.alive()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until the template has done its imports (or died, or `timeout` passed)."""
+        from engine.run.isolation import WorkerLost
+
+        try:
+            self._server._wait(lambda: True if self._server.ready else None, timeout, "starting the sandbox")
+            return True
+        except WorkerLost:
+            return False
+
+    def kill_worker(self, pid: int) -> None:  # noqa: ARG002 - any worker lost: the whole sandbox goes
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the sandbox and everything in it (its PID namespace ends with bwrap's child)."""
+        if self.killed:
+            return
+        self.killed = True
+        proc = self._server.proc
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._server.dead = "the candidate's sandbox was closed"
+
+    def close(self) -> None:
+        self.kill()
+        for f in (self._server.sock, self._server.log):
+            try:
+                f.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.stage, ignore_errors=True)
+
+    def forget(self) -> None:
+        self._server.forget()
+
+    def tail(self) -> str:
+        try:
+            self._server.log.seek(0)
+            lines = [ln for ln in self._server.log.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except (OSError, ValueError):
+            return ""
+        return "".join(ch for ch in (lines[-1] if lines else "") if ch.isprintable())[:300]
+
+
+class Pool:
+    """Fresh sandboxes, one per candidate; with `spare`, the next one is started as soon as one is taken so its
+    imports run while the current candidate is checked. A spare has run nothing of any candidate."""
+
+    def __init__(self, hidden: list[str], device: str = "cpu", spare: bool = False, spare_after_first: bool = False):
+        self.hidden = list(hidden)
+        self.device = device
+        self.spare = spare
+        # a process that checks a second candidate will likely check a third (a pipeline, the TUI, a test
+        # suite): from then on keep one started; a one-shot `check --impl` starts none it would not use
+        self.spare_after_first = spare_after_first
+        self.taken = 0
+        self._spares: dict[str | None, Sandbox] = {}
+        self._lock = threading.Lock()
+        self.owner = os.getpid()
+
+    def prestart(self, framework: str | None = None) -> None:
+        with self._lock:
+            self._own()
+            if framework not in self._spares:
+                self._spares[framework] = Sandbox(self.hidden, self.device, framework)
+
+    def take(self, framework: str | None = None) -> Sandbox:
+        with self._lock:
+            self._own()
+            box = self._spares.pop(framework, None)
+            if box is not None and not box.alive():
+                box.close()
+                box = None
+            if box is None:
+                box = Sandbox(self.hidden, self.device, framework)
+            self.taken += 1
+            if self.spare or (self.spare_after_first and self.taken > 1):
+                self._spares[framework] = Sandbox(self.hidden, self.device, framework)
+            return box
+
+    def _own(self) -> None:
+        if self.owner != os.getpid():  # a fork of the process that started them: its spares are not ours
+            for box in self._spares.values():
+                box.forget()
+            self._spares.clear()
+            self.owner = os.getpid()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.owner == os.getpid():
+                for box in self._spares.values():
+                    box.close()
+            self._spares.clear()
+
+    def __del__(self) -> None:  # an evaluator dropped: its spare (torch imported, a few hundred MB) goes too
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit anything may be half torn down
+            pass
+
+
+_POOLS: dict[tuple, Pool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(hidden: list[str], device: str) -> Pool:
+    """This process's pool for these masks and this device (`check --impl` calls in one process share it)."""
+    key = (tuple(hidden), device, os.getpid())
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = Pool(hidden, device, spare_after_first=True)
+        return pool
+
+
+def _close_pools() -> None:
+    with _POOLS_LOCK:
+        for pool in _POOLS.values():
+            pool.close()
+        _POOLS.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _POOLS_LOCK
+    _POOLS_LOCK = threading.Lock()
+    for pool in _POOLS.values():
+        pool._own()
+    _POOLS.clear()
+
+
+class Boxed:
+    """Workers for one candidate in its bubblewrap sandbox (engine/run/sandbox.py): the first worker starts the
+    sandbox and stages the candidate's bound files in it; a lost worker takes the sandbox with it, and the next
+    worker gets a fresh one. `close` kills it: nothing the candidate started outlives the run."""
+
+    def __init__(self, ident: dict, target, hidden: list[str], device: str):
+        self.ident, self.target = ident, target
+        self.pool = shared_pool(hidden, device)
+        self.box = None
+
+    def __call__(self, init: dict):
+        if self.box is None or not self.box.alive():
+            self.close()
+            self.box = self.pool.take(self.target.framework)
+            self.inside = self.box.stage_candidate(self.ident, self.target)
+        return _warm().ForkedWorker(self.box, dict(init, target=self.inside, cwd=INSIDE, env=_env()))
+
+    def outside(self, path: str) -> str:
+        return self.box.outside(path) if self.box is not None else path
+
+    def close(self) -> None:
+        if self.box is not None:
+            self.box.close()
+            self.box = None
+
+
+import atexit  # noqa: E402 - beside what it registers
+
+atexit.register(_close_pools)
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+__all__ = ["INSIDE", "Pool", "Sandbox", "command", "hidden_paths", "record", "require", "unavailable", "version"]
