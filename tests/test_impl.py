@@ -377,3 +377,66 @@ def test_gate_and_list_never_mix_implementations(tmp_path):
     tapo = [row for row in rows if row["method"] == METHOD]
     assert [row["implementation"] for row in tapo][0] == "default" and len(tapo) == 2
     assert tapo[0]["latest_receipt"]["receipt_id"] == default_id and tapo[1]["latest_receipt"]["receipt_id"] == impl_id
+
+
+# --- a scaffold not filled in yet ----------------------------------------------------------------
+
+STUB_CONTRACTS = {"tapo-trajectory": ("clip_schedule", "input_validation"),
+                  "mrtpo": ("beta_schedule", "input_checks"),
+                  "tar-adaptive-replay": ("soft_gate_value", "replay_argument_validation")}
+
+
+@pytest.mark.parametrize("method", sorted(STUB_CONTRACTS))
+def test_an_unfilled_scaffold_is_not_implemented_once_per_function_at_its_own_line(tmp_path, method):
+    stub = tmp_path / "stub.py"
+    stub.write_text(invoke("scaffold", method).stdout)
+    lines = stub.read_text().splitlines()
+    raise_at = {ln.split('"')[1]: f"stub.py:{i}" for i, ln in enumerate(lines, 1)
+                if ln.strip().startswith("raise NotImplementedError(")}
+    only = [a for c in STUB_CONTRACTS[method] for a in ("--only", c)]
+    r = invoke("check", method, "--impl", str(stub), "--seeds", "42", "--no-mutants", "--receipts",
+               str(tmp_path / "r"), "--json", *only)
+    assert r.exit_code == 6, r.output
+    run = json.loads(r.stdout)["runs"][0]
+    stubs = run["not_implemented"]
+    assert stubs and len({s["function"] for s in stubs}) == len(stubs)  # once per function
+    for s in stubs:
+        assert s["at"] == raise_at[s["function"]], s  # the candidate's line, never a check's
+    # a refusal check that catches every exception must not count a stub's NotImplementedError as a refusal
+    assert all(x["status"] == "error" and x["message"].startswith("not implemented: ") for x in run["results"])
+    text = invoke("check", method, "--impl", str(stub), "--seeds", "42", "--no-mutants", "--receipts",
+                  str(tmp_path / "r"), *only)
+    assert text.exit_code == 6
+    said = [ln for ln in text.output.splitlines() if ln.startswith("NOT IMPLEMENTED")]
+    assert sorted(ln.split()[2] for ln in said) == sorted(s["function"] for s in stubs)
+    assert "Traceback" not in text.output and "checks.py" not in text.output
+
+
+_LIB: dict = {}
+exec(compile("def lacks_operator():\n    raise NotImplementedError('no kernel for this device')\n", "library.py",  # noqa: S102
+             "exec"), _LIB)  # a function of another file, as a library's would be
+
+
+def test_only_the_candidates_own_not_implemented_is_noted():
+    from engine.run import unimplemented
+
+    def own():
+        raise NotImplementedError("own")
+
+    def calls_library():
+        return _LIB["lacks_operator"]()
+
+    def gen():
+        yield 1
+        raise NotImplementedError("later")
+
+    unimplemented.take()
+    w_own, w_lib, w_gen = (unimplemented.watch(n, f) for n, f in (("own", own), ("lib", calls_library),
+                                                                    ("gen", gen)))
+    for fn in (w_own, w_lib, lambda: list(w_gen())):
+        with pytest.raises(NotImplementedError):
+            fn()
+    noted = unimplemented.take()
+    assert [d["function"] for d in noted] == ["own", "gen"]
+    assert noted[0]["at"] == f"test_impl.py:{own.__code__.co_firstlineno + 1}"
+    assert unimplemented.take() == [] and inspect.signature(w_own) == inspect.signature(own)
