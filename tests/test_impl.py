@@ -440,3 +440,29 @@ def test_only_the_candidates_own_not_implemented_is_noted():
     assert [d["function"] for d in noted] == ["own", "gen"]
     assert noted[0]["at"] == f"test_impl.py:{own.__code__.co_firstlineno + 1}"
     assert unimplemented.take() == [] and inspect.signature(w_own) == inspect.signature(own)
+
+
+# --- MRTPO and TAR written from the interface alone ------------------------------------------------
+
+# What such an implementation still fails, and why: each is the contracts' side, not the interface's (issue 28:
+# memory judged against the project's own buffer layout; argument refusals written before the declared mask and
+# error conventions). Any other failed expectation is a gap in the interface.
+FROM_INTERFACE = {
+    "mrtpo": ("my_mrtpo.py", {"peak_ratio", "scratch_budget_ratio", "memory_budget_ratio"}),
+    "tar-adaptive-replay": ("my_tar.py", {"rejects_mask_float", "rejects_correct_float", "rejects_theta_integer",
+                                          "rejects_base_integer", "rejects_embeddings_integer", "rejects_ids_float",
+                                          "rejects_ids_complex", "rejects_ids_bool"}),
+}
+
+
+@pytest.mark.parametrize("method", sorted(FROM_INTERFACE))
+def test_an_implementation_written_from_the_interface_holds_every_math_contract(tmp_path, method):
+    name, pending = FROM_INTERFACE[method]
+    r = invoke("check", method, "--impl", str(ROOT / "tests" / "fixtures" / name), "--seeds", "42", "--no-mutants",
+               "--receipts", str(tmp_path / "r"), "--json")
+    assert r.exit_code in (0, 1), r.output
+    run = json.loads(r.stdout)["runs"][0]
+    assert all(x["status"] != "error" for x in run["results"]), [x["message"] for x in run["results"]]
+    receipt = json.loads((tmp_path / "r" / method).glob("*.json").__next__().read_text())
+    failed = {e["metric"] for x in receipt["predicate"]["results"] for e in x["expectations"] if not e["passed"]}
+    assert failed <= pending, sorted(failed - pending)
