@@ -112,6 +112,7 @@ def test_every_method_reads_a_0_1_mask_of_any_real_dtype_as_the_bool_mask():
     from methods.mrtpo.credit import credit_weights, mrtpo_advantages
     from methods.tapo.objective import tapo_loss
     from methods.tar.fps import farthest_point_prototypes
+    from methods.tar.harness import kl_to_base
     from methods.tar.replay import adaptive_replay_loss
 
     g = torch.Generator().manual_seed(0)
@@ -127,6 +128,7 @@ def test_every_method_reads_a_0_1_mask_of_any_real_dtype_as_the_bool_mask():
                                    torch.ones(2, 2, 4), m)[0].tolist(),
         lambda m: float(tapo_loss(lt, lt - 0.1, torch.tensor([1.0, -1.0], dtype=torch.float64), m, 0.1, 0.3)[0]),
         lambda m: farthest_point_prototypes(emb, m.reshape(-1)[:4], k=2).tolist(),
+        lambda m: float(kl_to_base(la.log_softmax(-1), la.flip(0), m)),
     ]
     for call in calls:
         want = call(mask)
