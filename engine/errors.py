@@ -9,6 +9,7 @@ EXIT_USAGE = 2  # bad argument, bad spec, bad receipt, request over budget
 EXIT_INTERNAL = 3  # a check raised: recorded in the receipt as `error`
 EXIT_ENVIRONMENT = 4  # the machine cannot do what was asked (no CUDA, receipts not writable)
 EXIT_NOTHING = 5  # nothing selected
+EXIT_NOT_IMPLEMENTED = 6  # check --impl: a candidate function raised NotImplementedError (a stub not filled in yet)
 EXIT_INTERRUPTED = 130
 
 

@@ -88,6 +88,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             "coverage": run_coverage(pred, spec),
             "receipt": shown, "receipt_id": pred["receipt_id"], "summary": pred["summary"],
             "unproven_contracts": pred["unproven_contracts"], "applicability": pred.get("applicability"),
+            "not_implemented": [{"function": fn, **entry} for fn, entry in not_implemented(pred).items()],
             "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
                         for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]],
@@ -108,18 +109,32 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
                                                           "refuses this receipt)"))
         for line in coverage_lines(pred):
             _out(line)
-    for m in pred["candidate_mutants"]:
+    stubs = not_implemented(pred)
+    for m in pred["candidate_mutants"] if not stubs else ():  # with stubs left, the report says fill them in first
         if not m["killed"]:
             _err(f"  survived in the candidate: mutant {m['id']} (its {m['replaced']} swapped in); expected killers: "
                  f"{', '.join(m['expected_killers'])}")
-    if any(r["status"] not in ("passed", "partial", "not_applicable") for r in pred["results"]) and (
+    if not stubs and any(r["status"] not in ("passed", "partial", "not_applicable") for r in pred["results"]) and (
             pred["unproven_contracts"] or any(not m["killed"] for m in pred["mutants"] + pred["candidate_mutants"])):
         _err("  note: a mutant kill counts only where this implementation passed the contract, so the survivors "
              "and unproven contracts above follow from its failures: fix those first")
     status = pred["status"]
-    code = (E.EXIT_INTERRUPTED if status == "interrupted" or stop.stopped else E.EXIT_INTERNAL if status == "error"
-            else E.EXIT_FAILED if status == "failed" else E.EXIT_OK)  # partial: 0, and the coverage lines say so
+    code = (E.EXIT_INTERRUPTED if status == "interrupted" or stop.stopped else E.EXIT_NOT_IMPLEMENTED if stubs
+            else E.EXIT_INTERNAL if status == "error" else E.EXIT_FAILED if status == "failed"
+            else E.EXIT_OK)  # partial: 0, and the coverage lines say so
     raise typer.Exit(code)
+
+
+def not_implemented(pred: dict) -> dict[str, dict]:
+    """{function: {"at": "file.py:line", "contracts": [...]}} for the candidate's functions that raised
+    NotImplementedError in this run (engine/run/unimplemented.py), in the order first met."""
+    out: dict[str, dict] = {}
+    for r in pred["results"]:
+        for d in r.get("not_implemented") or []:
+            entry = out.setdefault(str(d.get("function")), {"at": str(d.get("at")), "contracts": []})
+            if r["contract"] not in entry["contracts"]:
+                entry["contracts"].append(r["contract"])
+    return out
 
 
 def coverage_lines(pred: dict) -> list[str]:

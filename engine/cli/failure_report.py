@@ -45,12 +45,27 @@ def failure_report(pred: dict, spec: Any = None, flags: str = "", width: int | N
     wrapped to it (continuations indented); a word longer than the width, a path say, stays whole."""
     lines: list[tuple[str, str, str]] = []  # (failure word, text, continuation indent)
     failing: dict[str, list[dict]] = {}
+    stubs: dict[str, dict] = {}  # a candidate's function not written yet: said once, not once per contract
     for r in pred["results"]:
+        for d in r.get("not_implemented") or []:
+            entry = stubs.setdefault(str(d.get("function")), {"at": str(d.get("at")), "contracts": []})
+            if r["contract"] not in entry["contracts"]:
+                entry["contracts"].append(r["contract"])
+        if r.get("not_implemented"):
+            continue
         if r["status"] not in ("passed", "partial", "not_applicable"):  # the coverage lines say what was not measured
             failing.setdefault(r["contract"], []).append(r)
+    for fn, entry in stubs.items():
+        cids = entry["contracts"]
+        lines.append(("NOT IMPLEMENTED", f"{fn} ({entry['at']}): raised NotImplementedError; "
+                      f"{_count(len(cids), 'contract')} could not measure it: {', '.join(cids)}", "    "))
     for cid, bad_cells in failing.items():
         lines += _contract_block(pred, cid, bad_cells, spec, flags)
-    lines += _consequences(pred, set(failing))
+    if stubs:
+        lines.append(("", f"Fill in {', '.join(stubs)} and check again: until then the contracts that call "
+                      f"{'it' if len(stubs) == 1 else 'them'} measure nothing and no mutant can be killed there.", "  "))
+    else:
+        lines += _consequences(pred, set(failing))
     return [out for word, text, indent in lines for out in _wrap(word, text, indent, width)]
 
 

@@ -22,7 +22,7 @@ import torch
 
 from engine.spec import registry as registry_mod
 from engine.run.context import DTYPES, BudgetExceeded, CheckContext, ContractViolation, Meter
-from engine.run import sourceonly
+from engine.run import sourceonly, unimplemented
 from engine.run.binding import numeric_environment
 from engine.run.devices import describe
 from engine.errors import BudgetError, UsageError
@@ -182,6 +182,7 @@ class Runner:
                   "dtype": dtype, "status": ERROR, "measurements": {}, "expectations": [], "message": None,
                   "cases_requested": contract["cases"], "wall_s": 0.0}
         torch.manual_seed(seed)
+        unimplemented.take()  # what an earlier call noted is not this one's
         start = time.perf_counter()
         limit = self.budget.get("per_contract_timeout_seconds")
         try:
@@ -224,6 +225,11 @@ class Runner:
         finally:
             result["wall_s"] = round(time.perf_counter() - start, 6)
             result["cost"] = {"optimizer_updates": meter.updates, "sampled_tokens": meter.tokens}
+            noted = unimplemented.take()
+            if noted:  # a stub measured nothing, even where the check caught its exception
+                result["status"] = ERROR
+                result["not_implemented"] = noted
+                result["message"] = unimplemented.message(noted)
         if record_mechanism and (ctx.steps or ctx.comparisons):
             self.mechanism.append({"contract": contract["id"], "seed": seed, "dtype": dtype,
                                    "steps": ctx.steps, "comparisons": ctx.comparisons})

@@ -1,7 +1,11 @@
 """The implementation interface a spec declares: what `--impl` must expose, as text, JSON and a stub.
 
 A spec's optional `interface:` section names the functions the checks call,
-each with its arguments (shape, dtype, meaning, default), returns and errors.
+each with its arguments (shape, dtype, meaning, default), returns (every key of
+a returned dict) and errors (with the words a message must hold, where a
+contract reads them), the conventions every function follows (which mistakes
+are ValueError and which TypeError, which masks are accepted) and the objects
+that are not tensors (a policy: how it is called; a rollout: what it holds).
 The names must be exactly the registered implementation's functions (checked
 with the spec's other references, from the static registry view), so the
 interface cannot drift from the code the checks were written against. A spec
@@ -35,6 +39,15 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class Type:
+    """An object the functions receive that is not a tensor or a number: how to use it, what it holds."""
+
+    name: str
+    summary: str
+    fields: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
 class Function:
     name: str
     summary: str = ""
@@ -51,6 +64,8 @@ class Interface:
     description: str = ""
     functions: tuple[Function, ...] = field(default_factory=tuple)
     declared: bool = True
+    conventions: tuple[dict, ...] = ()  # {topic, rule}: what every function follows
+    types: tuple[Type, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -72,7 +87,11 @@ def from_spec(data: dict, registered: tuple[str, ...] | None = None) -> Interfac
                                   returns=tuple(dict(r) for r in f["returns"]),
                                   raises=tuple(dict(r) for r in f.get("raises", []))))
     return Interface(method=data["method"], implementation=data["implementation"],
-                     description=section.get("description", ""), functions=tuple(functions))
+                     description=section.get("description", ""), functions=tuple(functions),
+                     conventions=tuple(dict(c) for c in section.get("conventions", [])),
+                     types=tuple(Type(name=ty["name"], summary=ty["summary"],
+                                      fields=tuple(dict(f) for f in ty.get("fields", [])))
+                                 for ty in section.get("types", [])))
 
 
 # --- validation (called from engine/spec/loader.py reference_errors) ----------------------
@@ -141,7 +160,9 @@ def as_json(iface: Interface) -> dict:
         return out
 
     return {"method": iface.method, "implementation": iface.implementation, "declared": iface.declared,
-            "description": iface.description,
+            "description": iface.description, "conventions": [dict(c) for c in iface.conventions],
+            "types": [{"name": ty.name, "summary": ty.summary, "fields": [dict(f) for f in ty.fields]}
+                      for ty in iface.types],
             "functions": [{"name": f.name, "signature": signature(f) if f.declared else None, "summary": f.summary,
                            "args": [arg(a) for a in f.args], "returns": [dict(r) for r in f.returns],
                            "raises": [dict(r) for r in f.raises]} for f in iface.functions]}
@@ -177,6 +198,16 @@ def text_lines(iface: Interface) -> list[str]:
         lines.append(_clean(iface.description))
     if not iface.declared:
         lines.append("this spec declares no interface section: only the function names are known")
+    if iface.conventions:
+        lines.append("")
+        lines.append("conventions (every function):")
+        for c in iface.conventions:
+            lines.append(f"    {c['topic']}: {_clean(c['rule'])}")
+    for ty in iface.types:
+        lines.append("")
+        lines.append(f"type {ty.name}: {_clean(ty.summary)}")
+        for fl in ty.fields:
+            lines += _value_lines(fl, "    ", "")
     for f in iface.functions:
         lines.append("")
         if not f.declared:
@@ -188,10 +219,28 @@ def text_lines(iface: Interface) -> list[str]:
             lines.append(f"    {a.name}: {_clean(_describe(a))}" + (" (keyword-only)" if a.kind == KEYWORD_ONLY else "")
                          + f" - {_clean(a.meaning)}")
         for r in f.returns:
-            lines.append(f"    returns {r['name']}: {_clean(_describe(r))} - {_clean(r['meaning'])}")
+            lines += _value_lines(r, "    ", "returns ")
         for r in f.raises:
-            lines.append(f"    raises {r['type']} when {_clean(r['when'])}")
+            lines.append(f"    raises {r['type']} when {_clean(r['when'])}{_clean(_message_words(r))}")
     return lines
+
+
+def _value_lines(v: dict, indent: str, word: str) -> list[str]:
+    """A returned value (or a type's field) and, for a dict, each of its keys one level deeper."""
+    out = [f"{indent}{word}{v['name']}: {_clean(_describe(v))} - {_clean(v['meaning'])}"]
+    for k in v.get("keys") or []:
+        out += _value_lines(k, indent + "    ", "key " if v.get("type") == "dict" else "")
+    return out
+
+
+def _message_words(r: dict) -> str:
+    """`; the message starts with "x: " and contains "a" or "b"`: only what a contract reads."""
+    parts = []
+    if r.get("message_prefix"):
+        parts.append(f"starts with {r['message_prefix']!r}")
+    if r.get("message_contains"):
+        parts.append("contains " + " and ".join(repr(w) for w in r["message_contains"]))
+    return f"; the message {' and '.join(parts)}" if parts else ""
 
 
 # --- scaffold -----------------------------------------------------------------------------
@@ -205,6 +254,14 @@ def _doc(text: str, indent: str) -> str:
     return text.replace("\n", "\n" + indent)
 
 
+def _value_doc(v: dict, indent: str) -> list[str]:
+    """Docstring lines for a returned value or a field, a dict's keys one level deeper."""
+    out = [f"{indent}{v['name']}: {_doc(_describe(v), indent + '    ')}. {_doc(v['meaning'], indent + '    ')}"]
+    for k in v.get("keys") or []:
+        out += _value_doc(k, indent + "    ")
+    return out
+
+
 def scaffold(iface: Interface, spec_name: str) -> str:
     """A Python module with one stub per interface function: docstrings with shapes, bodies raising
     NotImplementedError. `contracts check METHOD --impl FILE` accepts it as soon as the bodies are filled."""
@@ -214,6 +271,15 @@ def scaffold(iface: Interface, spec_name: str) -> str:
         f"    contracts check {iface.method} --impl THIS_FILE.py",
         "",
         f"Generated by `contracts scaffold {iface.method}` from {spec_name}: fill in each function body.",
+    ]
+    if iface.conventions:
+        out += ["", "Conventions every function follows:"]
+        out += [f"    {c['topic']}: {_doc(c['rule'], '        ')}" for c in iface.conventions]
+    for ty in iface.types:
+        out += ["", f"{ty.name}: {_doc(ty.summary, '    ')}"]
+        for fl in ty.fields:
+            out += _value_doc(fl, "    ")
+    out += [
         '"""',
         "",
         "from __future__ import annotations",
@@ -237,12 +303,12 @@ def scaffold(iface: Interface, spec_name: str) -> str:
         doc.append("")
         doc.append(f"{ind}Returns:" + (" a tuple, in this order" if len(f.returns) > 1 else ""))
         for r in f.returns:
-            doc.append(f"{ind}    {r['name']}: {_doc(_describe(r), ind + '        ')}. {_doc(r['meaning'], ind + '        ')}")
+            doc += _value_doc(r, ind + "    ")
         if f.raises:
             doc.append("")
             doc.append(f"{ind}Raises:")
             for r in f.raises:
-                doc.append(f"{ind}    {r['type']}: {_doc(r['when'], ind + '        ')}")
+                doc.append(f"{ind}    {r['type']}: {_doc(r['when'] + _message_words(r), ind + '        ')}")
         doc.append(f'{ind}"""')
         out += doc
         out.append(f'{ind}raise NotImplementedError("{f.name}")')

@@ -25,3 +25,15 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     m = mask.bool()
     count = m.sum() if dim is None else m.sum(dim)
     return masked_sum(x, m, dim) / count.clamp_min(1).to(x.dtype)
+
+
+def as_bool_mask(mask: torch.Tensor, name: str = "mask", prefix: str = "") -> torch.Tensor:
+    """`mask` as bool, by the interfaces' convention: bool, or 0/1 in any real dtype (integer or floating).
+    Any other value (2, 0.5, NaN) or a complex mask is a ValueError whose message starts with `prefix`."""
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex():
+        raise ValueError(f"{prefix}{name} must be bool or real 0/1, got {mask.dtype}")
+    if bool(((mask != 0) & (mask != 1)).any()):  # NaN is neither 0 nor 1
+        raise ValueError(f"{prefix}{name} must be bool or hold only 0 and 1 (any real dtype)")
+    return mask != 0

@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+from methods.common.masking import as_bool_mask
+
 LN2 = math.log(2.0)
 
 # Elements per block of js_distance's scratch (four compute-dtype buffers and
@@ -268,7 +270,7 @@ def credit_weights(
     K = len(loo)
     if K == 0:
         raise ValueError("credit_weights: need at least one reward (K >= 1)")
-    m = mask.to(torch.bool)
+    m = as_bool_mask(mask, prefix="credit_weights: ")
     cdt = _compute_dtype(logp_all.dtype)
     empty = _empty_flags(empty_block, K, B, logp_all.device)
     count = m.sum(dim=1).to(cdt)  # [B]
@@ -337,7 +339,7 @@ def credit_weights_from_logits(
         if lk is not None and tuple(lk.shape) != (B, T, V):
             raise ValueError(f"credit_weights_from_logits: logits_loo[{k}] must be [B, T, V] = {(B, T, V)}, "
                              f"got {tuple(lk.shape)}")
-    m = mask.to(torch.bool)
+    m = as_bool_mask(mask, prefix="credit_weights_from_logits: ")
     cdt = _compute_dtype(logits_all.dtype)
     device = logits_all.device
     empty = _empty_flags(empty_block, K, B, device)
@@ -391,7 +393,7 @@ def mrtpo_advantages(
         raise ValueError(f"mrtpo_advantages: mask must be [B, T] = {(B, T)}, got {tuple(mask.shape)}")
     out_dtype = _compute_dtype(torch.promote_types(reward_advantages.dtype, weights.dtype))
     cdt = torch.float64
-    m = mask.to(torch.bool)
+    m = as_bool_mask(mask, prefix="mrtpo_advantages: ")
     a = reward_advantages.to(cdt)
     w = torch.where(m[None], weights.to(cdt), 0.0)
     count = m.sum(dim=1).to(cdt)

@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import torch
 
+from methods.common.errors import DtypeError
+from methods.common.masking import as_bool_mask
+
 # Float64 bytes of one block of rows. The float64 work is done a block at a time, so no
 # [candidates, dims] float64 tensor ever exists: with one (4 MB at 512 x 32 x 64) glibc handed
 # the freed heap top back to the OS after each call in about half of the benchmark processes,
@@ -46,13 +49,7 @@ def _as_bool_vector(correct: torch.Tensor, n: int, device) -> torch.Tensor:
     correct = torch.as_tensor(correct, device=device)
     if correct.shape != (n,):
         raise ValueError(f"correct must have shape ({n},), got {tuple(correct.shape)}")
-    if correct.dtype != torch.bool:
-        if correct.is_floating_point() or correct.is_complex():
-            raise ValueError(f"correct must be bool or integer 0/1, got {correct.dtype}")
-        if bool(((correct != 0) & (correct != 1)).any()):
-            raise ValueError("correct must hold only 0 and 1")
-        correct = correct.bool()
-    return correct
+    return as_bool_mask(correct, "correct")
 
 
 def _reject_bad_rows(embeddings: torch.Tensor, candidates: torch.Tensor, norms: torch.Tensor, group: torch.Tensor) -> None:
@@ -115,7 +112,9 @@ def farthest_point_prototypes(
 @torch.no_grad()
 def _segment_fps(embeddings, correct, k, prompt_ids, tie_tol: float) -> torch.Tensor:
     """farthest_point_prototypes with the tie tolerance as a parameter (a mutant sets it to 0)."""
-    if embeddings.dim() != 2 or not torch.is_floating_point(embeddings):
+    if not torch.is_floating_point(embeddings):
+        raise DtypeError(f"embeddings must be floating point, got {embeddings.dtype}")
+    if embeddings.dim() != 2:
         raise ValueError(f"embeddings must be a floating [candidates, dims] tensor, got {embeddings.dtype} {tuple(embeddings.shape)}")
     if isinstance(k, bool) or int(k) != k or k < 0:
         raise ValueError(f"k must be a non-negative integer, got {k!r}")
@@ -125,7 +124,9 @@ def _segment_fps(embeddings, correct, k, prompt_ids, tie_tol: float) -> torch.Te
     correct = _as_bool_vector(correct, N, device)
     if prompt_ids is not None:
         prompt_ids = torch.as_tensor(prompt_ids, device=device)
-        if prompt_ids.shape != (N,) or prompt_ids.is_floating_point() or prompt_ids.is_complex() or prompt_ids.dtype == torch.bool:
+        if prompt_ids.is_floating_point() or prompt_ids.is_complex() or prompt_ids.dtype == torch.bool:
+            raise DtypeError(f"prompt_ids must be integer ids, got {prompt_ids.dtype}")
+        if prompt_ids.shape != (N,):
             raise ValueError(f"prompt_ids must be an integer tensor of shape ({N},), got {prompt_ids.dtype} {tuple(prompt_ids.shape)}")
     cand = correct.nonzero().flatten()  # correct candidates, ascending index
     Nc = cand.numel()

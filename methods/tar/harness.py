@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from methods.common import masked_mean, sequence_logprobs
+from methods.common.masking import as_bool_mask
 
 
 @torch.no_grad()
@@ -26,7 +27,7 @@ def trajectory_embeddings(base, prompts: torch.Tensor, responses: torch.Tensor, 
     P = prompts.shape[1]
     _, hidden, _ = base(torch.cat([prompts, responses], dim=1))
     h = hidden[:, P:].double()
-    m = mask.bool()[..., None]
+    m = as_bool_mask(mask)[..., None]
     return torch.where(m, h, torch.zeros_like(h)).sum(1) / m.sum(1).clamp_min(1)
 
 
@@ -41,4 +42,4 @@ def bank_logprobs(policy, base, prompts: torch.Tensor, responses: torch.Tensor) 
 def kl_to_base(logdist: torch.Tensor, base_logdist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Token mean over valid positions of KL(pi_theta || pi_base) = sum_v p_theta (log p_theta - log p_base)."""
     kl_tok = (logdist.exp() * (logdist - base_logdist)).sum(-1)
-    return masked_mean(kl_tok, mask)
+    return masked_mean(kl_tok, as_bool_mask(mask))

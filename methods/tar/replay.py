@@ -21,6 +21,9 @@ import math
 
 import torch
 
+from methods.common.errors import DtypeError
+from methods.common.masking import as_bool_mask
+
 DENOM_EPS = 1e-8
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -50,7 +53,8 @@ def _first_bad(where: torch.Tensor) -> tuple[int, ...]:
 def check_replay_inputs(logp_theta: torch.Tensor, logp_base: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Validate shapes and the values at valid positions; return the mask as bool.
 
-    Rejected with ValueError (one line, with the first offending position):
+    Rejected (one line, by the interface's convention): integer log-probs with a TypeError; with a
+    ValueError naming the first offending position:
     a non-finite log-prob at a valid position, a positive log-prob at a valid
     position. Padding slots are never inspected: junk there is allowed.
     """
@@ -62,13 +66,8 @@ def check_replay_inputs(logp_theta: torch.Tensor, logp_base: torch.Tensor, mask:
             f"{tuple(logp_theta.shape)}, {tuple(logp_base.shape)}, {tuple(mask.shape)}"
         )
     if not (torch.is_floating_point(logp_theta) and torch.is_floating_point(logp_base)):
-        raise ValueError(f"log-probs must be floating point, got {logp_theta.dtype} and {logp_base.dtype}")
-    if mask.dtype != torch.bool:
-        if mask.is_floating_point() or mask.is_complex():
-            raise ValueError(f"mask must be bool or integer 0/1, got {mask.dtype}")
-        if bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError("mask must hold only 0 and 1")
-    m = mask.to(device=logp_theta.device, dtype=torch.bool)
+        raise DtypeError(f"log-probs must be floating point, got {logp_theta.dtype} and {logp_base.dtype}")
+    m = as_bool_mask(mask).to(device=logp_theta.device)
     for name, x in (("logp_theta", logp_theta), ("logp_base", logp_base)):
         xd = x.detach()
         bad = m & ~torch.isfinite(xd)

@@ -1,0 +1,160 @@
+"""Every spec declares its implementation's whole interface: each function the implementation registers and each
+`impl.<name>(...)` its checks and mechanism runs call, with the registered signature, every returned dict's keys,
+and a scaffold of real stubs; the declared mask and error conventions hold in the shipped implementations."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from engine.cli import app
+from engine.spec import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = {"tapo-trajectory": "tapo", "mrtpo": "mrtpo", "tar-adaptive-replay": "tar"}
+
+runner = CliRunner()
+
+
+def _interface(method: str) -> dict:
+    r = runner.invoke(app, ["interface", method, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _default(p: inspect.Parameter) -> str | None:
+    if p.default is inspect.Parameter.empty:
+        return None
+    return f"torch.{str(p.default).split('.')[-1]}" if "torch." in str(p.default) else str(p.default)
+
+
+def _called_by_checks(package: str) -> set[str]:
+    """Every `impl.<name>(` (or `self.impl.<name>(`) in the method's package: what its checks and runs call."""
+    names: set[str] = set()
+    for path in (ROOT / "methods" / package).glob("*.py"):
+        names |= set(re.findall(r"\bimpl\.([A-Za-z_][A-Za-z0-9_]*)\(", path.read_text()))
+    return names
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_the_interface_is_declared_whole_and_is_the_registered_signatures(method):
+    data = _interface(method)
+    assert data["declared"] is True
+    impl = registry.load().get_implementation(METHODS[method])
+    declared = {f["name"]: f for f in data["functions"]}
+    assert sorted(declared) == sorted(impl.functions)
+    called = _called_by_checks(METHODS[method])
+    assert called and called <= set(declared), f"called but not declared: {sorted(called - set(declared))}"
+    for name, f in declared.items():
+        assert f["signature"] and f["summary"] and f["returns"], name
+        assert all(a["meaning"] and a["type"] for a in f["args"]), name
+        real = [(p.name, "keyword-only" if p.kind is inspect.Parameter.KEYWORD_ONLY else "positional", _default(p))
+                for p in inspect.signature(getattr(impl, name)).parameters.values()]
+        assert [(a["name"], a["kind"], a.get("default")) for a in f["args"]] == real, name
+        for r in f["returns"]:
+            if r["type"] == "dict":
+                assert r.get("keys"), f"{name} returns a dict without declaring its keys"
+    assert {c["topic"] for c in data["conventions"]} >= {"errors", "masks", "messages"}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_the_scaffold_has_real_signatures_and_docstrings(method, tmp_path):
+    r = runner.invoke(app, ["scaffold", method])
+    assert r.exit_code == 0, r.output
+    assert "*args" not in r.stdout and "**kwargs" not in r.stdout
+    ns: dict = {}
+    exec(compile(r.stdout, str(tmp_path / "stub.py"), "exec"), ns)  # noqa: S102 - the scaffold just generated
+    impl = registry.load().get_implementation(METHODS[method])
+    for name in impl.functions:
+        got, want = inspect.signature(ns[name]), inspect.signature(getattr(impl, name))
+        assert [(p.name, p.kind, repr(p.default)) for p in got.parameters.values()] == \
+            [(p.name, p.kind, repr(p.default)) for p in want.parameters.values()], name
+        assert "Returns:" in ns[name].__doc__, name
+        with pytest.raises(NotImplementedError):
+            ns[name](*[None] * sum(p.default is inspect.Parameter.empty for p in got.parameters.values()))
+
+
+def _keys(method: str, function: str, value: str) -> set[str]:
+    f = next(f for f in _interface(method)["functions"] if f["name"] == function)
+    return {k["name"] for k in next(r for r in f["returns"] if r["name"] == value)["keys"]}
+
+
+def test_declared_result_keys_are_the_returned_ones():
+    from methods.mrtpo.credit import mrtpo_advantages
+    from methods.tapo.objective import tapo_loss
+    from methods.tar.replay import adaptive_replay_loss
+
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    _, met = mrtpo_advantages(torch.randn(2, 2, dtype=torch.float64), torch.rand(2, 2, 3, dtype=torch.float64), mask)
+    assert set(met) == _keys("mrtpo", "mrtpo_advantages", "metrics")
+    lt = -torch.rand(2, 3, dtype=torch.float64)
+    _, met = adaptive_replay_loss(lt, lt - 0.5, mask)
+    assert set(met) == _keys("tar-adaptive-replay", "adaptive_replay_loss", "metrics")
+    _, met = tapo_loss(lt.clone().requires_grad_(True), lt, torch.tensor([1.0, -1.0], dtype=torch.float64), mask,
+                       0.1, 0.3)
+    assert set(met) == _keys("tapo-trajectory", "tapo_loss", "metrics")
+
+
+# --- the declared conventions, in the shipped implementations -------------------------------------
+
+
+def _mask_forms(mask: torch.Tensor) -> list[torch.Tensor]:
+    return [mask, mask.long(), mask.to(torch.uint8), mask.float(), mask.double()]
+
+
+def test_every_method_reads_a_0_1_mask_of_any_real_dtype_as_the_bool_mask():
+    from methods.mrtpo.credit import credit_weights, mrtpo_advantages
+    from methods.tapo.objective import tapo_loss
+    from methods.tar.fps import farthest_point_prototypes
+    from methods.tar.harness import kl_to_base
+    from methods.tar.replay import adaptive_replay_loss
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[True, True, False, True], [True, False, False, False]])
+    lt = -torch.rand(2, 4, generator=g, dtype=torch.float64)
+    la = torch.randn(2, 4, 5, generator=g, dtype=torch.float64).log_softmax(-1)
+    ll = torch.randn(2, 2, 4, 5, generator=g, dtype=torch.float64).log_softmax(-1)
+    emb = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    calls = [
+        lambda m: float(adaptive_replay_loss(lt, lt - 0.3, m)[0]),
+        lambda m: credit_weights(la, ll, m, 0.5).tolist(),
+        lambda m: mrtpo_advantages(torch.randn(2, 2, generator=torch.Generator().manual_seed(1)),
+                                   torch.ones(2, 2, 4), m)[0].tolist(),
+        lambda m: float(tapo_loss(lt, lt - 0.1, torch.tensor([1.0, -1.0], dtype=torch.float64), m, 0.1, 0.3)[0]),
+        lambda m: farthest_point_prototypes(emb, m.reshape(-1)[:4], k=2).tolist(),
+        lambda m: float(kl_to_base(la.log_softmax(-1), la.flip(0), m)),
+    ]
+    for call in calls:
+        want = call(mask)
+        for form in _mask_forms(mask)[1:]:
+            assert call(form) == want, form.dtype
+        for bad in (mask.long() * 2, mask.double() * 0.5, torch.where(mask, torch.nan, 0.0)):
+            with pytest.raises(ValueError):
+                call(bad)
+
+
+def test_a_wrong_dtype_class_is_a_type_error_and_a_wrong_value_a_value_error():
+    from methods.mrtpo.credit import js_distance
+    from methods.tar.fps import farthest_point_prototypes
+    from methods.tar.replay import adaptive_replay_loss, soft_gate
+
+    lt = -torch.rand(2, 3, dtype=torch.float64)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    emb = torch.randn(3, 2, dtype=torch.float64)
+    marks = torch.ones(3, dtype=torch.bool)
+    for call in (lambda: adaptive_replay_loss(lt.long(), lt, mask), lambda: soft_gate(torch.arange(3)),
+                 lambda: farthest_point_prototypes(emb.long(), marks),
+                 lambda: farthest_point_prototypes(emb, marks, prompt_ids=torch.zeros(3)),
+                 lambda: js_distance(lt.long(), lt.long())):
+        with pytest.raises(TypeError):
+            call()
+    for call in (lambda: adaptive_replay_loss(lt, lt[:, :2], mask), lambda: farthest_point_prototypes(emb[0], marks),
+                 lambda: farthest_point_prototypes(emb, marks, k=-1), lambda: js_distance(lt, lt[:, :2])):
+        with pytest.raises(ValueError):
+            call()
