@@ -83,3 +83,14 @@ def test_verl_gspo_is_gspo_up_to_its_guards(form):
     assert lerr < 1e-8 and gerr < 1e-8 and bool((grad[~mask] == 0).all())
     logp, old, adv, mask = batch(3, drift=2e-3)  # NaN in masked slots: NaN * 0 in verl's sequence mean
     assert torch.isnan(impl.gspo_loss(logp, old, adv, mask)[0])
+
+
+def test_benchmark_rows_run_beside_verl():
+    _verl("vanilla")
+    from benchmarks import family_loss
+
+    rows = family_loss.run("cpu", repeats=1, batch=2, length=256, memory=False)
+    assert [r.name for r in rows] == ["GRPO control loss fwd+bwd", "GSPO loss fwd+bwd"]
+    for r in rows:
+        assert r.value > 0 and r.ok in (True, False)
+        assert r.details["loss_abs_diff"] < 1e-6  # the same loss as verl's on these inputs

@@ -37,7 +37,7 @@ DEFAULT_AGG = "token-mean"
 LOG_RATIO_CLAMP = 20.0
 
 __all__ = ["AGG_MODES", "DEFAULT_AGG", "LOG_RATIO_CLAMP", "group_advantages", "grpo_loss", "build_grpo_loss",
-           "token_ratio", "clipped_surrogate", "k3_kl", "aggregate", "as_bool_mask", "compute_dtype", "check_clip"]
+           "log_ratio", "clipped_surrogate", "fused_surrogate", "composed_surrogate", "k3_kl", "aggregate", "as_bool_mask", "compute_dtype", "check_clip"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -160,20 +160,83 @@ def masked_advantages(advantages: torch.Tensor, m: torch.Tensor, cdt: torch.dtyp
     return a
 
 
-def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, m: torch.Tensor, cdt: torch.dtype, clamp: float):
-    """(r [B, L], log-ratio before the clamp, detached): r = exp(clamp(logp - old)), 1 at masked slots."""
+def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, m: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
+    """logp - old at valid tokens, 0 at masked ones (junk removed by torch.where); differentiable in logp."""
     zero = torch.zeros((), dtype=cdt, device=logp.device)
-    lr = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
-    return lr.clamp(-clamp, clamp).exp(), lr.detach()
+    return torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
 
 
 def clipped_surrogate(ratio: torch.Tensor, a: torch.Tensor, lo: float, hi: float, dual_clip: float | None):
-    """Per-token -min(r A, clip(r, lo, hi) A), capped at -c A where A < 0 with a dual clip c; 0 where A = 0."""
+    """Per-token -min(r A, clip(r, lo, hi) A), capped at -c A where A < 0 with a dual clip c; 0 where A = 0
+    (composed from autograd operations: GSPO's surrogate, and the one GRPO's fused node must equal)."""
     # max(-rA, -clip(r)A) = -min(rA, clip(r)A)
     per_token = torch.maximum(ratio * -a, ratio.clamp(lo, hi) * -a)
     if dual_clip is not None:
         per_token = torch.where(a < 0, torch.minimum(per_token, a * -float(dual_clip)), per_token)
     return per_token
+
+
+def surrogate_stats(lr: torch.Tensor, r: torch.Tensor, per_token: torch.Tensor, a: torch.Tensor, m: torch.Tensor,
+                    lo: float, hi: float, dual_clip: float | None, clamp: float) -> torch.Tensor:
+    """[ratio min, ratio max, tokens below lo, above hi, capped by the dual clip, clamped] over valid tokens.
+    Masked slots hold lr = 0, r = 1 and A = 0, inside every bound, so only the extremes need hiding."""
+    with torch.no_grad():
+        cdt = r.dtype
+        inf = torch.tensor(math.inf, dtype=cdt, device=r.device)
+        dual = (torch.zeros((), dtype=cdt, device=r.device) if dual_clip is None else
+                ((a < 0) & (torch.maximum(r * -a, r.clamp(lo, hi) * -a) > a * -float(dual_clip))).sum().to(cdt))
+        return torch.stack([torch.where(m, r, inf).amin(), torch.where(m, r, -inf).amax(), (r < lo).sum().to(cdt),
+                            (r > hi).sum().to(cdt), dual, (lr.abs() > clamp).sum().to(cdt)])
+
+
+class _ClippedTerm(torch.autograd.Function):
+    """The per-token clipped surrogate of the log-ratio as one autograd node.
+
+    Its value is `clipped_surrogate(exp(clamp(lr)), A, ...)` computed once; its backward is the analytic gradient
+    d f / d lr = -A r where the unclipped branch is the larger loss, the dual cap does not bind and the clamp does
+    not bind, 0 elsewhere: one multiply instead of the clamp/exp/mul/maximum/where graph, which cost more than
+    verl's whole loss at 8 x 16k tokens (benchmarks/family_loss.py). Ties (u == v) happen inside the bounds, where
+    both branches carry the same gradient, or at A = 0, where it is 0.
+    """
+
+    @staticmethod
+    def forward(ctx, lr, a, lo, hi, dual_clip, clamp):
+        bound = lr.abs() > clamp  # the clamp binds: a constant ratio, no gradient
+        r = lr.clamp(-clamp, clamp).exp_()
+        na = a.neg()
+        u = r * na
+        v = r.clamp(lo, hi).mul_(na)
+        clipped = u < v  # the clipped branch is the larger loss: a constant
+        f = torch.maximum(u, v, out=v)
+        coef = u.masked_fill_(clipped.logical_or_(bound), 0.0)  # -A r on the unclipped branch
+        if dual_clip is not None:
+            cap = na.mul_(float(dual_clip))
+            capped = (a < 0).logical_and_(f > cap)
+            f = torch.where(capped, cap, f)
+            coef = coef.masked_fill_(capped, 0.0)
+        ctx.save_for_backward(coef)
+        ctx.mark_non_differentiable(r)
+        return f, r
+
+    @staticmethod
+    def backward(ctx, grad, _grad_r):
+        (coef,) = ctx.saved_tensors
+        return grad * coef, None, None, None, None, None
+
+
+def fused_surrogate(lr: torch.Tensor, a: torch.Tensor, m: torch.Tensor, lo: float, hi: float,
+                    dual_clip: float | None, clamp: float):
+    """(per-token loss [B, L], stats) from the masked log-ratio: the clamp, the ratio, the clip, the dual clip."""
+    f, r = _ClippedTerm.apply(lr, a, lo, hi, dual_clip, clamp)
+    return f, surrogate_stats(lr.detach(), r, f.detach(), a, m, lo, hi, dual_clip, clamp)
+
+
+def composed_surrogate(lr: torch.Tensor, a: torch.Tensor, m: torch.Tensor, lo: float, hi: float,
+                       dual_clip: float | None, clamp: float, surrogate=clipped_surrogate, guard: bool = True):
+    """The same as fused_surrogate from autograd operations (how mutants swap one piece)."""
+    r = (lr.clamp(-clamp, clamp) if guard else lr).exp()
+    f = surrogate(r, a, lo, hi, dual_clip)
+    return f, surrogate_stats(lr.detach(), r.detach(), f.detach(), a, m, lo, hi, dual_clip, clamp)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, m: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
@@ -183,7 +246,7 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, m: torch.Tensor, cdt: torc
     return d.exp() - d - 1.0
 
 
-def build_grpo_loss(ratio_fn=token_ratio, surrogate_fn=clipped_surrogate, aggregate_fn=None, kl_fn=k3_kl):
+def build_grpo_loss(ratio_fn=log_ratio, surrogate_fn=fused_surrogate, aggregate_fn=None, kl_fn=k3_kl):
     """The GRPO loss assembled from its parts; the method uses the defaults, a mutant swaps exactly one."""
     aggregate_fn = aggregate_fn or aggregate
 
@@ -231,29 +294,19 @@ def build_grpo_loss(ratio_fn=token_ratio, surrogate_fn=clipped_surrogate, aggreg
         zero = torch.zeros((), dtype=cdt, device=logp.device)
         a = masked_advantages(advantages, m, cdt)
         C = float(log_ratio_clamp)
-        ratio, lr = ratio_fn(logp, old_logp, m, cdt, C)
         lo, hi = 1.0 - float(clip_low), 1.0 + float(clip_high)
-        per_token = surrogate_fn(ratio, a, lo, hi, dual_clip)
+        lr = ratio_fn(logp, old_logp, m, cdt)
+        per_token, stats = surrogate_fn(lr, a, m, lo, hi, dual_clip, C)
         kl = None
         if float(beta) > 0.0:
             kl = kl_fn(logp, ref_logp, m, cdt)
             per_token = per_token + float(beta) * kl
         loss = aggregate_fn(per_token, m, agg, n_row, norm_length)
-
-        with torch.no_grad():
-            r = ratio.detach()
-            nf = float(n)
-            big = torch.where(m, zero, torch.tensor(math.inf, dtype=cdt, device=r.device))
-            if dual_clip is None:
-                dual = zero
-            else:
-                plain = torch.maximum(r * -a, r.clamp(lo, hi) * -a)
-                dual = ((a < 0) & (plain > a * -float(dual_clip))).sum().to(cdt)
-            stats = torch.stack([
-                (r + big).amin(), (r - big).amax(), ((r < lo) & m).sum().to(cdt), ((r > hi) & m).sum().to(cdt),
-                dual, ((lr.abs() > C) & m).sum().to(cdt),
-                torch.where(m, kl.detach(), zero).sum() / nf if kl is not None else zero,
-            ]).tolist()
+        nf = float(n)
+        if kl is not None:
+            with torch.no_grad():
+                stats = torch.cat([stats, (torch.where(m, kl.detach(), zero).sum() / nf)[None]])
+        stats = stats.tolist() + ([] if kl is not None else [0.0])
         metrics = {"tokens": n, "rows": int((n_row > 0).sum()), "ratio_min": stats[0], "ratio_max": stats[1],
                    "clip_fraction": (stats[2] + stats[3]) / nf, "clip_low_fraction": stats[2] / nf,
                    "clip_high_fraction": stats[3] / nf, "dual_clip_fraction": stats[4] / nf,

@@ -17,38 +17,30 @@ def _loss(name, **parts):
 # --- ratio ------------------------------------------------------------------------------------------------------
 
 
-def _ratio_unguarded(logp, old_logp, m, cdt, clamp):
-    zero = torch.zeros((), dtype=cdt, device=logp.device)
-    lr = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
-    return lr.exp(), lr.detach()
+def _with_surrogate(name, surrogate=L.clipped_surrogate, guard=True):
+    def surrogate_fn(lr, a, m, lo, hi, dual, clamp):
+        return L.composed_surrogate(lr, a, m, lo, hi, dual, clamp, surrogate=surrogate, guard=guard)
+
+    return _loss(name, surrogate_fn=surrogate_fn)
 
 
 @registry.mutant("grpo.no_ratio_guard", base="grpo")
 def no_ratio_guard():
     """The log-ratio is exponentiated unclamped: a large drift overflows to inf and NaN (OpenRLHF PR #1293)."""
-    return _loss("grpo.no_ratio_guard", ratio_fn=_ratio_unguarded)
-
-
-def _ratio_by_multiply(logp, old_logp, m, cdt, clamp):
-    lr = (logp.to(cdt) - old_logp.detach().to(cdt)) * m.to(cdt)
-    return lr.clamp(-clamp, clamp).exp(), lr.detach()
+    return _with_surrogate("grpo.no_ratio_guard", guard=False)
 
 
 @registry.mutant("grpo.mask_by_multiply", base="grpo")
 def mask_by_multiply():
     """Masked slots zeroed by multiplying with the mask: NaN * 0 = NaN leaks (OpenRLHF PR #1240)."""
-    return _loss("grpo.mask_by_multiply", ratio_fn=_ratio_by_multiply)
-
-
-def _ratio_detached(logp, old_logp, m, cdt, clamp):
-    r, lr = L.token_ratio(logp, old_logp, m, cdt, clamp)
-    return r.detach(), lr
+    return _loss("grpo.mask_by_multiply",
+                 ratio_fn=lambda logp, old, m, cdt: (logp.to(cdt) - old.detach().to(cdt)) * m.to(cdt))
 
 
 @registry.mutant("grpo.ratio_detached", base="grpo")
 def ratio_detached():
     """The ratio under stop-gradient: the loss value is right, no gradient reaches the policy."""
-    return _loss("grpo.ratio_detached", ratio_fn=_ratio_detached)
+    return _loss("grpo.ratio_detached", ratio_fn=lambda logp, old, m, cdt: L.log_ratio(logp, old, m, cdt).detach())
 
 
 # --- surrogate ----------------------------------------------------------------------------------------------------
@@ -57,19 +49,15 @@ def ratio_detached():
 @registry.mutant("grpo.symmetric_clip", base="grpo")
 def symmetric_clip():
     """Both bounds from clip_low: [1 - eps_low, 1 + eps_low] where the declared bounds differ."""
-    def surrogate(ratio, a, lo, hi, dual):
-        return L.clipped_surrogate(ratio, a, lo, 2.0 - lo, dual)
-
-    return _loss("grpo.symmetric_clip", surrogate_fn=surrogate)
+    return _with_surrogate("grpo.symmetric_clip",
+                           lambda ratio, a, lo, hi, dual: L.clipped_surrogate(ratio, a, lo, 2.0 - lo, dual))
 
 
 @registry.mutant("grpo.clip_no_upper", base="grpo")
 def clip_no_upper():
     """The clip drops its upper bound: r is only clamped from below."""
-    def surrogate(ratio, a, lo, hi, dual):
-        return L.clipped_surrogate(ratio, a, lo, float("inf"), dual)
-
-    return _loss("grpo.clip_no_upper", surrogate_fn=surrogate)
+    return _with_surrogate("grpo.clip_no_upper",
+                           lambda ratio, a, lo, hi, dual: L.clipped_surrogate(ratio, a, lo, float("inf"), dual))
 
 
 @registry.mutant("grpo.max_not_min", base="grpo")
@@ -81,7 +69,7 @@ def max_not_min():
             out = torch.where(a < 0, torch.minimum(out, a * -float(dual)), out)
         return out
 
-    return _loss("grpo.max_not_min", surrogate_fn=surrogate)
+    return _with_surrogate("grpo.max_not_min", surrogate)
 
 
 @registry.mutant("grpo.dual_clip_positive", base="grpo")
@@ -92,7 +80,7 @@ def dual_clip_positive():
         out = L.clipped_surrogate(ratio, a, lo, hi, None)
         return out if dual is None else torch.minimum(out, a * -float(dual))
 
-    return _loss("grpo.dual_clip_positive", surrogate_fn=surrogate)
+    return _with_surrogate("grpo.dual_clip_positive", surrogate)
 
 
 @registry.mutant("grpo.kl_dropped", base="grpo")
