@@ -220,3 +220,26 @@ def adv_one_pass_variance():
         return torch.where(ref != 0, out.to(rewards.dtype), ref)
 
     return IMPL.replace("grpo.adv_one_pass_variance", group_advantages=group_advantages)
+
+
+# --- precision and refusals -----------------------------------------------------------------------------------------
+
+
+@registry.mutant("grpo.loss_in_input_dtype", base="grpo")
+def loss_in_input_dtype():
+    """The loss handed back in the input's dtype: a bfloat16/float16 call rounds the loss to 8/11 bits."""
+    def grpo_loss(logp, *args, **kwargs):
+        loss, metrics = L.grpo_loss(logp, *args, **kwargs)
+        return loss.to(logp.dtype), metrics
+
+    return IMPL.replace("grpo.loss_in_input_dtype", grpo_loss=grpo_loss)
+
+
+@registry.mutant("grpo.clip_unchecked", base="grpo")
+def clip_unchecked():
+    """Out-of-range clip bounds are silently clamped into range instead of refused."""
+    def grpo_loss(*args, clip_low=0.2, clip_high=0.2, **kwargs):
+        return L.grpo_loss(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
+                           **kwargs)
+
+    return IMPL.replace("grpo.clip_unchecked", grpo_loss=grpo_loss)

@@ -103,3 +103,64 @@ def loss_and_grad(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, dual_cli
         grad[b][t] = w[(b, t)] * g
         near[b][t] = nr
     return loss, grad, near, scale
+
+
+# --- the same loops, registered for the generic kinds (engine/kinds) ------------------------------------------
+
+
+def _register() -> None:
+    import torch
+
+    from engine.spec import registry
+
+    def lists(logp, old, advantages, mask):
+        m = mask.to(torch.bool)
+        lp = torch.where(m, logp, 0.0).tolist()  # junk in masked slots is not the reference's business
+        op = torch.where(m, old, 0.0).tolist()
+        a = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        return lp, op, torch.where(m, a, 0.0).tolist(), m.tolist()
+
+    def run(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None, ref_logp=None,
+            beta=0.0, agg="token-mean", norm_length=None, log_ratio_clamp=20.0):
+        lp, op, a, m = lists(logp, old_logp, advantages, mask)
+        ref = None if ref_logp is None else torch.where(mask.to(torch.bool), ref_logp, 0.0).tolist()
+        return loss_and_grad(lp, op, a, m, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ref=ref,
+                             beta=beta, agg=agg, norm_length=norm_length, clamp=log_ratio_clamp)
+
+    @registry.reference("grpo.loss")
+    def loss_tensor(*args, **kwargs):
+        """The GRPO loss as a float64 scalar tensor."""
+        return torch.tensor(run(*args, **kwargs)[0], dtype=torch.float64)
+
+    @registry.reference("grpo.loss_grad")
+    def loss_grad_tensor(*args, **kwargs):
+        """d loss / d logp [B, L]; NaN where the active branch is ambiguous in finite precision (a ratio within
+        1e-9 of a bound, the dual cap or the clamp), 0 at masked slots."""
+        _, grad, near, _ = run(*args, **kwargs)
+        g = torch.tensor(grad, dtype=torch.float64)
+        return torch.where(torch.tensor(near), torch.full_like(g, math.nan), g)
+
+    @registry.reference("grpo.group_advantages")
+    def advantages_tensor(rewards, group_size, eps=1e-6, *, mask=None):
+        keep = None if mask is None else (mask.to(torch.bool).any(-1) if mask.dim() == 2 else mask.to(torch.bool))
+        return torch.tensor(group_advantages(rewards.tolist(), group_size, eps,
+                                             None if keep is None else keep.tolist()), dtype=torch.float64)
+
+    @registry.reference("family.tapo_on_policy")
+    def tapo_on_policy(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, **_):
+        """TAPO's loss (methods/tapo) at logp == old_logp with eps_max = eps_min = the clip: on-policy TAPO is GRPO."""
+        from methods.tapo.objective import tapo_loss
+
+        return tapo_loss(logp, logp.detach().clone(), advantages, mask, clip_low, clip_high)[0].detach()
+
+    @registry.reference("family.tapo_on_policy_grad")
+    def tapo_on_policy_grad(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, **_):
+        from methods.tapo.objective import tapo_loss
+
+        x = logp.detach().clone().requires_grad_(True)
+        loss, _ = tapo_loss(x, logp.detach().clone(), advantages, mask, clip_low, clip_high)
+        (g,) = torch.autograd.grad(loss, x)
+        return g
+
+
+_register()
