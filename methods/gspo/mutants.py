@@ -113,3 +113,23 @@ def empty_row_nan():
 def empty_rows_counted():
     """Empty responses count in the mean over responses (divided by B)."""
     return _built("gspo.empty_rows_counted", mean_fn=lambda per_row, has, rows: per_row.mean())
+
+
+@registry.mutant("gspo.loss_in_input_dtype", base="gspo")
+def loss_in_input_dtype():
+    """The loss handed back in the input's dtype: a bfloat16/float16 call rounds the loss."""
+    def gspo_loss(logp, *args, **kwargs):
+        loss, metrics = L.gspo_loss(logp, *args, **kwargs)
+        return loss.to(logp.dtype), metrics
+
+    return IMPL.replace("gspo.loss_in_input_dtype", gspo_loss=gspo_loss)
+
+
+@registry.mutant("gspo.clip_unchecked", base="gspo")
+def clip_unchecked():
+    """Out-of-range clip bounds are silently clamped into range instead of refused."""
+    def gspo_loss(*args, clip_low=3e-4, clip_high=4e-4, **kwargs):
+        return L.gspo_loss(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
+                           **kwargs)
+
+    return IMPL.replace("gspo.clip_unchecked", gspo_loss=gspo_loss)
