@@ -94,3 +94,40 @@ def test_benchmark_rows_run_beside_verl():
     for r in rows:
         assert r.value > 0 and r.ok in (True, False)
         assert r.details["loss_abs_diff"] < 1e-6  # the same loss as verl's on these inputs
+
+
+def _trl():
+    try:
+        from trl.trainer.grpo_trainer import GRPOTrainer
+    except Exception as exc:  # noqa: BLE001 - any failure to import is "no usable trl here"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the trl tests: trl does not import ({type(exc).__name__}: {exc})")
+        pytest.skip(f"trl is not importable ({type(exc).__name__}); install it with pip install -e '.[trl]'")
+    return GRPOTrainer
+
+
+def trl_adapted(method):
+    return registry.load().get_adapter("trl", method)(_trl()).implementation("trl:GRPOTrainer")
+
+
+def test_trl_bnpo_is_the_token_mean_and_grpo_counts_empty_rows():
+    impl = trl_adapted("grpo")
+    logp, old, adv, mask = batch(0, drift=0.5, junk=False, empty=False)
+    kw = dict(clip_low=0.2, clip_high=0.28)
+    lerr, gerr, *_ = compare(impl.grpo_loss, lambda *a: gref.loss_and_grad(*a, **kw), logp, old, adv, mask, **kw)
+    assert lerr < 1e-12 and gerr < 1e-12
+    kw["agg"] = "seq-mean-token-mean"
+    lerr, gerr, *_ = compare(impl.grpo_loss, lambda *a: gref.loss_and_grad(*a, **kw), logp, old, adv, mask, **kw)
+    assert lerr < 1e-12 and gerr < 1e-12  # no empty row: TRL's grpo is the paper's mean
+    logp, old, adv, mask = batch(0, drift=0.5, junk=False, empty=True)
+    lerr, gerr, *_ = compare(impl.grpo_loss, lambda *a: gref.loss_and_grad(*a, **kw), logp, old, adv, mask, **kw)
+    assert lerr > 1e-6  # its .mean() over responses counts the empty one
+    with pytest.raises(registry.NotProvided):
+        impl.grpo_loss(logp, old, adv, mask, dual_clip=2.0)
+
+
+def test_trl_sequence_level_is_gspo():
+    impl = trl_adapted("gspo")
+    logp, old, adv, mask = batch(3, drift=2e-3, junk=False, empty=False)
+    lerr, gerr, *_ = compare(impl.gspo_loss, lambda *a: sref.loss_and_grad(*a), logp, old, adv, mask)
+    assert lerr < 1e-12 and gerr < 1e-12

@@ -4,5 +4,5 @@
 specs/grpo.yaml checks is the one the control trains with.
 """
 
-from methods.grpo import impl, mutants, reference, verl_adapter  # noqa: F401  (registration side effects)
+from methods.grpo import impl, mutants, reference, trl_adapter, verl_adapter  # noqa: F401  (registration side effects)
 from methods.grpo.loss import AGG_MODES, group_advantages, grpo_loss  # noqa: F401
