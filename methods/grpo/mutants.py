@@ -243,3 +243,12 @@ def clip_unchecked():
                            **kwargs)
 
     return IMPL.replace("grpo.clip_unchecked", grpo_loss=grpo_loss)
+
+
+@registry.mutant("grpo.group_size_unchecked", base="grpo")
+def group_size_unchecked():
+    """group_advantages coerces group_size with int(): True becomes 1, 2.5 becomes 2, silently."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        return L.group_advantages(rewards, max(int(group_size), 1), eps, mask=mask)
+
+    return IMPL.replace("grpo.group_size_unchecked", group_advantages=group_advantages)
