@@ -186,7 +186,27 @@ def _grpo_case(name):
     return kw, (logp, old, adv, mask)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, e in REG.mutants.items() if e.base == "grpo"))
+# Mutants of argument checks and result dtypes: told apart by what they accept or return, not by a value.
+GUARDS = {"grpo.clip_unchecked", "grpo.loss_in_input_dtype", "grpo.group_size_unchecked", "gspo.clip_unchecked",
+          "gspo.loss_in_input_dtype"}
+
+
+@pytest.mark.parametrize("name", sorted(GUARDS))
+def test_guard_mutants_are_told_apart(name):
+    impl = REG.get_mutant(name).factory()
+    logp, old, adv, mask = batch(0, junk=False)
+    fn = impl.grpo_loss if name.startswith("grpo.") else impl.gspo_loss
+    if name.endswith("clip_unchecked"):
+        fn(logp, old, adv, mask, clip_low=1.0)  # the method refuses it
+    elif name.endswith("loss_in_input_dtype"):
+        assert fn(logp.bfloat16(), old.bfloat16(), adv.bfloat16(), mask)[0].dtype == torch.bfloat16
+    else:
+        impl.group_advantages(adv, True)  # the method refuses a bool group size
+        with pytest.raises(ValueError):
+            group_advantages(adv, True)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in REG.mutants.items() if e.base == "grpo" and n not in GUARDS))
 def test_grpo_mutants_are_told_apart(name):
     impl = REG.get_mutant(name).factory()
     if "adv_" in name:
@@ -217,7 +237,7 @@ def test_grpo_mutants_are_told_apart(name):
     assert not (lerr < 1e-9 and gerr < 1e-9 and bool(torch.isfinite(grad).all()))
 
 
-@pytest.mark.parametrize("name", sorted(n for n, e in REG.mutants.items() if e.base == "gspo"))
+@pytest.mark.parametrize("name", sorted(n for n, e in REG.mutants.items() if e.base == "gspo" and n not in GUARDS))
 def test_gspo_mutants_are_told_apart(name):
     impl = REG.get_mutant(name).factory()
     logp, old, adv, mask = batch(2, drift=2e-3)
