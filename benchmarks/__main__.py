@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks.harness import ROOT, Row
 
-ROWS = ("tapo", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "tui")
+ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "tui")
 # The TUI rows generate 10,000 receipts and let the first start index them (about 130 ms of CPU per
 # receipt, mostly the receipt schema check): far longer than every other row together, so they run only
 # when named, `--only tui`, and the default run stays under five minutes on a 2-core machine.
@@ -57,6 +57,10 @@ def measure(name: str, device: str, quick: bool) -> list[Row]:
         from benchmarks import tapo_loss
 
         return [tapo_loss.run(device, **({"repeats": 5, "length": 2048} if quick else {}))]
+    if name == "family":
+        from benchmarks import family_loss
+
+        return family_loss.run(device, **({"repeats": 3, "length": 2048} if quick else {}))
     if name == "mrtpo":
         from benchmarks import mrtpo_credit
 

@@ -7,7 +7,7 @@ cannot do what was asked; 5 nothing selected; 130 interrupted.
 """
 
 # Each verb registers itself on `app` when imported; the order here is the order of `contracts --help`.
-from engine.cli import check, gate, keys, list, mutate, promote, review, schema, show, tui, validate, verify, version  # noqa: F401,E402
+from engine.cli import check, gate, keys, kinds, list, mutate, promote, review, schema, show, tui, validate, verify, version  # noqa: F401,E402
 from engine.cli import interface  # noqa: F401,E402  [impl] interface, scaffold
 from engine.cli import evolve  # noqa: F401,E402  [evolve] evolve-evaluator
 from engine.cli.common import app

@@ -79,6 +79,7 @@ def check(
     device: Annotated[str, typer.Option(metavar="DEVICE", help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
     seeds: Annotated[Optional[str], typer.Option(metavar="S,S,...", help="Comma-separated seeds (default: the spec budget's).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="CONTRACT", help="Run only this contract id (repeatable).")] = None,
+    case: Annotated[Optional[int], typer.Option("--case", metavar="N", min=0, help="Run only case N of each selected contract measured by a kind (the failing case a report names).")] = None,
     no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase: the receipt is partial "
                                                                   "and shows no contract able to fail, which the "
                                                                   "gate needs.")] = False,
@@ -158,6 +159,8 @@ def check(
 
     try:
         plans = session.load_plans(paths, _paths.project_root(), seed_list, only, mutants=not no_mutants)
+        for plan in plans:
+            plan.case = case
     except SpecError:
         _every_spec_error(paths)  # load_plans stops at the first; a user fixes them all in one go
         raise

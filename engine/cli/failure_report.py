@@ -94,7 +94,14 @@ def _contract_block(pred: dict, cid: str, cells: list[dict], spec: Any, flags: s
     seeds = sorted({r["seed"] for r in cells})
     dtypes = sorted({r["dtype"] for r in cells})
     lines.append(("", f"  seeds {', '.join(map(str, seeds))}; dtypes {', '.join(dtypes)}", "    "))
-    lines.append(("", f"  repro: {repro_command(pred, cid, seeds[0], flags)}", None))  # one line, to copy
+    first = next((r["failing_cases"][0] for r in cells if r.get("failing_cases")), None)
+    if first is not None:  # the case a kind named: shapes, argument, where; rerun alone with --case
+        from engine.run.runner import describe_case
+
+        lines.append(("", f"  failing case: {describe_case(first)}", "    "))
+        lines.append(("", f"  repro: {repro_command(pred, cid, first['seed'], flags, case=first['case'])}", None))
+    else:
+        lines.append(("", f"  repro: {repro_command(pred, cid, seeds[0], flags)}", None))  # one line, to copy
     return lines
 
 
@@ -188,11 +195,13 @@ def _consequences(pred: dict, failing: set[str]) -> list[tuple[str, str, str]]:
     return lines
 
 
-def repro_command(pred: dict, cid: str, seed: Optional[int], flags: str = "") -> str:
-    """`contracts check METHOD --only CONTRACT --seeds S` with the device and folder options as given."""
+def repro_command(pred: dict, cid: str, seed: Optional[int], flags: str = "", case: Optional[int] = None) -> str:
+    """`contracts check METHOD --only CONTRACT --seeds S [--case N]` with the device and folder options as given."""
     argv = ["contracts", "check", pred["method"], "--only", cid]
     if seed is not None:
         argv += ["--seeds", str(seed)]
+    if case is not None:
+        argv += ["--case", str(case)]
     device = (pred.get("request") or {}).get("device") or "cpu"
     if device != "cpu":
         argv += ["--device", device]

@@ -89,9 +89,14 @@ def show(
     for col in ("id", "kind", "check", "dtypes", "cases", "expect"):
         t.add_column(col)
     for c in d["contracts"]:
-        t.add_row(c["id"], c["kind"], c["check"], ",".join(c["dtypes"]), str(c["cases"]),
-                  "; ".join(_fmt_expect(e) for e in c["expect"]))
+        check = c.get("check", "")
+        t.add_row(c["id"], c["kind"], "" if check.startswith("kind:") else check, ",".join(c["dtypes"]),
+                  str(c["cases"]), "; ".join(_fmt_expect(e) for e in c["expect"]))
     con.print(t)
+    con.print("contract parameters", style="bold")
+    for c in d["contracts"]:
+        con.print(f"- {c['id']} ({c['kind']}): {_fmt_params(c.get('params') or {})}"
+                  + (f" | why bespoke: {c['why']}" if c.get("why") else ""))
     t = Table(title="mutants (known-bad variants each contract set must kill)", title_justify="left")
     t.add_column("id"), t.add_column("breaks"), t.add_column("killed by")
     for m in d["mutants"]:
@@ -120,3 +125,10 @@ def show(
         unit = "" if g["implementation"] == "default" else f" [{g['implementation_label']}]"
         con.print(f"gate{unit}: " + ("open" if g["promotable"] else f"closed ({len(g['unmet'])} unmet: "
                                      + ", ".join(g["unmet"]) + f"; {g['command']} says why)"))
+
+
+def _fmt_params(params: dict) -> str:
+    """Parameters as compact flow-style text (inputs included), one line per contract."""
+    import json
+
+    return json.dumps(params, separators=(", ", ": "), default=str) if params else "(none)"

@@ -69,6 +69,10 @@ class CheckContext:
     # metric -> reason, for measurements this implementation cannot be held to (a function it lacks): their
     # expectations are recorded as not applicable and the contract's result as partial, never as passed.
     not_measured: dict[str, str] = field(default_factory=dict)
+    # Each case's own measurements, logged by the generic kinds (engine/kinds): the runner names the cases that
+    # break an expectation. `only_case` (check --case N) runs that case alone.
+    case_log: list[dict] = field(default_factory=list)
+    only_case: int | None = None
 
     def not_applicable(self, reason: str, *metrics: str) -> None:
         """Declare `metrics` not measurable on this implementation, and why (e.g. it has no trajectory_ratio)."""

@@ -78,6 +78,7 @@ class Plan:
     contracts: list[dict]
     mutants: list[dict]  # spec mutants, killed_by restricted to the selected contracts
     only: list[str] | None
+    case: int | None = None  # check --case N: every selected contract runs its case N alone
 
 
 def plan_run(spec: Spec, seeds: list[int] | None = None, only: list[str] | None = None,
@@ -129,6 +130,45 @@ def _plain_measurements(raw: Any) -> dict[str, Any]:
     return out
 
 
+MAX_FAILING_CASES = 3
+
+
+def failing_cases(case_log: list[dict], failed: list[dict], dtype: str) -> list[dict]:
+    """The first cases whose own measurement breaks a failed expectation (seed, case, shapes, argument, where)."""
+    out = []
+    for entry in case_log:
+        for e in failed:
+            if e["metric"] not in entry["metrics"]:
+                continue
+            spec = {"metric": e["metric"], e["op"]: e["threshold"]}
+            if evaluate(spec, entry["metrics"], dtype)["passed"]:
+                continue
+            case = {k: entry[k] for k in ("seed", "case", "shapes", "argument") if k in entry}
+            case["metric"] = e["metric"]
+            case["value"] = entry["metrics"][e["metric"]]
+            where = (entry.get("where") or {}).get(e["metric"])
+            if where is not None:
+                case["where"] = where
+            out.append(case)
+            break
+        if len(out) >= MAX_FAILING_CASES:
+            break
+    return out
+
+
+def describe_case(c: dict) -> str:
+    """`seed 42 case 3 (logp [2, 7], mask [2, 7]) max_abs_err 0.5 at [1, 4]; junk nan`."""
+    shapes = ", ".join(f"{k} {v}" for k, v in (c.get("shapes") or {}).items())
+    text = f"seed {c.get('seed')} case {c.get('case')}" + (f" ({shapes})" if shapes else "")
+    text += f" {c.get('metric')} {c.get('value'):.3g}" if isinstance(c.get("value"), float) else \
+        f" {c.get('metric')} {c.get('value')}"
+    if c.get("where") is not None:
+        text += f" at {c['where']}"
+    if c.get("argument"):
+        text += f"; {c['argument']}"
+    return text
+
+
 def _where(exc: BaseException) -> str:
     """The innermost frame inside the project, as a repository-relative path: no absolute paths."""
     root = project_root()
@@ -177,7 +217,7 @@ class Runner:
         meter = Meter(max_updates=self.budget["max_updates_per_seed"], max_tokens=self.budget["max_tokens_per_seed"])
         ctx = CheckContext(device=self.device, dtype=DTYPES[dtype], seed=seed, cases=contract["cases"],
                            params=dict(contract.get("params") or {}), meter=meter,
-                           policy_factory=self._policy_factory(contract["id"]))
+                           policy_factory=self._policy_factory(contract["id"]), only_case=self.plan.case)
         result = {"contract": contract["id"], "kind": contract["kind"], "check": contract["check"], "seed": seed,
                   "dtype": dtype, "status": ERROR, "measurements": {}, "expectations": [], "message": None,
                   "cases_requested": contract["cases"], "wall_s": 0.0}
@@ -208,6 +248,10 @@ class Runner:
                 if failed:
                     # Worded as true statements ("max_rel_err 0.356 > limit 1e-12"), never as the rule it broke.
                     result["message"] = "; ".join(r.get("message") or describe_expectation(r) for r in failed)
+                    cases = failing_cases(ctx.case_log, failed, dtype)
+                    if cases:
+                        result["failing_cases"] = cases
+                        result["message"] += "; first failing case: " + describe_case(cases[0])
                 elif len(measured) < len(records):
                     result["message"] = _not_measured_message(records)
         except (ContractViolation, BudgetExceeded, CheckTimeout) as exc:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from engine.errors import SpecError, UsageError
 
@@ -621,7 +621,8 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
                 killers[cid].append(m["id"])
 
     for i, c in enumerate(data["contracts"]):
-        if c["check"] not in names.checks:
+        kind_problems(c, ["contracts", i], err, use_one_of)
+        if "check" in c and not c["check"].startswith("kind:") and c["check"] not in names.checks:
             err(["contracts", i, "check"], f"no check named {c['check']!r} is registered",
                 use_one_of(names.checks, c['check']))
         for j, fid in enumerate(c["formulas"]):
@@ -662,6 +663,65 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
         err(["budget", "seeds"], f"{len(budget['seeds'])} seeds listed but max_seeds is {budget['max_seeds']}",
             "list fewer seeds or raise max_seeds")
     return _sorted_unique(errors)
+
+
+LEGACY_LABELS = ("value", "gradient", "property", "precision", "rejection", "negative-control")
+BESPOKE_KINDS = ("mechanism", "bespoke")
+
+
+def kind_problems(c: dict, path: list, err: Callable[..., None], use_one_of: Callable[..., str]) -> None:
+    """A contract's kind: a generic kind with params valid under its schema, or `check:` with a bespoke label.
+
+    A contract measured by a kind gets `check: kind:NAME` here, so everything downstream that names a contract's
+    check (receipts, workers) works unchanged."""
+    from engine.kinds.base import all_kinds
+    from engine.spec.registry import KIND_PREFIX
+
+    kinds = all_kinds()
+    name = c["kind"]
+    if "check" in c and not str(c["check"]).startswith(KIND_PREFIX):
+        if name not in kinds and name not in LEGACY_LABELS:
+            err(path + ["kind"], f"no kind named {name!r}",
+                use_one_of(list(kinds) + list(LEGACY_LABELS), name))
+        return
+    if name not in kinds or name in BESPOKE_KINDS:
+        err(path + ["kind"], f"no generic kind named {name!r}" if name not in kinds else
+            f"kind {name!r} needs a registered check: (and a why:)",
+            use_one_of([k for k in kinds if k not in BESPOKE_KINDS], name) if name not in kinds else
+            "name the check that measures it, or use a generic kind")
+        return
+    schema = kinds[name].schema()
+    for e in _kind_validator(name, schema).iter_errors(c.get("params") or {}):
+        where = path + ["params"] + list(e.absolute_path)
+        if e.validator == "additionalProperties":
+            extra = sorted(set(e.instance) - set(schema["properties"])) if isinstance(e.instance, dict) else []
+            err(where + extra[:1], f"kind {name!r} takes no parameter {', '.join(extra)!s}",
+                use_one_of(schema["properties"] if len(where) == len(path) + 1 else
+                           e.schema.get("properties", {}), extra[0] if extra else ""), key=bool(extra))
+        elif e.validator == "required":
+            err(where, f"kind {name!r} {e.message}", "valid parameters: " + ", ".join(sorted(schema["properties"])))
+        else:
+            err(where, f"kind {name!r}: {e.message}", "see `contracts kinds` for the parameter's schema")
+    inputs = (c.get("params") or {}).get("inputs")
+    if isinstance(inputs, dict) and "inputs" in schema["properties"]:
+        from engine.kinds.schema import INPUTS
+
+        for e in _kind_validator("inputs", INPUTS).iter_errors(inputs):
+            err(path + ["params", "inputs"] + list(e.absolute_path), f"inputs: {e.message}",
+                "see docs/kinds.md, Inputs")
+    c["check"] = KIND_PREFIX + name
+
+
+_KIND_VALIDATORS: dict[str, Any] = {}
+
+
+def _kind_validator(name: str, schema: dict) -> Any:
+    v = _KIND_VALIDATORS.get(name)
+    if v is None:
+        import jsonschema
+
+        v = _KIND_VALIDATORS[name] = jsonschema.Draft202012Validator(schema)
+    return v
 
 
 def validate_file(path: Path, root: Path | None = None, raw: bytes | None = None

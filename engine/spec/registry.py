@@ -33,6 +33,8 @@ from typing import Any, Callable
 from engine.errors import LookupFailure
 
 METHODS_PACKAGE = "methods"
+# The check name the loader gives a contract that names a generic kind and no bespoke `check:`.
+KIND_PREFIX = "kind:"
 
 
 class NotProvided(Exception):
@@ -104,6 +106,8 @@ class Registry:
     implementations: dict[str, Implementation] = field(default_factory=dict)
     checks: dict[str, Callable[..., Any]] = field(default_factory=dict)
     mutants: dict[str, MutantEntry] = field(default_factory=dict)
+    # float64 references the generic kinds compare against (engine/kinds), by name
+    references: dict[str, Callable[..., Any]] = field(default_factory=dict)
     # (framework, implementation) -> adapt(obj) -> Adapted: how a framework's object (a verl policy loss) becomes
     # a registered implementation's interface; the method owns the mapping, the engine only looks it up.
     adapters: dict[tuple[str, str], Callable[..., Any]] = field(default_factory=dict)
@@ -120,10 +124,17 @@ class Registry:
         return _lookup(self.implementations, name, "implementation")
 
     def get_check(self, name: str) -> Callable[..., Any]:
+        if name.startswith(KIND_PREFIX):  # a contract measured by a generic kind (engine/kinds)
+            from engine.kinds.base import check_for
+
+            return check_for(name[len(KIND_PREFIX):])
         return _lookup(self.checks, name, "check")
 
     def get_mutant(self, name: str) -> MutantEntry:
         return _lookup(self.mutants, name, "mutant")
+
+    def get_reference(self, name: str) -> Callable[..., Any]:
+        return _lookup(self.references, name, "reference")
 
 
 _REGISTRY = Registry()
@@ -159,6 +170,18 @@ def check(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         _claim(_REGISTRY.checks, name, "check")
         _REGISTRY.checks[name] = fn
+        return fn
+
+    return deco
+
+
+def reference(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a float64 reference a kind compares against: `fn(*args, **kwargs)` takes the same arguments as
+    the interface function (float64 CPU tensors) and returns the expected output; NaN marks an undefined slot."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _claim(_REGISTRY.references, name, "reference")
+        _REGISTRY.references[name] = fn
         return fn
 
     return deco

@@ -84,3 +84,21 @@ def loss_and_grad(
         grads.append(grow)
         near.append(nrow)
     return total / n, grads, near, abs_total / n
+
+
+# --- the same loops, registered for the generic kinds (engine/kinds) ------------------------------------------
+
+
+def _register() -> None:
+    import torch
+
+    from engine.spec import registry
+
+    @registry.reference("tapo.prefix_ratio")
+    def prefix_ratio_tensor(logp, old, mask):
+        """R~_t as a float64 tensor; NaN (undefined) at masked positions."""
+        rows = prefix_ratio(logp.tolist(), old.tolist(), mask.to(torch.bool).tolist())
+        return torch.tensor([[math.nan if v is None else v for v in row] for row in rows], dtype=torch.float64)
+
+
+_register()

@@ -5,4 +5,4 @@ object the way the framework does) and nothing about any method: how a framework
 interface is the method's adapter, registered with `engine.spec.registry.adapter(framework, implementation)`.
 """
 
-FRAMEWORKS = {"verl": "engine.run.adapters.verl"}
+FRAMEWORKS = {"verl": "engine.run.adapters.verl", "trl": "engine.run.adapters.trl"}

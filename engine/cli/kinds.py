@@ -1,0 +1,50 @@
+"""`contracts kinds`: the generic contract kinds, their parameter schemas and the contracts that use them."""
+
+from __future__ import annotations
+
+import typer
+
+from engine.cli.common import JsonOpt, SpecsOpt, _console, _dirs, _print_json, app, handles_errors
+
+
+def _used_by(specs_dir) -> dict[str, list[str]]:
+    """kind -> ["METHOD/CONTRACT", ...] over every spec that parses (read as YAML; nothing imported)."""
+    from engine.spec.loader import read_data, spec_files
+
+    used: dict[str, list[str]] = {}
+    for f in spec_files(specs_dir):
+        try:
+            data, _, _ = read_data(f, f.name)
+        except Exception:  # noqa: BLE001 - a broken spec is `contracts validate`'s to report
+            continue
+        for c in (data or {}).get("contracts") or []:
+            if isinstance(c, dict) and isinstance(c.get("kind"), str):
+                used.setdefault(c["kind"], []).append(f"{data.get('method')}/{c.get('id')}")
+    return used
+
+
+@app.command()
+@handles_errors
+def kinds(specs: SpecsOpt = None, json_out: JsonOpt = False) -> None:
+    """List the generic contract kinds with their parameters and the contracts that use them."""
+    from engine.kinds.base import all_kinds
+
+    specs_dir, _ = _dirs(specs, None)
+    used = _used_by(specs_dir)
+    rows = [{"name": k.name, "description": k.description, "parameters": k.schema(), "metrics": dict(k.metrics),
+             "used_by": sorted(used.get(k.name, []))} for k in all_kinds().values()]
+    if json_out:
+        _print_json({"kinds": rows})
+        return
+    con = _console()
+    for r in rows:
+        req = set(r["parameters"].get("required", []))
+        params = ", ".join(p + ("*" if p in req else "") for p in r["parameters"].get("properties", {}))
+        con.print(f"{r['name']}", style="bold", markup=False)
+        con.print(f"  {r['description']}", markup=False)
+        con.print(f"  params: {params or '(any; read by the check)'}", markup=False)
+        if r["metrics"]:
+            con.print(f"  metrics: {', '.join(r['metrics'])}", markup=False)
+        methods = sorted({u.split('/')[0] for u in r["used_by"]})
+        con.print(f"  used by: {len(r['used_by'])} contract(s) in {', '.join(methods) or 'no spec'}", markup=False)
+    typer.echo("(* required; `contracts kinds --json` prints each parameter's JSON Schema; docs/kinds.md)", err=True)

@@ -1,0 +1,116 @@
+"""What every kind does the same way: draw a case, cast it, call the implementation, compare, log the case."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import torch
+
+from engine.kinds import inputs as inputs_mod
+
+
+def case_indices(ctx: Any) -> list[int]:
+    """The cases this call runs: all of them, or the one `--case N` asked for."""
+    only = getattr(ctx, "only_case", None)
+    if only is not None:
+        return [only] if 0 <= only < ctx.cases else []
+    return list(range(ctx.cases))
+
+
+def cases(ctx: Any, params: dict) -> Iterator[tuple[int, dict[str, torch.Tensor], dict[str, int]]]:
+    """(case index, float64/bool CPU inputs, dims) for each case this call runs."""
+    for case in case_indices(ctx):
+        drawn, dims = inputs_mod.draw(params["inputs"], ctx.seed, case, ctx)
+        yield case, drawn, dims
+
+
+def on_device(ctx: Any, x: Any, dtype: torch.dtype | None = None) -> Any:
+    """A fresh leaf on the device in the dtype under test (bool and integer tensors keep their dtype)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.dtype == torch.bool or not x.is_floating_point():
+        return x.detach().to(ctx.device).clone()
+    return x.detach().to(dtype or ctx.dtype).to(ctx.device).clone()
+
+
+def cast_all(ctx: Any, drawn: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
+    return {k: on_device(ctx, v, dtype) for k, v in drawn.items()}
+
+
+def _arg(a: Any, tensors: dict[str, Any]) -> Any:
+    if isinstance(a, dict):
+        return a["value"]
+    return tensors[a]
+
+
+def bind(params: dict, tensors: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional and keyword arguments of the declared call, from the case's tensors and literals."""
+    args = [_arg(a, tensors) for a in params.get("args", [])]
+    kwargs = {k: _arg(a, tensors) for k, a in (params.get("kwargs") or {}).items()}
+    return args, kwargs
+
+
+def select(out: Any, index: Any) -> Any:
+    if isinstance(out, (tuple, list)):
+        return out[0 if index is None else index]
+    return out
+
+
+def call(impl: Any, params: dict, tensors: dict[str, Any], function: str | None = None,
+         output: Any = "__params__") -> Any:
+    """Call the declared interface function on `tensors`; return the declared output."""
+    fn = getattr(impl, function or params["function"])
+    args, kwargs = bind(params, tensors)
+    out = fn(*args, **kwargs)
+    return select(out, params.get("output") if output == "__params__" else output)
+
+
+def reference(params: dict, tensors: dict[str, Any], name: str | None = None) -> Any:
+    """The float64 reference named in params, called on float64 CPU copies of what the implementation received."""
+    from engine.spec import registry
+
+    ref = registry.load().get_reference(name or params["reference"])
+    f64 = {k: (v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point()
+               else v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in tensors.items()}
+    args, kwargs = bind(params, f64)
+    return ref(*args, **kwargs)
+
+
+def as64(x: Any) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", torch.float64)
+    return torch.as_tensor(x, dtype=torch.float64)
+
+
+def worst(diff: torch.Tensor) -> tuple[float, list[int] | None]:
+    """The largest entry of a non-negative difference tensor (NaN counts as infinity) and its position."""
+    if diff.numel() == 0:
+        return 0.0, None
+    d = torch.nan_to_num(diff.detach().to("cpu", torch.float64), nan=math.inf)
+    flat = int(torch.argmax(d))
+    value = float(d.flatten()[flat])
+    where = [int(i) for i in torch.unravel_index(torch.tensor(flat), d.shape)] if d.dim() else []
+    return value, where
+
+
+def log_case(ctx: Any, case: int, drawn: dict[str, Any], metrics: dict[str, Any], where: dict | None = None,
+             argument: str | None = None) -> None:
+    """Remember one case's own measurements; the runner names the cases that break an expectation."""
+    log = getattr(ctx, "case_log", None)
+    if log is None:
+        return
+    entry = {"seed": ctx.seed, "case": case, "shapes": inputs_mod.shapes(drawn),
+             "metrics": {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                         for k, v in metrics.items()}}
+    if where:
+        entry["where"] = {k: v for k, v in where.items() if v is not None}
+    if argument:
+        entry["argument"] = argument
+    log.append(entry)
+
+
+def grad_of(value: torch.Tensor, wrt: list[torch.Tensor]) -> list[torch.Tensor]:
+    """d sum(value) / d each of `wrt` (zeros where it does not depend on one)."""
+    gs = torch.autograd.grad(value.sum(), wrt, allow_unused=True)
+    return [torch.zeros_like(w) if g is None else g for g, w in zip(gs, wrt)]

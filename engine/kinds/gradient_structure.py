@@ -1,0 +1,74 @@
+"""gradient_structure: where the Jacobian of an output w.r.t. an argument must be zero, diagonal, or block-per-row."""
+
+from __future__ import annotations
+
+from engine.kinds.base import CALL, CALL_REQUIRED, NAME, Kind, kind
+
+
+@kind
+class GradientStructure(Kind):
+    name = "gradient_structure"
+    description = ("The Jacobian of the output w.r.t. one argument has the declared structure: `diagonal` (each "
+                   "output depends on its own position only) or `row_block` (on its own row only); every entry at "
+                   "a masked position is exactly 0; the diagonal equals a float64 reference where one is named.")
+    parameters = {**CALL,
+                  "wrt": NAME,
+                  "structure": {"enum": ["diagonal", "row_block", "masked_only"]},
+                  "mask": NAME,
+                  "diagonal_reference": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$"}}
+    required = CALL_REQUIRED + ["wrt", "structure"]
+    metrics = {"offdiag_max_abs": "largest entry outside the allowed structure",
+               "masked_grad_max_abs": "largest entry in a masked column", "diag_max_rel_err":
+               "largest |diag - reference| / |reference|", "nonfinite": "non-finite entries", "cases": "cases"}
+
+    def measure(self, impl, ctx, params):
+        import math
+
+        import torch
+
+        from engine.kinds import calls
+
+        wrt = params["wrt"]
+        agg = {"offdiag_max_abs": 0.0, "masked_grad_max_abs": 0.0, "nonfinite": 0}
+        if params.get("diagonal_reference"):
+            agg["diag_max_rel_err"] = 0.0
+        n = 0
+        for case, drawn, _ in calls.cases(ctx, params):
+            n += 1
+            t = calls.cast_all(ctx, drawn)
+            x0 = t[wrt]
+
+            def f(x):
+                return calls.call(impl, params, {**t, wrt: x})
+
+            jac = torch.autograd.functional.jacobian(f, x0)
+            out_shape, in_shape = f(x0).shape, x0.shape
+            J = jac.detach().to("cpu", torch.float64).reshape(math.prod(out_shape), math.prod(in_shape))
+            nonfinite = int((~torch.isfinite(J)).sum())
+            J = torch.nan_to_num(J, nan=math.inf)
+            allowed = torch.zeros_like(J, dtype=torch.bool)
+            if params["structure"] == "diagonal" and J.shape[0] == J.shape[1]:
+                allowed = torch.eye(J.shape[0], dtype=torch.bool)
+            elif params["structure"] == "row_block":
+                rows_out = torch.arange(J.shape[0]) // max(math.prod(out_shape[1:]), 1)
+                rows_in = torch.arange(J.shape[1]) // max(math.prod(in_shape[1:]), 1)
+                allowed = rows_out[:, None] == rows_in[None, :]
+            elif params["structure"] == "masked_only":
+                allowed = torch.ones_like(J, dtype=torch.bool)
+            masked_cols = torch.zeros(J.shape[1], dtype=torch.bool)
+            if params.get("mask"):
+                masked_cols = ~drawn[params["mask"]].to(torch.bool).reshape(-1)
+            off, w_off = calls.worst(torch.where(allowed, torch.zeros_like(J), J.abs()))
+            mg, w_m = calls.worst(torch.where(masked_cols[None, :], J.abs(), torch.zeros_like(J)))
+            m = {"offdiag_max_abs": off, "masked_grad_max_abs": mg, "nonfinite": nonfinite}
+            w = {"offdiag_max_abs": w_off, "masked_grad_max_abs": w_m}
+            if params.get("diagonal_reference"):
+                want = calls.as64(calls.reference(params, t, params["diagonal_reference"])).reshape(-1)
+                diag = J.diagonal()
+                ok = ~torch.isnan(want)
+                err = torch.where(ok, (diag - want).abs() / want.abs().clamp_min(1e-300), torch.zeros_like(diag))
+                m["diag_max_rel_err"], w["diag_max_rel_err"] = calls.worst(err)
+            calls.log_case(ctx, case, drawn, m, w)
+            for k, v in m.items():
+                agg[k] = agg[k] + v if k == "nonfinite" else max(agg[k], v)
+        return {**agg, "cases": n}

@@ -1,0 +1,128 @@
+"""The declared-input generator: realises a spec's `inputs:` block, seeded per (seed, case).
+
+Everything is drawn in float64 on the CPU from a generator seeded by the run
+seed, the contract's `stream` and the case index alone, so case 5 of seed 43 is
+the same tensors on every device and when rerun by itself (`--case 5`).
+
+    inputs:
+      dims: {B: [1, 4], L: [2, 48]}             # an int, or [low, high] drawn per case (inclusive)
+      tensors:                                   # drawn in this order
+        logp: {shape: [B, L], dist: uniform, low: -3.01, high: -0.01}
+        old_logp: {shape: [B, L], dist: normal, std: 0.3, around: logp}
+        adv: {cycle: [{shape: [B], dist: normal}, {shape: [B, L], dist: normal}]}
+        mask: {shape: [B, L], layout: response, prompt_max: 4, hole_prob: 0.1}
+      generator: tapo.rollout                    # optional: a method's named Python generator
+
+Distributions: normal (mean, std), uniform (low, high), signed (|x| uniform in
+[low, high], random sign), constant (value), integers (low, high). `around: X`
+adds input X. Mask layouts: response (a masked prompt of 0..prompt_max tokens,
+a response with holes of probability hole_prob, its first token kept, masked
+padding; `empty_rows: k` masks k whole rows), full (every slot valid).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from engine.errors import LookupFailure
+from engine.kinds.schema import INPUTS
+
+SCHEMA = INPUTS
+
+_GENERATORS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {}
+
+
+def generator(name: str) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+    """Register a method's named Python generator `fn(g, case, ctx, params) -> {name: tensor}`, for inputs the
+    YAML cannot say (a rollout of a policy, say)."""
+
+    def deco(fn: Callable[..., dict]) -> Callable[..., dict]:
+        if name in _GENERATORS:
+            raise ValueError(f"input generator {name!r} is registered twice")
+        _GENERATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def case_generator(seed: int, case: int, stream: int = 0) -> torch.Generator:
+    """The CPU generator for one case: depends on (seed, stream, case) only, so a case reruns alone."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed((seed * 1_000_003 + stream * 7_919 + case * 104_729) % (2**63 - 1))
+    return g
+
+
+def _dim(spec: Any, g: torch.Generator) -> int:
+    if isinstance(spec, int):
+        return spec
+    lo, hi = spec
+    return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+
+def _layout(g: torch.Generator, B: int, L: int, spec: dict) -> torch.Tensor:
+    if spec.get("layout") == "full" or L == 0:
+        mask = torch.ones(B, L, dtype=torch.bool)
+    else:
+        prompt_max, hole_prob = int(spec.get("prompt_max", 4)), float(spec.get("hole_prob", 0.1))
+        mask = torch.zeros(B, L, dtype=torch.bool)
+        for b in range(B):
+            p = int(torch.randint(0, min(prompt_max, L - 1) + 1, (1,), generator=g))
+            r = int(torch.randint(1, L - p + 1, (1,), generator=g))
+            mask[b, p: p + r] = True
+            holes = torch.rand(r, generator=g) < hole_prob
+            holes[0] = False  # at least one valid token per row
+            mask[b, p: p + r] &= ~holes
+    for b in range(min(int(spec.get("empty_rows", 0)), B)):
+        mask[b] = False
+    return mask
+
+
+def _tensor(spec: dict, shape: list[int], g: torch.Generator, drawn: dict[str, torch.Tensor]) -> torch.Tensor:
+    if "layout" in spec or spec.get("dtype") == "bool":
+        return _layout(g, shape[0], shape[1] if len(shape) > 1 else 1, spec).reshape(shape)
+    dist = spec.get("dist", "normal")
+    f64 = torch.float64
+    if dist == "normal":
+        x = spec.get("mean", 0.0) + spec.get("std", 1.0) * torch.randn(*shape, generator=g, dtype=f64)
+    elif dist == "uniform":
+        lo, hi = spec.get("low", 0.0), spec.get("high", 1.0)
+        x = lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=f64)
+    elif dist == "signed":
+        sign = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0).to(f64)
+        lo, hi = spec.get("low", 0.0), spec.get("high", 1.0)
+        x = sign * (lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=f64))
+    elif dist == "integers":
+        x = torch.randint(int(spec.get("low", 0)), int(spec.get("high", 2)) + 1, tuple(shape), generator=g)
+        return x
+    else:
+        x = torch.full(tuple(shape), float(spec.get("value", 0.0)), dtype=f64)
+    if "around" in spec:
+        x = drawn[spec["around"]].to(f64) + x
+    return x
+
+
+def draw(inputs: dict[str, Any], seed: int, case: int, ctx: Any = None) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """The inputs of one case ({name: float64/bool CPU tensor}) and the dims drawn for it."""
+    g = case_generator(seed, case, int(inputs.get("stream", 0)))
+    if "generator" in inputs:
+        try:
+            fn = _GENERATORS[inputs["generator"]]
+        except KeyError:
+            raise LookupFailure(f"no input generator named {inputs['generator']!r}; "
+                                f"valid: {', '.join(sorted(_GENERATORS)) or '(none registered)'}") from None
+        out = fn(g, case, ctx, inputs)
+        return out, {k: int(v) for k, v in out.pop("__dims__", {}).items()}
+    dims = {name: _dim(s, g) for name, s in (inputs.get("dims") or {}).items()}
+    drawn: dict[str, torch.Tensor] = {}
+    for name, spec in inputs["tensors"].items():
+        if "cycle" in spec:
+            spec = spec["cycle"][case % len(spec["cycle"])]
+        shape = [d if isinstance(d, int) else dims[d] for d in spec.get("shape", [])]
+        drawn[name] = _tensor(spec, shape, g, drawn)
+    return drawn, dims
+
+
+def shapes(drawn: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+    return {k: list(v.shape) for k, v in drawn.items() if isinstance(v, torch.Tensor)}

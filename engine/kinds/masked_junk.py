@@ -1,0 +1,115 @@
+"""masked_junk: junk in masked slots (and extra padding columns) changes no output and no gradient, bit for bit."""
+
+from __future__ import annotations
+
+from engine.kinds.base import CALL, CALL_REQUIRED, NAME, Kind, kind
+
+CALLS = {"type": "array", "minItems": 1, "maxItems": 8, "items": {
+    "type": "object", "additionalProperties": False, "required": ["function", "args"],
+    "properties": {"function": NAME, "args": CALL["args"], "kwargs": CALL["kwargs"], "output": CALL["output"]}}}
+
+
+@kind
+class MaskedJunk(Kind):
+    name = "masked_junk"
+    description = ("NaN and +-1e4 (or the declared junk) in the masked slots of named arguments, and extra padding "
+                   "columns, change no output value and no gradient bit for bit; gradients at masked slots are 0.")
+    parameters = {**CALL,
+                  "calls": {**CALLS, "description": "several calls on the same inputs (default: the one call)"},
+                  "mask": {**NAME, "description": "the input whose False slots are masked"},
+                  "junk_args": {"type": "array", "minItems": 1, "items": NAME},
+                  "junk": {"type": "array", "minItems": 1, "items": {"oneOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}]}},
+                  "grad_wrt": {"type": "array", "items": NAME},
+                  "pad_columns": {"type": "integer", "minimum": 0, "maximum": 64}}
+    required = ["inputs", "mask", "junk_args"]
+    metrics = {"value_max_abs_diff": "largest output change", "grad_max_abs_diff": "largest gradient change",
+               "masked_grad_max_abs": "largest gradient at a masked slot", "nonfinite": "non-finite outputs",
+               "cases": "cases"}
+
+    def measure(self, impl, ctx, params):
+        import torch
+
+        from engine.kinds import calls
+
+        junk = [float(j) for j in params.get("junk", ["nan", 1.0e4, -1.0e4])]
+        wrt = list(params.get("grad_wrt") or [])
+        plan = params.get("calls") or [{k: params[k] for k in ("function", "args", "kwargs", "output") if k in params}]
+        mask_name, pad = params["mask"], int(params.get("pad_columns", 0))
+        agg = {"value_max_abs_diff": 0.0, "grad_max_abs_diff": 0.0, "masked_grad_max_abs": 0.0, "nonfinite": 0}
+        n = 0
+
+        def run(t):
+            t = dict(t)
+            for k in wrt:
+                t[k] = t[k].clone().requires_grad_(True)
+            outs, grads = [], []
+            for c in plan:
+                out = calls.call(impl, c, t)
+                outs.append(out.detach())
+                if wrt and out.requires_grad:
+                    grads.append(calls.grad_of(out, [t[k] for k in wrt]))
+            return outs, grads
+
+        for case, drawn, _ in calls.cases(ctx, params):
+            n += 1
+            mask = drawn[mask_name]
+            pattern = case % (len(junk) + 1)
+            if pattern < len(junk):
+                fill = torch.full(mask.shape, junk[pattern], dtype=torch.float64)
+            else:
+                g = torch.Generator().manual_seed(ctx.seed * 31 + case)
+                fill = torch.tensor(junk, dtype=torch.float64)[torch.randint(0, len(junk), mask.shape, generator=g)]
+            dirty = dict(drawn)
+            for k in params["junk_args"]:
+                x = drawn[k]
+                m = mask if x.shape == mask.shape else mask.any(dim=-1) if x.shape == mask.shape[:-1] else mask
+                f = fill if x.shape == mask.shape else fill[..., 0]
+                dirty[k] = torch.where(m, x, f)
+            if pad:
+                padded = {}
+                for k, x in dirty.items():
+                    if x.dim() == mask.dim() and x.shape == mask.shape:
+                        extra = torch.zeros(*x.shape[:-1], pad, dtype=x.dtype) if x.dtype == torch.bool else \
+                            torch.full((*x.shape[:-1], pad), junk[case % len(junk)], dtype=x.dtype)
+                        padded[k] = torch.cat([x, extra], dim=-1)
+                    else:
+                        padded[k] = x
+                dirty = padded
+            o0, g0 = run(calls.cast_all(ctx, drawn))
+            o1, g1 = run(calls.cast_all(ctx, dirty))
+            L = mask.shape[-1]
+            m_dev = calls.on_device(ctx, mask)
+            vd = gd = mg = 0.0
+            where = {}
+            nonfinite = 0
+            for a, b in zip(o0, o1):
+                if pad and b.dim() and b.shape[-1] == L + pad:
+                    b = b[..., :L]
+                nonfinite += int((~torch.isfinite(b)).sum()) if a.dim() == 0 else int((~torch.isfinite(torch.where(m_dev, b, torch.zeros_like(b)))).sum()) if b.shape == mask.shape else int((~torch.isfinite(b)).sum())
+                if b.shape == mask.shape:  # masked outputs are free; only valid positions are compared
+                    d = torch.where(m_dev, (b - a).abs(), torch.zeros_like(a)) + torch.where(m_dev, torch.zeros_like(a), (b - a).abs() * 0)
+                else:
+                    d = (b.to(torch.float64) - a.to(torch.float64)).abs()
+                v, w = calls.worst(d)
+                if v >= vd:
+                    vd, where["value_max_abs_diff"] = v, w
+            for ga, gb in zip(g0, g1):
+                for name, a, b in zip(wrt, ga, gb):
+                    if pad and b.shape[-1] == L + pad:
+                        tail, b = b[..., L:], b[..., :L]
+                        t, tw = calls.worst(tail.abs())
+                        mg = max(mg, t)
+                    v, w = calls.worst((b.to(torch.float64) - a.to(torch.float64)).abs())
+                    if v >= gd:
+                        gd, where["grad_max_abs_diff"] = v, {name: w}
+                    nonfinite += int((~torch.isfinite(b)).sum())
+                    if b.shape == mask.shape:
+                        v, w = calls.worst(torch.where(m_dev, torch.zeros_like(b), b).abs())
+                        if v >= mg:
+                            mg, where["masked_grad_max_abs"] = v, {name: w}
+            m = {"value_max_abs_diff": vd, "grad_max_abs_diff": gd, "masked_grad_max_abs": mg, "nonfinite": nonfinite}
+            calls.log_case(ctx, case, drawn, m, where, argument=f"junk {['%g' % j for j in junk][pattern] if pattern < len(junk) else 'mixed'}"
+                           + (f", {pad} padding columns" if pad else ""))
+            for k, v in m.items():
+                agg[k] = agg[k] + v if k == "nonfinite" else max(agg[k], v)
+        return {**agg, "cases": n}

@@ -1,0 +1,130 @@
+"""refusal: a table of argument mutations, each refused with the declared exception; edge inputs accepted."""
+
+from __future__ import annotations
+
+from engine.kinds.base import CALL, CALL_REQUIRED, NAME, Kind, kind
+
+MUTATION = {
+    "type": "object", "additionalProperties": False, "required": ["arg"],
+    "properties": {
+        "arg": {"type": "string", "description": "input name, kwarg name, or argument position as a string"},
+        "value": {"description": "replace the argument by this literal"},
+        "fill": {"oneOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}],
+                 "description": "write this into the argument (all of it, or `at`)"},
+        "at": {"enum": ["all", "first_valid", "row0"], "description": "where `fill` goes (first_valid: the "
+               "first True slot of `mask`)"},
+        "empty": {"enum": ["columns", "mask"], "description": "zero-width last dim / an all-False mask"},
+        "cast": {"enum": ["long", "float", "bool"]},
+        "raises": {"enum": ["ValueError", "TypeError", "RuntimeError", "any"]},
+        "match": {"type": "string", "description": "a word the message must contain (case-insensitive)"},
+        "note": {"type": "string"},
+    },
+}
+
+
+@kind
+class Refusal(Kind):
+    name = "refusal"
+    description = ("A table of argument mutations (OpInfo's error inputs), each of which must raise the declared "
+                   "exception (and name the declared word), and a table of edge inputs that must be accepted.")
+    parameters = {**CALL,
+                  "mask": NAME,
+                  "refuse": {"type": "array", "items": {"oneOf": [MUTATION, {"type": "array", "items": MUTATION}]}},
+                  "accept": {"type": "array", "items": {"oneOf": [MUTATION, {"type": "array", "items": MUTATION}]}}}
+    required = CALL_REQUIRED
+    metrics = {"refused": "mutations refused as declared", "not_refused": "mutations that were not",
+               "accepted": "edge inputs accepted", "wrongly_refused": "edge inputs refused", "cases": "rows"}
+
+    def measure(self, impl, ctx, params):
+        import torch
+
+        from engine.kinds import calls
+
+        errors = {"ValueError": ValueError, "TypeError": TypeError, "RuntimeError": RuntimeError,
+                  "any": Exception}
+        from engine.kinds import inputs as inputs_mod
+
+        drawn, _ = inputs_mod.draw(params["inputs"], ctx.seed, 0, ctx)
+        base = calls.cast_all(ctx, drawn)
+        mask = drawn.get(params.get("mask") or "mask")
+        counts = {"refused": 0, "not_refused": 0, "accepted": 0, "wrongly_refused": 0}
+
+        def mutate(muts):
+            t = dict(base)
+            kw = dict(params.get("kwargs") or {})
+            p = {**params, "kwargs": kw}
+            for mu in (muts if isinstance(muts, list) else [muts]):
+                a = mu["arg"]
+                if a not in t and a not in [x for x in params.get("args", []) if isinstance(x, str)]:
+                    if "value" in mu:
+                        kw[a] = {"value": mu["value"]}
+                        continue
+                if "value" in mu:
+                    if a in t:
+                        t[a] = mu["value"]
+                    continue
+                x = t[a]
+                if "fill" in mu:
+                    x = x.clone()
+                    v = float(mu["fill"])
+                    at = mu.get("at", "all")
+                    if at == "all":
+                        x.fill_(v)
+                    elif at == "row0":
+                        x[0] = v
+                    else:
+                        pos = mask.nonzero()[0].tolist()
+                        if x.dim() == 1:
+                            x[pos[0]] = v
+                        else:
+                            x[tuple(pos)] = v
+                if mu.get("empty") == "columns":
+                    x = x[..., :0]
+                elif mu.get("empty") == "mask":
+                    x = torch.zeros_like(x)
+                if mu.get("cast"):
+                    x = x.to({"long": torch.int64, "float": ctx.dtype, "bool": torch.bool}[mu["cast"]])
+                t[a] = x
+            if any(isinstance(mu, dict) and mu.get("empty") == "columns" for mu in (muts if isinstance(muts, list) else [muts])):
+                t = {k: (v[..., :0] if isinstance(v, torch.Tensor) and mask is not None and v.shape == mask.shape else v)
+                     for k, v in t.items()}
+            return p, t
+
+        def describe(muts):
+            muts = muts if isinstance(muts, list) else [muts]
+            return "; ".join(mu.get("note") or ", ".join(f"{k}={v}" for k, v in mu.items()) for mu in muts)
+
+        only = getattr(ctx, "only_case", None)
+        row = -1
+        for table, refusing in (("refuse", True), ("accept", False)):
+            for muts in params.get(table) or []:
+                row += 1
+                if only is not None and row != only:
+                    continue
+                p, t = mutate(muts)
+                first = (muts if isinstance(muts, list) else [muts])[0]
+                want = errors[first.get("raises", "ValueError")]
+                outcome, message = "accepted", ""
+                try:
+                    out = calls.call(impl, p, t, output=None)
+                    if hasattr(out, "__next__"):
+                        next(out)
+                except want as e:
+                    outcome, message = "raised", str(e)
+                except Exception as e:  # noqa: BLE001 - another exception type is not the documented refusal
+                    outcome, message = f"raised {type(e).__name__}", str(e)
+                if refusing:
+                    ok = outcome == "raised" and first.get("match", "").lower() in message.lower()
+                    counts["refused" if ok else "not_refused"] += 1
+                    metric = "not_refused"
+                else:
+                    ok = outcome == "accepted"
+                    counts["accepted" if ok else "wrongly_refused"] += 1
+                    metric = "wrongly_refused"
+                log = getattr(ctx, "case_log", None)
+                if log is not None:
+                    log.append({"seed": ctx.seed, "case": row, "shapes": {k: list(v.shape) for k, v in t.items()
+                                                                         if isinstance(v, torch.Tensor)},
+                                "metrics": {metric: 0 if ok else 1}, "argument": f"{table}: {describe(muts)}"
+                                + ("" if ok else f" ({outcome})")})
+        return {**counts, "cases": row + 1}

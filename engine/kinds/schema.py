@@ -1,0 +1,40 @@
+"""The JSON Schema of a contract's `inputs:` block (torch-free: validate reads it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+INPUTS: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["tensors"],
+    "properties": {
+        "dims": {"type": "object", "additionalProperties": {
+            "oneOf": [{"type": "integer", "minimum": 0},
+                      {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer", "minimum": 0}}]}},
+        "tensors": {"type": "object", "minProperties": 1, "maxProperties": 16,
+                    "additionalProperties": {"$ref": "#/$defs/tensor"}},
+        "generator": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$"},
+        "stream": {"type": "integer", "minimum": 0},
+    },
+    "$defs": {
+        "tensor": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "cycle": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/tensor"}},
+                "shape": {"type": "array", "maxItems": 6, "items": {"oneOf": [
+                    {"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}]}},
+                "dist": {"enum": ["normal", "uniform", "signed", "constant", "integers"]},
+                "mean": {"type": "number"}, "std": {"type": "number", "minimum": 0},
+                "low": {"type": "number"}, "high": {"type": "number"}, "value": {"type": "number"},
+                "around": {"type": "string"},
+                "layout": {"enum": ["response", "full"]},
+                "prompt_max": {"type": "integer", "minimum": 0},
+                "hole_prob": {"type": "number", "minimum": 0, "maximum": 1},
+                "empty_rows": {"type": "integer", "minimum": 0},
+                "dtype": {"enum": ["float", "bool", "long"]},
+            },
+        }
+    },
+}

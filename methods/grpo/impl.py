@@ -1,0 +1,6 @@
+"""The GRPO implementation bundle that checks receive (or a mutant of it); the control arm calls these too."""
+
+from engine.spec import registry
+from methods.grpo.loss import group_advantages, grpo_loss
+
+IMPL = registry.implementation("grpo", group_advantages=group_advantages, grpo_loss=grpo_loss)

@@ -1,0 +1,254 @@
+"""Known-bad GRPO variants, one deliberate defect each (the bugs public GRPO code has shipped); every one must be
+killed. A loss defect rebuilds the loss from one broken part with `build_grpo_loss`."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.spec import registry
+from methods.grpo import loss as L
+from methods.grpo.impl import IMPL
+
+
+def _loss(name, **parts):
+    return IMPL.replace(name, grpo_loss=L.build_grpo_loss(**parts))
+
+
+# --- ratio ------------------------------------------------------------------------------------------------------
+
+
+def _with_surrogate(name, surrogate=L.clipped_surrogate, guard=True):
+    def surrogate_fn(lr, a, m, lo, hi, dual, clamp):
+        return L.composed_surrogate(lr, a, m, lo, hi, dual, clamp, surrogate=surrogate, guard=guard)
+
+    return _loss(name, surrogate_fn=surrogate_fn)
+
+
+@registry.mutant("grpo.no_ratio_guard", base="grpo")
+def no_ratio_guard():
+    """The log-ratio is exponentiated unclamped: a large drift overflows to inf and NaN (OpenRLHF PR #1293)."""
+    return _with_surrogate("grpo.no_ratio_guard", guard=False)
+
+
+@registry.mutant("grpo.mask_by_multiply", base="grpo")
+def mask_by_multiply():
+    """Masked slots zeroed by multiplying with the mask: NaN * 0 = NaN leaks (OpenRLHF PR #1240)."""
+    return _loss("grpo.mask_by_multiply",
+                 ratio_fn=lambda logp, old, m, cdt: (logp.to(cdt) - old.detach().to(cdt)) * m.to(cdt))
+
+
+@registry.mutant("grpo.ratio_detached", base="grpo")
+def ratio_detached():
+    """The ratio under stop-gradient: the loss value is right, no gradient reaches the policy."""
+    return _loss("grpo.ratio_detached", ratio_fn=lambda logp, old, m, cdt: L.log_ratio(logp, old, m, cdt).detach())
+
+
+# --- surrogate ----------------------------------------------------------------------------------------------------
+
+
+@registry.mutant("grpo.symmetric_clip", base="grpo")
+def symmetric_clip():
+    """Both bounds from clip_low: [1 - eps_low, 1 + eps_low] where the declared bounds differ."""
+    return _with_surrogate("grpo.symmetric_clip",
+                           lambda ratio, a, lo, hi, dual: L.clipped_surrogate(ratio, a, lo, 2.0 - lo, dual))
+
+
+@registry.mutant("grpo.clip_no_upper", base="grpo")
+def clip_no_upper():
+    """The clip drops its upper bound: r is only clamped from below."""
+    return _with_surrogate("grpo.clip_no_upper",
+                           lambda ratio, a, lo, hi, dual: L.clipped_surrogate(ratio, a, lo, float("inf"), dual))
+
+
+@registry.mutant("grpo.max_not_min", base="grpo")
+def max_not_min():
+    """Optimistic max instead of PPO's pessimistic min."""
+    def surrogate(ratio, a, lo, hi, dual):
+        out = torch.minimum(ratio * -a, ratio.clamp(lo, hi) * -a)
+        if dual is not None:
+            out = torch.where(a < 0, torch.minimum(out, a * -float(dual)), out)
+        return out
+
+    return _with_surrogate("grpo.max_not_min", surrogate)
+
+
+@registry.mutant("grpo.dual_clip_positive", base="grpo")
+def dual_clip_positive():
+    """The dual clip's cap -c A applied to every token, not only where A < 0: a positive advantage's loss becomes
+    the constant -c A (no gradient)."""
+    def surrogate(ratio, a, lo, hi, dual):
+        out = L.clipped_surrogate(ratio, a, lo, hi, None)
+        return out if dual is None else torch.minimum(out, a * -float(dual))
+
+    return _with_surrogate("grpo.dual_clip_positive", surrogate)
+
+
+@registry.mutant("grpo.kl_dropped", base="grpo")
+def kl_dropped():
+    """The KL term is computed but not added (beta ignored)."""
+    def kl(logp, ref_logp, m, cdt):
+        return L.k3_kl(logp, ref_logp, m, cdt) * 0.0
+
+    return _loss("grpo.kl_dropped", kl_fn=kl)
+
+
+@registry.mutant("grpo.kl_reversed", base="grpo")
+def kl_reversed():
+    """k3 with the ratio the wrong way up: pi/pi_ref - log(pi/pi_ref) - 1."""
+    def kl(logp, ref_logp, m, cdt):
+        zero = torch.zeros((), dtype=cdt, device=logp.device)
+        d = torch.where(m, logp.to(cdt) - ref_logp.detach().to(cdt), zero)
+        return d.exp() - d - 1.0
+
+    return _loss("grpo.kl_reversed", kl_fn=kl)
+
+
+# --- aggregation --------------------------------------------------------------------------------------------------
+
+
+@registry.mutant("grpo.mean_over_padded", base="grpo")
+def mean_over_padded():
+    """Token mean over the padded length: divided by B * L instead of the valid tokens."""
+    def agg(per_token, m, mode, n_row, norm_length):
+        if mode == "token-mean":
+            return per_token.sum() / float(m.numel())
+        return L.aggregate(per_token, m, mode, n_row, norm_length)
+
+    return _loss("grpo.mean_over_padded", aggregate_fn=agg)
+
+
+@registry.mutant("grpo.per_response_mean", base="grpo")
+def per_response_mean():
+    """The token mean replaced by the mean over responses of each response's token mean."""
+    def agg(per_token, m, mode, n_row, norm_length):
+        return L.aggregate(per_token, m, "seq-mean-token-mean" if mode == "token-mean" else mode, n_row,
+                           norm_length)
+
+    return _loss("grpo.per_response_mean", aggregate_fn=agg)
+
+
+@registry.mutant("grpo.ignores_agg", base="grpo")
+def ignores_agg():
+    """The aggregation argument is ignored: always the token mean."""
+    def agg(per_token, m, mode, n_row, norm_length):
+        return L.aggregate(per_token, m, "token-mean", n_row, norm_length)
+
+    return _loss("grpo.ignores_agg", aggregate_fn=agg)
+
+
+@registry.mutant("grpo.empty_row_nan", base="grpo")
+def empty_row_nan():
+    """seq-mean-token-mean divides each row by its token count unguarded: an empty row gives 0/0 = NaN."""
+    def agg(per_token, m, mode, n_row, norm_length):
+        if mode == "seq-mean-token-mean":
+            return (per_token.sum(dim=-1) / n_row.to(per_token.dtype)).mean()
+        return L.aggregate(per_token, m, mode, n_row, norm_length)
+
+    return _loss("grpo.empty_row_nan", aggregate_fn=agg)
+
+
+@registry.mutant("grpo.empty_rows_counted", base="grpo")
+def empty_rows_counted():
+    """Empty rows count in the mean over responses (seq-mean modes divide by B)."""
+    def agg(per_token, m, mode, n_row, norm_length):
+        if mode == "seq-mean-token-mean":
+            return (per_token.sum(dim=-1) / n_row.clamp_min(1).to(per_token.dtype)).mean()
+        if mode == "seq-mean-token-sum-norm":
+            return per_token.sum() / (m.shape[0] * float(m.shape[-1] if norm_length is None else norm_length))
+        return L.aggregate(per_token, m, mode, n_row, norm_length)
+
+    return _loss("grpo.empty_rows_counted", aggregate_fn=agg)
+
+
+# --- group advantages ---------------------------------------------------------------------------------------------
+
+
+def _rows(rewards, group_size, mask):
+    keep = torch.ones_like(rewards, dtype=torch.bool) if mask is None else (
+        mask.bool().any(dim=-1) if mask.dim() == 2 else mask.bool())
+    return rewards.detach().double(), keep
+
+
+@registry.mutant("grpo.adv_not_std_normalised", base="grpo")
+def adv_not_std_normalised():
+    """Group advantages centred but not divided by the group std."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        r, keep = _rows(rewards, group_size, mask)
+        scaled = L.group_advantages(rewards, group_size, eps, mask=mask).double()
+        g = torch.where(keep, r, 0.0).reshape(-1, group_size)
+        k = keep.reshape(-1, group_size)
+        mean = g.sum(1, keepdim=True) / k.sum(1, keepdim=True).clamp_min(1)
+        out = torch.where(k, g - mean, 0.0).reshape(-1)
+        return torch.where(scaled != 0, out, 0.0).to(rewards.dtype)
+
+    return IMPL.replace("grpo.adv_not_std_normalised", group_advantages=group_advantages)
+
+
+@registry.mutant("grpo.adv_batch_normalised", base="grpo")
+def adv_batch_normalised():
+    """Advantages normalised over the whole batch instead of per group."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        L.group_advantages(rewards, group_size, eps, mask=mask)  # the same refusals
+        return L.group_advantages(rewards, rewards.shape[0], eps, mask=mask)
+
+    return IMPL.replace("grpo.adv_batch_normalised", group_advantages=group_advantages)
+
+
+@registry.mutant("grpo.adv_counts_masked_rows", base="grpo")
+def adv_counts_masked_rows():
+    """Fully masked responses still move their group's mean and std (verl PR #6452)."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        _, keep = _rows(rewards, group_size, mask)
+        out = L.group_advantages(rewards, group_size, eps)
+        return torch.where(keep, out, torch.zeros_like(out))
+
+    return IMPL.replace("grpo.adv_counts_masked_rows", group_advantages=group_advantages)
+
+
+@registry.mutant("grpo.adv_one_pass_variance", base="grpo")
+def adv_one_pass_variance():
+    """The variance as E[x^2] - E[x]^2 in float32: low-variance groups get shrunken advantages (verl PR #6348)."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        ref = L.group_advantages(rewards, group_size, eps, mask=mask)
+        _, keep = _rows(rewards, group_size, mask)
+        r = torch.where(keep, rewards.detach().float(), 0.0).reshape(-1, group_size)
+        k = keep.reshape(-1, group_size)
+        n = k.sum(1, keepdim=True).clamp_min(1).float()
+        mean = r.sum(1, keepdim=True) / n
+        var = ((r * r).sum(1, keepdim=True) / n - mean * mean).clamp_min(0)
+        out = torch.where(k, (r - mean) / (var.sqrt() + eps), 0.0).reshape(-1)
+        return torch.where(ref != 0, out.to(rewards.dtype), ref)
+
+    return IMPL.replace("grpo.adv_one_pass_variance", group_advantages=group_advantages)
+
+
+# --- precision and refusals -----------------------------------------------------------------------------------------
+
+
+@registry.mutant("grpo.loss_in_input_dtype", base="grpo")
+def loss_in_input_dtype():
+    """The loss handed back in the input's dtype: a bfloat16/float16 call rounds the loss to 8/11 bits."""
+    def grpo_loss(logp, *args, **kwargs):
+        loss, metrics = L.grpo_loss(logp, *args, **kwargs)
+        return loss.to(logp.dtype), metrics
+
+    return IMPL.replace("grpo.loss_in_input_dtype", grpo_loss=grpo_loss)
+
+
+@registry.mutant("grpo.clip_unchecked", base="grpo")
+def clip_unchecked():
+    """Out-of-range clip bounds are silently clamped into range instead of refused."""
+    def grpo_loss(*args, clip_low=0.2, clip_high=0.2, **kwargs):
+        return L.grpo_loss(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
+                           **kwargs)
+
+    return IMPL.replace("grpo.clip_unchecked", grpo_loss=grpo_loss)
+
+
+@registry.mutant("grpo.group_size_unchecked", base="grpo")
+def group_size_unchecked():
+    """group_advantages coerces group_size with int(): True becomes 1, 2.5 becomes 2, silently."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        return L.group_advantages(rewards, max(int(group_size), 1), eps, mask=mask)
+
+    return IMPL.replace("grpo.group_size_unchecked", group_advantages=group_advantages)

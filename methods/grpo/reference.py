@@ -1,0 +1,166 @@
+"""Independent float64 references for GRPO: plain Python loops over floats.
+
+Nothing here calls the implementation or torch arithmetic; inputs arrive as nested lists (tensor.tolist() after a
+cast to float64) and every formula is written out from DeepSeekMath (arXiv 2402.03300) again, with the choices
+specs/grpo.yaml declares (population std, fully masked responses out of the group statistics, a log-ratio clamp
+whose binding tokens pass no gradient, empty rows in no mean).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def group_advantages(rewards: list[float], group_size: int, eps: float = 1e-6,
+                     keep: list[bool] | None = None) -> list[float]:
+    """(R - group mean) / (group std + eps) per consecutive group, counted rows only; others get 0."""
+    keep = [True] * len(rewards) if keep is None else keep
+    out = [0.0] * len(rewards)
+    for start in range(0, len(rewards), group_size):
+        idx = [i for i in range(start, start + group_size) if keep[i]]
+        if not idx:
+            continue
+        vals = [rewards[i] for i in idx]
+        if max(vals) == min(vals):
+            continue  # all equal (a group of one included): exactly 0
+        mean = math.fsum(vals) / len(vals)
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / len(vals))
+        for i in idx:
+            out[i] = (rewards[i] - mean) / (std + eps)
+    return out
+
+
+def token_terms(logp, old, adv, mask, *, clip_low, clip_high, dual_clip=None, ref=None, beta=0.0,
+                clamp=20.0, margin=1e-9):
+    """Per valid token (b, t): (term, d term / d logp_t, near) with `near` True where the active branch is
+    ambiguous in finite precision (the ratio within `margin` of a bound, the dual cap or the clamp)."""
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    out = {}
+    for b, (lrow, orow, arow, mrow) in enumerate(zip(logp, old, adv, mask)):
+        for t, (l, o, a, v) in enumerate(zip(lrow, orow, arow, mrow)):
+            if not v:
+                continue
+            x = l - o
+            near = abs(abs(x) - clamp) <= margin * clamp
+            if x > clamp or x < -clamp:
+                x, dr = max(-clamp, min(clamp, x)), 0.0  # the clamp binds: a constant ratio
+            else:
+                dr = 1.0
+            r = math.exp(x)
+            dr *= r
+            c = min(max(r, lo), hi)
+            near = near or abs(r - lo) <= margin * lo or abs(r - hi) <= margin * hi
+            term = max(-r * a, -c * a)
+            # the clipped branch is the larger loss, and constant, when r is outside on A's side
+            g = 0.0 if (a > 0 and r > hi) or (a < 0 and r < lo) else -a * dr
+            if dual_clip is not None and a < 0:
+                cap = -dual_clip * a
+                near = near or abs(term - cap) <= margin * cap
+                if term > cap:
+                    term, g = cap, 0.0
+            if beta:
+                d = ref[b][t] - l
+                term += beta * (math.exp(d) - d - 1.0)
+                g += beta * (1.0 - math.exp(d))
+            out[(b, t)] = (term, g, near)
+    return out
+
+
+def weights(mask, agg: str, norm_length: int | None = None) -> dict:
+    """The weight of each valid token's term in the loss under `agg`."""
+    counts = [sum(1 for v in row if v) for row in mask]
+    n = sum(counts)
+    rows = sum(1 for c in counts if c)
+    length = len(mask[0]) if norm_length is None else norm_length
+    w = {}
+    for b, row in enumerate(mask):
+        for t, v in enumerate(row):
+            if not v:
+                continue
+            if agg == "token-mean":
+                w[(b, t)] = 1.0 / n
+            elif agg == "seq-mean-token-mean":
+                w[(b, t)] = 1.0 / (counts[b] * rows)
+            elif agg == "seq-mean-token-sum-norm":
+                w[(b, t)] = 1.0 / (rows * length)
+            else:
+                raise ValueError(agg)
+    return w
+
+
+def loss_and_grad(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None, ref=None, beta=0.0,
+                  agg="token-mean", norm_length=None, clamp=20.0, margin=1e-9):
+    """(loss, grad rows [B][L], near rows [B][L], scale) of the GRPO loss; `adv` is [B][L] (broadcast a [B] one
+    first). scale = the weighted sum of |term|, the size a rounding error of the loss is relative to."""
+    terms = token_terms(logp, old, adv, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ref=ref,
+                        beta=beta, clamp=clamp, margin=margin)
+    w = weights(mask, agg, norm_length)
+    loss = math.fsum(w[k] * terms[k][0] for k in terms)
+    scale = math.fsum(w[k] * abs(terms[k][0]) for k in terms)
+    grad = [[0.0] * len(row) for row in mask]
+    near = [[False] * len(row) for row in mask]
+    for (b, t), (_, g, nr) in terms.items():
+        grad[b][t] = w[(b, t)] * g
+        near[b][t] = nr
+    return loss, grad, near, scale
+
+
+# --- the same loops, registered for the generic kinds (engine/kinds) ------------------------------------------
+
+
+def _register() -> None:
+    import torch
+
+    from engine.spec import registry
+
+    def lists(logp, old, advantages, mask):
+        m = mask.to(torch.bool)
+        lp = torch.where(m, logp, 0.0).tolist()  # junk in masked slots is not the reference's business
+        op = torch.where(m, old, 0.0).tolist()
+        a = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        return lp, op, torch.where(m, a, 0.0).tolist(), m.tolist()
+
+    def run(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None, ref_logp=None,
+            beta=0.0, agg="token-mean", norm_length=None, log_ratio_clamp=20.0):
+        lp, op, a, m = lists(logp, old_logp, advantages, mask)
+        ref = None if ref_logp is None else torch.where(mask.to(torch.bool), ref_logp, 0.0).tolist()
+        return loss_and_grad(lp, op, a, m, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ref=ref,
+                             beta=beta, agg=agg, norm_length=norm_length, clamp=log_ratio_clamp)
+
+    @registry.reference("grpo.loss")
+    def loss_tensor(*args, **kwargs):
+        """The GRPO loss as a float64 scalar tensor."""
+        return torch.tensor(run(*args, **kwargs)[0], dtype=torch.float64)
+
+    @registry.reference("grpo.loss_grad")
+    def loss_grad_tensor(*args, **kwargs):
+        """d loss / d logp [B, L]; NaN where the active branch is ambiguous in finite precision (a ratio within
+        1e-9 of a bound, the dual cap or the clamp), 0 at masked slots."""
+        _, grad, near, _ = run(*args, **kwargs)
+        g = torch.tensor(grad, dtype=torch.float64)
+        return torch.where(torch.tensor(near), torch.full_like(g, math.nan), g)
+
+    @registry.reference("grpo.group_advantages")
+    def advantages_tensor(rewards, group_size, eps=1e-6, *, mask=None):
+        keep = None if mask is None else (mask.to(torch.bool).any(-1) if mask.dim() == 2 else mask.to(torch.bool))
+        return torch.tensor(group_advantages(rewards.tolist(), group_size, eps,
+                                             None if keep is None else keep.tolist()), dtype=torch.float64)
+
+    @registry.reference("family.tapo_on_policy")
+    def tapo_on_policy(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, **_):
+        """TAPO's loss (methods/tapo) at logp == old_logp with eps_max = eps_min = the clip: on-policy TAPO is GRPO."""
+        from methods.tapo.objective import tapo_loss
+
+        return tapo_loss(logp, logp.detach().clone(), advantages, mask, clip_low, clip_high)[0].detach()
+
+    @registry.reference("family.tapo_on_policy_grad")
+    def tapo_on_policy_grad(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, **_):
+        from methods.tapo.objective import tapo_loss
+
+        x = logp.detach().clone().requires_grad_(True)
+        loss, _ = tapo_loss(x, logp.detach().clone(), advantages, mask, clip_low, clip_high)
+        (g,) = torch.autograd.grad(loss, x)
+        return g
+
+
+_register()

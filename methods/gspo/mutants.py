@@ -1,0 +1,135 @@
+"""Known-bad GSPO variants, one deliberate defect each; every one must be killed. Each rebuilds both functions from
+one broken part with `build_gspo`, so the ratio and the loss carry the same defect."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.spec import registry
+from methods.grpo.loss import clipped_surrogate
+from methods.gspo import loss as L
+from methods.gspo.impl import IMPL
+
+
+def _built(name, **parts):
+    sequence_ratio, gspo_loss = L.build_gspo(**parts)
+    return IMPL.replace(name, sequence_ratio=sequence_ratio, gspo_loss=gspo_loss)
+
+
+def _log_ratio(divide):
+    def log_ratio(logp, old_logp, m, cdt):
+        zero = torch.zeros((), dtype=cdt, device=logp.device)
+        lr = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
+        n_row = m.sum(dim=-1)
+        return lr.sum(dim=-1) / divide(n_row, m).to(cdt), n_row
+
+    return log_ratio
+
+
+@registry.mutant("gspo.no_length_norm", base="gspo")
+def no_length_norm():
+    """The sequence log-ratio summed, not averaged: s_i = pi/pi_old of the whole sequence (no 1/|y_i|)."""
+    return _built("gspo.no_length_norm", log_ratio_fn=_log_ratio(lambda n, m: torch.ones_like(n)))
+
+
+@registry.mutant("gspo.mean_over_padded", base="gspo")
+def mean_over_padded():
+    """The mean log-ratio taken over the padded length L instead of the response's valid tokens."""
+    return _built("gspo.mean_over_padded", log_ratio_fn=_log_ratio(lambda n, m: torch.full_like(n, m.shape[-1])))
+
+
+def _by_multiply(logp, old_logp, m, cdt):
+    lr = (logp.to(cdt) - old_logp.detach().to(cdt)) * m.to(cdt)
+    n_row = m.sum(dim=-1)
+    return lr.sum(dim=-1) / n_row.clamp_min(1).to(cdt), n_row
+
+
+@registry.mutant("gspo.mask_by_multiply", base="gspo")
+def mask_by_multiply():
+    """Masked slots zeroed by multiplying with the mask: NaN * 0 = NaN poisons the row (OpenRLHF PR #1240)."""
+    return _built("gspo.mask_by_multiply", log_ratio_fn=_by_multiply)
+
+
+@registry.mutant("gspo.no_ratio_guard", base="gspo")
+def no_ratio_guard():
+    """No clamp before exp: a large mean log-ratio overflows to inf."""
+    return _built("gspo.no_ratio_guard", clamp_fn=lambda log_s, clamp: log_s)
+
+
+@registry.mutant("gspo.symmetric_clip", base="gspo")
+def symmetric_clip():
+    """Both bounds from eps_low: [1 - 3e-4, 1 + 3e-4] instead of the paper's 3e-4 / 4e-4."""
+    return _built("gspo.symmetric_clip",
+                  surrogate_fn=lambda r, a, lo, hi, dual: clipped_surrogate(r, a, lo, 2.0 - lo, dual))
+
+
+@registry.mutant("gspo.clip_no_upper", base="gspo")
+def clip_no_upper():
+    """The clip drops its upper bound."""
+    return _built("gspo.clip_no_upper",
+                  surrogate_fn=lambda r, a, lo, hi, dual: clipped_surrogate(r, a, lo, float("inf"), dual))
+
+
+@registry.mutant("gspo.max_not_min", base="gspo")
+def max_not_min():
+    """Optimistic max instead of the pessimistic min."""
+    return _built("gspo.max_not_min",
+                  surrogate_fn=lambda r, a, lo, hi, dual: torch.minimum(r * -a, r.clamp(lo, hi) * -a))
+
+
+@registry.mutant("gspo.token_summed", base="gspo")
+def token_summed():
+    """Token form: the per-token terms summed over the response instead of averaged, weighting GSPO by length
+    (TRL #3823)."""
+    return _built("gspo.token_summed", row_fn=lambda per_token, n_row: per_token.sum(dim=-1))
+
+
+@registry.mutant("gspo.token_no_stop_gradient", base="gspo")
+def token_no_stop_gradient():
+    """Token form without sg on s_i: s_i,t = s_i * pi/sg[pi] passes s_i's own gradient too (s_i (1 + 1/|y_i|))."""
+    def token_ratio(logp, log_s, m, cdt):
+        zero = torch.zeros((), dtype=cdt, device=logp.device)
+        lp = logp.to(cdt)
+        return torch.where(m, lp - lp.detach(), zero) + log_s[:, None]
+
+    return _built("gspo.token_no_stop_gradient", token_ratio_fn=token_ratio)
+
+
+@registry.mutant("gspo.empty_row_nan", base="gspo")
+def empty_row_nan():
+    """The mean over responses divides by B and each row by its unguarded count: an empty row gives NaN."""
+    def log_ratio(logp, old_logp, m, cdt):
+        zero = torch.zeros((), dtype=cdt, device=logp.device)
+        lr = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
+        n_row = m.sum(dim=-1)
+        return lr.sum(dim=-1) / n_row.to(cdt), n_row
+
+    return _built("gspo.empty_row_nan", log_ratio_fn=log_ratio,
+                  row_fn=lambda per_token, n_row: per_token.sum(dim=-1) / n_row.to(per_token.dtype),
+                  mean_fn=lambda per_row, has, rows: per_row.mean())
+
+
+@registry.mutant("gspo.empty_rows_counted", base="gspo")
+def empty_rows_counted():
+    """Empty responses count in the mean over responses (divided by B)."""
+    return _built("gspo.empty_rows_counted", mean_fn=lambda per_row, has, rows: per_row.mean())
+
+
+@registry.mutant("gspo.loss_in_input_dtype", base="gspo")
+def loss_in_input_dtype():
+    """The loss handed back in the input's dtype: a bfloat16/float16 call rounds the loss."""
+    def gspo_loss(logp, *args, **kwargs):
+        loss, metrics = L.gspo_loss(logp, *args, **kwargs)
+        return loss.to(logp.dtype), metrics
+
+    return IMPL.replace("gspo.loss_in_input_dtype", gspo_loss=gspo_loss)
+
+
+@registry.mutant("gspo.clip_unchecked", base="gspo")
+def clip_unchecked():
+    """Out-of-range clip bounds are silently clamped into range instead of refused."""
+    def gspo_loss(*args, clip_low=3e-4, clip_high=4e-4, **kwargs):
+        return L.gspo_loss(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
+                           **kwargs)
+
+    return IMPL.replace("gspo.clip_unchecked", gspo_loss=gspo_loss)

@@ -1,0 +1,121 @@
+"""Independent float64 references for GSPO (arXiv 2507.18071): plain Python loops over floats.
+
+Inputs are nested lists (tensor.tolist() after a cast to float64); nothing here calls the implementation or torch
+arithmetic. The declared choices of specs/gspo.yaml: empty rows have s = 1 and count in no mean; log s is clamped
+above (a binding clamp passes no gradient); the loss is the mean over non-empty responses.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def sequence_ratio(logp, old, mask, clamp: float = 10.0) -> list[float]:
+    """s_i = exp(mean of logp - old over the row's valid tokens), clamped above; 1.0 for an empty row."""
+    out = []
+    for lrow, orow, mrow in zip(logp, old, mask):
+        d = [l - o for l, o, v in zip(lrow, orow, mrow) if v]
+        out.append(math.exp(min(clamp, math.fsum(d) / len(d))) if d else 1.0)
+    return out
+
+
+def loss_and_grad(logp, old, adv, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=10.0, margin=1e-9):
+    """(loss, grad rows, near rows, scale). `adv` is [B][L] (a per-response advantage repeated along the row is the
+    sequence form; per-token values are the GSPO-token form). Per response: mean over its tokens of
+    -min(s A_t, clip(s) A_t), whose gradient at token t is -A_t s / |y| when unclipped (the token form's
+    sg[s] pi/sg[pi] has gradient s d logp_t, weighted 1/|y| by the mean); then the mean over non-empty rows."""
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    rows = sum(1 for mrow in mask if any(mrow))
+    loss_terms, abs_terms = [], []
+    grad = [[0.0] * len(mrow) for mrow in mask]
+    near = [[False] * len(mrow) for mrow in mask]
+    for b, (lrow, orow, arow, mrow) in enumerate(zip(logp, old, adv, mask)):
+        idx = [t for t, v in enumerate(mrow) if v]
+        if not idx:
+            continue
+        n = len(idx)
+        x = math.fsum(lrow[t] - orow[t] for t in idx) / n
+        binds = x > clamp
+        s = math.exp(min(x, clamp))
+        c = min(max(s, lo), hi)
+        close = abs(x - clamp) <= margin * clamp or abs(s - lo) <= margin or abs(s - hi) <= margin
+        for t in idx:
+            a = arow[t]
+            term = max(-s * a, -c * a)
+            loss_terms.append(term / (n * rows))
+            abs_terms.append(abs(term) / (n * rows))
+            clipped = (a > 0 and s > hi) or (a < 0 and s < lo)
+            grad[b][t] = 0.0 if (binds or clipped) else -a * s / (n * rows)
+            near[b][t] = close
+    return math.fsum(loss_terms), grad, near, math.fsum(abs_terms)
+
+
+# --- the same loops, registered for the generic kinds (engine/kinds) ------------------------------------------
+
+
+def _register() -> None:
+    import torch
+
+    from engine.spec import registry
+
+    def lists(logp, old, advantages, mask):
+        m = mask.to(torch.bool)
+        a = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        return (torch.where(m, logp, 0.0).tolist(), torch.where(m, old, 0.0).tolist(),
+                torch.where(m, a, 0.0).tolist(), m.tolist())
+
+    def run(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, form="sequence",
+            log_ratio_clamp=10.0):
+        return loss_and_grad(*lists(logp, old_logp, advantages, mask), clip_low=clip_low, clip_high=clip_high,
+                             clamp=log_ratio_clamp)
+
+    @registry.reference("gspo.loss")
+    def loss_tensor(*args, **kwargs):
+        """The GSPO loss as a float64 scalar tensor (either form: the loop takes per-token advantages)."""
+        return torch.tensor(run(*args, **kwargs)[0], dtype=torch.float64)
+
+    @registry.reference("gspo.loss_grad")
+    def loss_grad_tensor(*args, **kwargs):
+        """d loss / d logp [B, L]; NaN where s_i is within 1e-9 of a bound or the clamp, 0 at masked slots."""
+        _, grad, near, _ = run(*args, **kwargs)
+        g = torch.tensor(grad, dtype=torch.float64)
+        return torch.where(torch.tensor(near), torch.full_like(g, math.nan), g)
+
+    @registry.reference("gspo.sequence_ratio")
+    def ratio_tensor(logp, old_logp, mask, *, log_ratio_clamp=10.0):
+        m = mask.to(torch.bool)
+        return torch.tensor(sequence_ratio(torch.where(m, logp, 0.0).tolist(), torch.where(m, old_logp, 0.0).tolist(),
+                                           m.tolist(), log_ratio_clamp), dtype=torch.float64)
+
+    @registry.reference("family.tapo_ratio_at_end")
+    def tapo_ratio_at_end(logp, old_logp, mask, **_):
+        """TAPO's prefix ratio R~_T (methods/tapo) at each response's last valid token: GSPO's s_i. NaN for an
+        empty row (TAPO has no position there)."""
+        from methods.tapo.objective import trajectory_ratio
+
+        m = mask.to(torch.bool)
+        r = trajectory_ratio(logp, old_logp, m).detach().double()
+        n = m.sum(-1)
+        last = (torch.cumsum(m.long(), -1) == n[:, None]) & m
+        end = torch.where(last, r, 0.0).sum(-1)
+        return torch.where(n > 0, end, torch.full_like(end, math.nan))
+
+    @registry.reference("family.grpo_one_token")
+    def grpo_one_token(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, log_ratio_clamp=10.0,
+                       **_):
+        """GRPO's loss (methods/grpo, token mean) with GSPO's bounds: on one-token responses it is GSPO."""
+        from methods.grpo.loss import grpo_loss
+
+        return grpo_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high)[0].detach()
+
+    @registry.reference("family.grpo_one_token_grad")
+    def grpo_one_token_grad(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, **_):
+        from methods.grpo.loss import grpo_loss
+
+        x = logp.detach().clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(grpo_loss(x, old_logp, advantages, mask, clip_low=clip_low,
+                                             clip_high=clip_high)[0], x)
+        return g
+
+
+_register()
