@@ -85,12 +85,9 @@ class MaskedJunk(Kind):
             for a, b in zip(o0, o1):
                 if pad and b.dim() and b.shape[-1] == L + pad:
                     b = b[..., :L]
-                nonfinite += int((~torch.isfinite(b)).sum()) if a.dim() == 0 else int((~torch.isfinite(torch.where(m_dev, b, torch.zeros_like(b)))).sum()) if b.shape == mask.shape else int((~torch.isfinite(b)).sum())
-                if b.shape == mask.shape:  # masked outputs are free; only valid positions are compared
-                    d = torch.where(m_dev, (b - a).abs(), torch.zeros_like(a)) + torch.where(m_dev, torch.zeros_like(a), (b - a).abs() * 0)
-                else:
-                    d = (b.to(torch.float64) - a.to(torch.float64)).abs()
-                v, w = calls.worst(d)
+                nonfinite += int((~torch.isfinite(b)).sum())
+                # every position, masked ones included: bit for bit
+                v, w = calls.worst((b.to(torch.float64) - a.to(torch.float64)).abs())
                 if v >= vd:
                     vd, where["value_max_abs_diff"] = v, w
             for ga, gb in zip(g0, g1):
