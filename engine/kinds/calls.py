@@ -66,14 +66,17 @@ def call(impl: Any, params: dict, tensors: dict[str, Any], function: str | None 
     return select(out, params.get("output") if output == "__params__" else output)
 
 
-def reference(params: dict, tensors: dict[str, Any], name: str | None = None) -> Any:
-    """The float64 reference named in params, called on float64 CPU copies of what the implementation received."""
+def reference(params: dict, tensors: dict[str, Any], name: str | None = None, ctx: Any = None) -> Any:
+    """The float64 reference named in params, called on float64 CPU copies of what the implementation received.
+    With `reference_gets_dtype: true` it also gets `dtype=` (the dtype under test), e.g. to size a margin."""
     from engine.spec import registry
 
     ref = registry.load().get_reference(name or params["reference"])
     f64 = {k: (v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point()
                else v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in tensors.items()}
     args, kwargs = bind(params, f64)
+    if params.get("reference_gets_dtype") and ctx is not None:
+        kwargs["dtype"] = ctx.dtype
     return ref(*args, **kwargs)
 
 
