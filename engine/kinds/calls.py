@@ -117,3 +117,18 @@ def grad_of(value: torch.Tensor, wrt: list[torch.Tensor]) -> list[torch.Tensor]:
     """d sum(value) / d each of `wrt` (zeros where it does not depend on one)."""
     gs = torch.autograd.grad(value.sum(), wrt, allow_unused=True)
     return [torch.zeros_like(w) if g is None else g for g, w in zip(gs, wrt)]
+
+
+def grad_diff(names: list[str], got: list[Any], want: list[Any], relative: bool = True) -> tuple[float, dict | None]:
+    """The worst |got - want| over several gradients, divided by max |want| when `relative` (NaN in `want` marks
+    a slot left out), and where it is: ({argument: position})."""
+    best, where = 0.0, None
+    for name, a, b in zip(names, got, want):
+        b = as64(b)
+        ok = ~torch.isnan(b)
+        scale = (float(b[ok].abs().max()) if bool(ok.any()) else 1.0) if relative else 1.0
+        d = torch.where(ok, (as64(a) - b).abs(), torch.zeros_like(b)) / max(scale, 1e-300)
+        v, w = worst(d)
+        if v >= best:
+            best, where = v, {name: w}
+    return best, where

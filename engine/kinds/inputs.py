@@ -62,19 +62,25 @@ def _dim(spec: Any, g: torch.Generator) -> int:
     return int(torch.randint(lo, hi + 1, (1,), generator=g))
 
 
+def response_mask(g: torch.Generator, B: int, L: int, prompt_max: int = 4, hole_prob: float = 0.1) -> torch.Tensor:
+    """Bool mask [B, L]: per row a masked prompt of 0..prompt_max tokens, a response with holes (its first token
+    kept, so every row has a valid token), masked padding."""
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    for b in range(B):
+        p = int(torch.randint(0, min(prompt_max, L - 1) + 1, (1,), generator=g))
+        r = int(torch.randint(1, L - p + 1, (1,), generator=g))
+        mask[b, p: p + r] = True
+        holes = torch.rand(r, generator=g) < hole_prob
+        holes[0] = False
+        mask[b, p: p + r] &= ~holes
+    return mask
+
+
 def _layout(g: torch.Generator, B: int, L: int, spec: dict) -> torch.Tensor:
     if spec.get("layout") == "full" or L == 0:
         mask = torch.ones(B, L, dtype=torch.bool)
     else:
-        prompt_max, hole_prob = int(spec.get("prompt_max", 4)), float(spec.get("hole_prob", 0.1))
-        mask = torch.zeros(B, L, dtype=torch.bool)
-        for b in range(B):
-            p = int(torch.randint(0, min(prompt_max, L - 1) + 1, (1,), generator=g))
-            r = int(torch.randint(1, L - p + 1, (1,), generator=g))
-            mask[b, p: p + r] = True
-            holes = torch.rand(r, generator=g) < hole_prob
-            holes[0] = False  # at least one valid token per row
-            mask[b, p: p + r] &= ~holes
+        mask = response_mask(g, B, L, int(spec.get("prompt_max", 4)), float(spec.get("hole_prob", 0.1)))
     for b in range(min(int(spec.get("empty_rows", 0)), B)):
         mask[b] = False
     return mask

@@ -75,13 +75,8 @@ class SplitMerge(Kind):
             else:
                 scale = max(float(full.abs().max()), 1.0)
             vdiff = float((merged - full).abs().max()) / max(scale, 1e-300)
-            gdiff, where = 0.0, None
-            for i, name in enumerate(wrt):
-                gm = torch.cat([gs[i] * w for _, gs, w in parts]) / total
-                scale = max(float(g_full[i].abs().max()), 1e-300)
-                v, w = calls.worst((gm - g_full[i]).abs() / scale)
-                if v >= gdiff:
-                    gdiff, where = v, {name: w}
+            merged_grads = [torch.cat([gs[i] * weight for _, gs, weight in parts]) / total for i in range(len(wrt))]
+            gdiff, where = calls.grad_diff(wrt, merged_grads, g_full)
             m = {"value_rel_diff": vdiff if vdiff == vdiff else float("inf"), "grad_max_rel_diff": gdiff}
             arg = f"split at row {at} of {B}"
             if params.get("permute"):
@@ -92,11 +87,7 @@ class SplitMerge(Kind):
                           (batch_args is None or k in batch_args) else v) for k, v in t.items()}
                 pv, pg, _ = run(pt)
                 m["permuted_value_rel_diff"] = float((pv - full).abs().max()) / max(scale, 1e-300)
-                pgd = 0.0
-                for i in range(len(wrt)):
-                    scale = max(float(g_full[i].abs().max()), 1e-300)
-                    pgd = max(pgd, calls.worst((pg[i] - g_full[i][perm]).abs() / scale)[0])
-                m["permuted_grad_max_rel_diff"] = pgd
+                m["permuted_grad_max_rel_diff"] = calls.grad_diff(wrt, pg, [g[perm] for g in g_full])[0]
                 arg += f"; permutation {perm.tolist()}"
             calls.log_case(ctx, case, drawn, m, {"grad_max_rel_diff": where}, argument=arg)
             for k, v in m.items():

@@ -17,30 +17,18 @@ import torch
 
 from engine.spec import registry
 from methods.common.grpo import grpo_token_loss
+from engine.kinds.inputs import response_mask
 from methods.tapo import reference as ref
 
 
 # --- inputs ---------------------------------------------------------------
 
 
-def _layout(g: torch.Generator, B: int, L: int, prompt_max: int = 4, hole_prob: float = 0.1) -> torch.Tensor:
-    """Bool mask [B, L]: per row a masked prompt, a response (maybe with holes), masked padding."""
-    mask = torch.zeros(B, L, dtype=torch.bool)
-    for b in range(B):
-        p = int(torch.randint(0, min(prompt_max, L - 1) + 1, (1,), generator=g))
-        r = int(torch.randint(1, L - p + 1, (1,), generator=g))
-        mask[b, p : p + r] = True
-        holes = torch.rand(r, generator=g) < hole_prob
-        holes[0] = False  # keep at least one valid token per row
-        mask[b, p : p + r] &= ~holes
-    return mask
-
-
 def _draw(g: torch.Generator, B: int, L: int, delta_scale: float = 0.3, **layout):
     """float64 CPU logp, old_logp (old = logp + noise) and a mask; masked slots hold random finite values."""
     logp = -torch.rand(B, L, generator=g, dtype=torch.float64) * 3.0 - 0.01
     old = logp + delta_scale * torch.randn(B, L, generator=g, dtype=torch.float64)
-    mask = _layout(g, B, L, **layout)
+    mask = response_mask(g, B, L, **layout)
     return logp, old, mask
 
 
