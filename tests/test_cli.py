@@ -151,7 +151,7 @@ def test_validate_reports_a_broken_spec_with_exit_2(tmp_path):
     (tmp_path / "tapo-trajectory.yaml").write_text(text)
     r = invoke("validate", "--specs", str(tmp_path))
     assert r.exit_code == 2
-    at = [c["check"] for c in YAML(typ="safe").load((ROOT / "specs" / "tapo-trajectory.yaml").read_text())["contracts"]].index(
+    at = [c.get("check") for c in YAML(typ="safe").load((ROOT / "specs" / "tapo-trajectory.yaml").read_text())["contracts"]].index(
         "tapo.mechanism")
     assert "tapo-trajectory.yaml:" in r.stderr and f"$.contracts[{at}].check" in r.stderr
 

@@ -188,3 +188,18 @@ def test_validate_names_bad_kind_params(tmp_path):
     _, errors = validate_file(p, tmp_path)
     text = " ".join(e.line() for e in errors)
     assert "referense" in text and "reference" in text and "tapo-trajectory.yaml:" in text
+
+
+def test_kinds_json_lists_schemas_and_users():
+    import json
+
+    from typer.testing import CliRunner
+
+    from engine.cli import app
+
+    r = CliRunner().invoke(app, ["kinds", "--json"])
+    assert r.exit_code == 0, r.output
+    kinds = {k["name"]: k for k in json.loads(r.stdout)["kinds"]}
+    assert len(kinds) >= 10 and all({"name", "description", "parameters", "used_by"} <= set(k) for k in kinds.values())
+    assert kinds["reference_agreement"]["parameters"]["properties"]["reference"]
+    assert "tapo-trajectory/prefix_ratio_forward" in kinds["reference_agreement"]["used_by"]

@@ -18,8 +18,12 @@ def _used_by(specs_dir) -> dict[str, list[str]]:
         except Exception:  # noqa: BLE001 - a broken spec is `contracts validate`'s to report
             continue
         for c in (data or {}).get("contracts") or []:
-            if isinstance(c, dict) and isinstance(c.get("kind"), str):
-                used.setdefault(c["kind"], []).append(f"{data.get('method')}/{c.get('id')}")
+            if not (isinstance(c, dict) and isinstance(c.get("kind"), str)):
+                continue
+            # a legacy label beside a bespoke check (kind: precision, check: x.y) is not a use of the kind
+            if "check" in c and c["kind"] not in ("mechanism", "bespoke"):
+                continue
+            used.setdefault(c["kind"], []).append(f"{data.get('method')}/{c.get('id')}")
     return used
 
 

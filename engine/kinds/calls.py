@@ -66,14 +66,17 @@ def call(impl: Any, params: dict, tensors: dict[str, Any], function: str | None 
     return select(out, params.get("output") if output == "__params__" else output)
 
 
-def reference(params: dict, tensors: dict[str, Any], name: str | None = None) -> Any:
-    """The float64 reference named in params, called on float64 CPU copies of what the implementation received."""
+def reference(params: dict, tensors: dict[str, Any], name: str | None = None, ctx: Any = None) -> Any:
+    """The float64 reference named in params, called on float64 CPU copies of what the implementation received.
+    With `reference_gets_dtype: true` it also gets `dtype=` (the dtype under test), e.g. to size a margin."""
     from engine.spec import registry
 
     ref = registry.load().get_reference(name or params["reference"])
     f64 = {k: (v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point()
                else v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in tensors.items()}
     args, kwargs = bind(params, f64)
+    if params.get("reference_gets_dtype") and ctx is not None:
+        kwargs["dtype"] = ctx.dtype
     return ref(*args, **kwargs)
 
 
@@ -114,3 +117,18 @@ def grad_of(value: torch.Tensor, wrt: list[torch.Tensor]) -> list[torch.Tensor]:
     """d sum(value) / d each of `wrt` (zeros where it does not depend on one)."""
     gs = torch.autograd.grad(value.sum(), wrt, allow_unused=True)
     return [torch.zeros_like(w) if g is None else g for g, w in zip(gs, wrt)]
+
+
+def grad_diff(names: list[str], got: list[Any], want: list[Any], relative: bool = True) -> tuple[float, dict | None]:
+    """The worst |got - want| over several gradients, divided by max |want| when `relative` (NaN in `want` marks
+    a slot left out), and where it is: ({argument: position})."""
+    best, where = 0.0, None
+    for name, a, b in zip(names, got, want):
+        b = as64(b)
+        ok = ~torch.isnan(b)
+        scale = (float(b[ok].abs().max()) if bool(ok.any()) else 1.0) if relative else 1.0
+        d = torch.where(ok, (as64(a) - b).abs(), torch.zeros_like(b)) / max(scale, 1e-300)
+        v, w = worst(d)
+        if v >= best:
+            best, where = v, {name: w}
+    return best, where

@@ -62,13 +62,7 @@ class Identity(Kind):
                 if wrt:
                     ga = calls.grad_of(out, [t[k] for k in wrt])
                     gb = calls.grad_of(other, [t2[k] for k in wrt])
-                    gd = 0.0
-                    for name, a, b in zip(wrt, ga, gb):
-                        scale = max(float(calls.as64(b).abs().max()), 1e-300)
-                        x, gw = calls.worst((calls.as64(a) - calls.as64(b)).abs() / scale)
-                        if x >= gd:
-                            gd, w["grad_max_rel_diff"] = x, {name: gw}
-                    m["grad_max_rel_diff"] = gd
+                    m["grad_max_rel_diff"], w["grad_max_rel_diff"] = calls.grad_diff(wrt, ga, gb)
             calls.log_case(ctx, case, drawn, m, w, argument="tie " + ", ".join(
                 f"{k}={v}" for k, v in (params.get("tie") or {}).items()))
             for k, v in m.items():

@@ -15,7 +15,8 @@ the same tensors on every device and when rerun by itself (`--case 5`).
 
 Distributions: normal (mean, std), uniform (low, high), signed (|x| uniform in
 [low, high], random sign), constant (value), integers (low, high). `around: X`
-adds input X. Mask layouts: response (a masked prompt of 0..prompt_max tokens,
+adds input X. `{from_dim: L, plus: 3}` is a Python int (L + 3), `{none: true}`
+is None (useful in a `cycle`). Mask layouts: response (a masked prompt of 0..prompt_max tokens,
 a response with holes of probability hole_prob, its first token kept, masked
 padding; `empty_rows: k` masks k whole rows), full (every slot valid).
 """
@@ -61,25 +62,35 @@ def _dim(spec: Any, g: torch.Generator) -> int:
     return int(torch.randint(lo, hi + 1, (1,), generator=g))
 
 
+def response_mask(g: torch.Generator, B: int, L: int, prompt_max: int = 4, hole_prob: float = 0.1) -> torch.Tensor:
+    """Bool mask [B, L]: per row a masked prompt of 0..prompt_max tokens, a response with holes (its first token
+    kept, so every row has a valid token), masked padding."""
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    for b in range(B):
+        p = int(torch.randint(0, min(prompt_max, L - 1) + 1, (1,), generator=g))
+        r = int(torch.randint(1, L - p + 1, (1,), generator=g))
+        mask[b, p: p + r] = True
+        holes = torch.rand(r, generator=g) < hole_prob
+        holes[0] = False
+        mask[b, p: p + r] &= ~holes
+    return mask
+
+
 def _layout(g: torch.Generator, B: int, L: int, spec: dict) -> torch.Tensor:
     if spec.get("layout") == "full" or L == 0:
         mask = torch.ones(B, L, dtype=torch.bool)
     else:
-        prompt_max, hole_prob = int(spec.get("prompt_max", 4)), float(spec.get("hole_prob", 0.1))
-        mask = torch.zeros(B, L, dtype=torch.bool)
-        for b in range(B):
-            p = int(torch.randint(0, min(prompt_max, L - 1) + 1, (1,), generator=g))
-            r = int(torch.randint(1, L - p + 1, (1,), generator=g))
-            mask[b, p: p + r] = True
-            holes = torch.rand(r, generator=g) < hole_prob
-            holes[0] = False  # at least one valid token per row
-            mask[b, p: p + r] &= ~holes
+        mask = response_mask(g, B, L, int(spec.get("prompt_max", 4)), float(spec.get("hole_prob", 0.1)))
     for b in range(min(int(spec.get("empty_rows", 0)), B)):
         mask[b] = False
     return mask
 
 
-def _tensor(spec: dict, shape: list[int], g: torch.Generator, drawn: dict[str, torch.Tensor]) -> torch.Tensor:
+def _tensor(spec: dict, shape: list[int], g: torch.Generator, drawn: dict[str, Any], dims: dict[str, int]) -> Any:
+    if spec.get("none"):
+        return None
+    if "from_dim" in spec:
+        return int(dims[spec["from_dim"]]) + int(spec.get("plus", 0))
     if "layout" in spec or spec.get("dtype") == "bool":
         return _layout(g, shape[0], shape[1] if len(shape) > 1 else 1, spec).reshape(shape)
     dist = spec.get("dist", "normal")
@@ -120,7 +131,7 @@ def draw(inputs: dict[str, Any], seed: int, case: int, ctx: Any = None) -> tuple
         if "cycle" in spec:
             spec = spec["cycle"][case % len(spec["cycle"])]
         shape = [d if isinstance(d, int) else dims[d] for d in spec.get("shape", [])]
-        drawn[name] = _tensor(spec, shape, g, drawn)
+        drawn[name] = _tensor(spec, shape, g, drawn, dims)
     return drawn, dims
 
 

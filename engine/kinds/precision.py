@@ -63,13 +63,7 @@ class Precision(Kind):
             m = {"max_rel_err": err, "dtype_mismatches": mismatch}
             w = {"max_rel_err": where}
             if wrt:
-                ge = 0.0
-                for name, gl, gh in zip(wrt, g_low, g_high):
-                    gs = max(float(calls.as64(gh).abs().max()), 1e-300)
-                    v, gw = calls.worst((calls.as64(gl) - calls.as64(gh)).abs() / gs)
-                    if v >= ge:
-                        ge, w["grad_max_rel_err"] = v, {name: gw}
-                m["grad_max_rel_err"] = ge
+                m["grad_max_rel_err"], w["grad_max_rel_err"] = calls.grad_diff(wrt, g_low, g_high)
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
                 agg[k] = agg[k] + v if k == "dtype_mismatches" else max(agg[k], v)

@@ -9,13 +9,23 @@ from engine.kinds.base import CALL, CALL_REQUIRED, NAME, Kind, kind
 class ReferenceAgreement(Kind):
     name = "reference_agreement"
     description = ("The declared output, and optionally its gradient w.r.t. named arguments, agree with a float64 "
-                   "reference on the declared inputs; NaN in the reference marks a position it does not define.")
+                   "reference on the declared inputs; NaN in the reference marks a position it does not define. A "
+                   "reference may return a dict: value, scale (what max_scaled_err divides by, e.g. mean |term| "
+                   "of a loss that can cancel), grad (one tensor per grad_wrt), counts (named counts, summed).")
     parameters = {**CALL,
                   "reference": {**NAME, "pattern": "^[a-z][a-z0-9_.-]{0,63}$",
                                 "description": "registered float64 reference, same arguments as the call"},
                   "grad_wrt": {"type": "array", "items": NAME, "maxItems": 8,
                                "description": "arguments whose gradient of sum(output) is compared"},
-                  "grad_reference": {"type": "string", "description": "reference returning those gradients"}}
+                  "grad_reference": {"type": "string", "description": "reference returning those gradients"},
+                  "reference_gets_dtype": {"type": "boolean", "description": "pass dtype= (under test) to it"},
+                  "also": {"type": "array", "maxItems": 8, "description": "more calls on the same inputs, each "
+                           "against its reference; their metrics are named prefix + metric (value only)",
+                           "items": {"type": "object", "additionalProperties": False,
+                                     "required": ["function", "args", "reference", "prefix"],
+                                     "properties": {"function": NAME, "args": CALL["args"], "kwargs": CALL["kwargs"],
+                                                    "output": CALL["output"], "reference": {"type": "string"},
+                                                    "prefix": {"type": "string", "pattern": "^[a-z][a-z0-9]*_$"}}}}}
     required = CALL_REQUIRED + ["reference"]
     metrics = {"max_abs_err": "largest |got - want|", "max_rel_err": "largest |got - want| / |want|",
                "max_scaled_err": "largest |got - want| / max |want|", "grad_max_rel_err":
@@ -26,6 +36,7 @@ class ReferenceAgreement(Kind):
         import torch
 
         from engine.kinds import calls
+        from engine.spec import registry
 
         wrt = list(params.get("grad_wrt") or [])
         agg = {"max_abs_err": 0.0, "max_rel_err": 0.0, "max_scaled_err": 0.0, "undefined_nonfinite": 0,
@@ -40,7 +51,9 @@ class ReferenceAgreement(Kind):
                 t[name].requires_grad_(True)
             with torch.set_grad_enabled(bool(wrt)):
                 out = calls.call(impl, params, t)
-            want = calls.as64(calls.select(calls.reference(params, t), params.get("output")))
+            ref_out = calls.reference(params, t, ctx=ctx)
+            extra = ref_out if isinstance(ref_out, dict) else {}
+            want = calls.as64(extra["value"] if extra else calls.select(ref_out, params.get("output")))
             got = calls.as64(out)
             got, want = torch.broadcast_tensors(got, want)
             defined = ~torch.isnan(want)
@@ -48,25 +61,37 @@ class ReferenceAgreement(Kind):
             err = torch.where(defined & torch.isnan(got), torch.full_like(got, float("inf")), err)
             abs_err, where = calls.worst(err)
             rel_err, _ = calls.worst(err / torch.where(defined, want.abs(), torch.ones_like(want)).clamp_min(1e-300))
-            scale = float(want[defined].abs().max()) if bool(defined.any()) else 1.0
+            scale = float(extra["scale"]) if "scale" in extra else \
+                float(want[defined].abs().max()) if bool(defined.any()) else 1.0
             m = {"max_abs_err": abs_err, "max_rel_err": rel_err, "max_scaled_err": abs_err / max(scale, 1e-300),
                  "undefined_nonfinite": int((~defined & ~torch.isfinite(got)).sum()), "compared": int(defined.sum())}
             w = {"max_abs_err": where}
             if wrt:
                 grads = calls.grad_of(out, [t[k] for k in wrt])
-                wg = calls.reference(params, t, params["grad_reference"])
+                wg = extra["grad"] if "grad" in extra else calls.reference(params, t, params["grad_reference"], ctx)
                 wg = list(wg) if isinstance(wg, (tuple, list)) else [wg]
-                g_err = 0.0
-                for gname, g, ref_g in zip(wrt, grads, wg):
-                    ref_g = calls.as64(ref_g)
-                    ok = ~torch.isnan(ref_g)
-                    gscale = float(ref_g[ok].abs().max()) if bool(ok.any()) else 1.0
-                    d = torch.where(ok, (calls.as64(g) - ref_g).abs(), torch.zeros_like(ref_g)) / (gscale or 1.0)
-                    v, gw = calls.worst(d)
-                    if v >= g_err:
-                        g_err, w["grad_max_rel_err"] = v, {gname: gw}
-                m["grad_max_rel_err"] = g_err
+                m["grad_max_rel_err"], w["grad_max_rel_err"] = calls.grad_diff(wrt, grads, wg)
+            for sub in params.get("also") or []:
+                if not registry.provides(impl, sub["function"]):  # an adapted framework loss: no separate ratio
+                    ctx.not_applicable(f"no {sub['function']} in the implementation", sub["prefix"] + "max_abs_err",
+                                       sub["prefix"] + "max_rel_err")
+                    continue
+                with torch.no_grad():
+                    got2 = calls.as64(calls.call(impl, sub, t))
+                want2 = calls.as64(calls.select(calls.reference(sub, t), sub.get("output")))
+                ok2 = ~torch.isnan(want2)
+                e2 = torch.where(ok2, (got2 - want2).abs(), torch.zeros_like(want2))
+                e2 = torch.where(ok2 & torch.isnan(got2), torch.full_like(e2, float("inf")), e2)
+                pre = sub["prefix"]
+                m[pre + "max_abs_err"], w[pre + "max_abs_err"] = calls.worst(e2)
+                m[pre + "max_rel_err"], w[pre + "max_rel_err"] = calls.worst(
+                    e2 / torch.where(ok2, want2.abs(), torch.ones_like(want2)).clamp_min(1e-300))
+            for k, v in (extra.get("counts") or {}).items():
+                m[k] = int(v)
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
-                agg[k] = agg[k] + v if k in ("undefined_nonfinite", "compared") else max(agg[k], v)
+                if k in ("undefined_nonfinite", "compared") or k in (extra.get("counts") or {}):
+                    agg[k] = agg.get(k, 0) + v
+                else:
+                    agg[k] = max(agg.get(k, 0.0), v)
         return {**agg, "cases": n}

@@ -11,8 +11,15 @@ MUTATION = {
         "value": {"description": "replace the argument by this literal"},
         "fill": {"oneOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}],
                  "description": "write this into the argument (all of it, or `at`)"},
-        "at": {"enum": ["all", "first_valid", "row0"], "description": "where `fill` goes (first_valid: the "
-               "first True slot of `mask`)"},
+        "at": {"oneOf": [{"enum": ["all", "first_valid", "row0"]},
+                         {"type": "object", "additionalProperties": False, "required": ["rows"],
+                          "properties": {"rows": {"type": "array", "minItems": 2, "maxItems": 2,
+                                                  "items": {"type": "integer", "minimum": 0}}}}],
+               "description": "where `fill` goes: all, first_valid (the first True slot of `mask`), row0, "
+                              "{rows: [lo, hi]}"},
+        "from": {"type": "string", "description": "replace the argument by this other input first"},
+        "masked_fill": {"oneOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}],
+                        "description": "then write this into the slots `mask` masks (junk that must not count)"},
         "empty": {"enum": ["columns", "mask"], "description": "zero-width last dim / an all-False mask"},
         "cast": {"enum": ["long", "float", "bool"]},
         "raises": {"enum": ["ValueError", "TypeError", "RuntimeError", "any"]},
@@ -63,7 +70,7 @@ class Refusal(Kind):
                     if a in t:
                         t[a] = mu["value"]
                     continue
-                x = t[a]
+                x = t[mu["from"]] if "from" in mu else t[a]
                 if "fill" in mu:
                     x = x.clone()
                     v = float(mu["fill"])
@@ -72,12 +79,17 @@ class Refusal(Kind):
                         x.fill_(v)
                     elif at == "row0":
                         x[0] = v
+                    elif isinstance(at, dict):
+                        x[at["rows"][0]: at["rows"][1]] = v
                     else:
                         pos = mask.nonzero()[0].tolist()
                         if x.dim() == 1:
                             x[pos[0]] = v
                         else:
                             x[tuple(pos)] = v
+                if "masked_fill" in mu:
+                    m_dev = calls.on_device(ctx, mask)
+                    x = torch.where(m_dev, x, torch.full_like(x, float(mu["masked_fill"])))
                 if mu.get("empty") == "columns":
                     x = x[..., :0]
                 elif mu.get("empty") == "mask":

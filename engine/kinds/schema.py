@@ -34,6 +34,9 @@ INPUTS: dict[str, Any] = {
                 "hole_prob": {"type": "number", "minimum": 0, "maximum": 1},
                 "empty_rows": {"type": "integer", "minimum": 0},
                 "dtype": {"enum": ["float", "bool", "long"]},
+                "from_dim": {"type": "string", "description": "a Python int: this dim's value (+ plus)"},
+                "plus": {"type": "integer"},
+                "none": {"const": True, "description": "the argument is None in this case"},
             },
         }
     },

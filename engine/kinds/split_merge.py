@@ -19,10 +19,12 @@ class SplitMerge(Kind):
                   "metrics_output": {"type": "integer", "minimum": 0},
                   "grad_wrt": {"type": "array", "items": NAME},
                   "permute": {"type": "boolean"},
+                  "scale_reference": {"type": "string", "description": "float64 reference whose `scale` (or value) "
+                                      "value_rel_diff divides by, instead of max(|full|, 1): a loss can cancel"},
                   "batch_args": {"type": "array", "items": NAME, "description": "inputs cut along dim 0 "
                                  "(default: every tensor input)"}}
     required = CALL_REQUIRED + ["split"]
-    metrics = {"value_rel_diff": "|merged - full| / max(|full|, 1)", "grad_max_rel_diff":
+    metrics = {"value_rel_diff": "|merged - full| / max(|full|, 1), or / the scale_reference's scale", "grad_max_rel_diff":
                "largest gradient difference / max |full gradient|", "permuted_value_rel_diff": "permutation",
                "permuted_grad_max_rel_diff": "permutation", "cases": "cases"}
 
@@ -67,14 +69,14 @@ class SplitMerge(Kind):
             parts = [run(cut(t, sl)) for sl in (slice(0, at), slice(at, B)) if sl.start < sl.stop]
             total = sum(w for _, _, w in parts)
             merged = sum(v * w for v, _, w in parts) / total
-            vdiff = float((merged - full).abs().max()) / max(float(full.abs().max()), 1.0)
-            gdiff, where = 0.0, None
-            for i, name in enumerate(wrt):
-                gm = torch.cat([gs[i] * w for _, gs, w in parts]) / total
-                scale = max(float(g_full[i].abs().max()), 1e-300)
-                v, w = calls.worst((gm - g_full[i]).abs() / scale)
-                if v >= gdiff:
-                    gdiff, where = v, {name: w}
+            if params.get("scale_reference"):
+                r = calls.reference(params, t, params["scale_reference"], ctx)
+                scale = float(r["scale"]) if isinstance(r, dict) else float(calls.as64(r).abs().max())
+            else:
+                scale = max(float(full.abs().max()), 1.0)
+            vdiff = float((merged - full).abs().max()) / max(scale, 1e-300)
+            merged_grads = [torch.cat([gs[i] * weight for _, gs, weight in parts]) / total for i in range(len(wrt))]
+            gdiff, where = calls.grad_diff(wrt, merged_grads, g_full)
             m = {"value_rel_diff": vdiff if vdiff == vdiff else float("inf"), "grad_max_rel_diff": gdiff}
             arg = f"split at row {at} of {B}"
             if params.get("permute"):
@@ -84,12 +86,8 @@ class SplitMerge(Kind):
                 pt = {k: (v[perm.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() and
                           (batch_args is None or k in batch_args) else v) for k, v in t.items()}
                 pv, pg, _ = run(pt)
-                m["permuted_value_rel_diff"] = float((pv - full).abs().max()) / max(float(full.abs().max()), 1.0)
-                pgd = 0.0
-                for i in range(len(wrt)):
-                    scale = max(float(g_full[i].abs().max()), 1e-300)
-                    pgd = max(pgd, calls.worst((pg[i] - g_full[i][perm]).abs() / scale)[0])
-                m["permuted_grad_max_rel_diff"] = pgd
+                m["permuted_value_rel_diff"] = float((pv - full).abs().max()) / max(scale, 1e-300)
+                m["permuted_grad_max_rel_diff"] = calls.grad_diff(wrt, pg, [g[perm] for g in g_full])[0]
                 arg += f"; permutation {perm.tolist()}"
             calls.log_case(ctx, case, drawn, m, {"grad_max_rel_diff": where}, argument=arg)
             for k, v in m.items():

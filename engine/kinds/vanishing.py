@@ -42,11 +42,7 @@ class Vanishing(Kind):
             out, grads = run(calls.cast_all(ctx, cond))
             c_out, c_grads = run(calls.cast_all(ctx, drawn))
             v, wv = calls.worst(out.abs())
-            gm, wg = 0.0, None
-            for name, g in zip(wrt, grads):
-                x, w = calls.worst(g.abs())
-                if x >= gm:
-                    gm, wg = x, {name: w}
+            gm, wg = calls.grad_diff(wrt, grads, [torch.zeros_like(g) for g in grads], relative=False)
             control = int(float(c_out.abs().max()) > 0 or any(float(g.abs().max()) > 0 for g in c_grads))
             m = {"value_max_abs": v, "grad_max_abs": gm, "control_nonzero": control}
             calls.log_case(ctx, case, drawn, m, {"value_max_abs": wv, "grad_max_abs": wg},

@@ -446,6 +446,7 @@ class Runner:
             "policy": None if self.policy is None else {**self.policy.describe(),
                                                         "used_by": sorted(self.policy_used_by)},
             "request": {"device": str(self.device), "seeds": list(self.plan.seeds), "only": self.plan.only,
+                        **({} if self.plan.case is None else {"case": self.plan.case}),
                         "contracts": [c["id"] for c in self.plan.contracts],
                         "mutants": [m["id"] for m in self.plan.mutants]},
             "actual": {

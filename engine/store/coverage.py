@@ -92,6 +92,7 @@ def facts(pred: dict) -> dict:
     return {
         "kind": FACTS_KIND,
         "only": _ids(only) if isinstance(only, list) and only else None,
+        "case": req.get("case") if isinstance(req.get("case"), int) else None,  # check --case N: one case each
         "contracts": requested,
         "complete": complete,
         "held_in_part": held_in_part,
@@ -123,6 +124,8 @@ def coverage(pred: dict, spec: Any = None) -> Coverage:
     why: list[str] = []
     if f["only"]:
         why.append("--only " + ",".join(f["only"]))
+    if f.get("case") is not None:
+        why.append(f"--case {f['case']}")
     status = f["status"]
     in_part = [c for c in f.get("held_in_part") or [] if c in scope]
     unfinished = len([c for c in requested if c not in f["complete"] and c not in in_part])

@@ -100,5 +100,21 @@ def _register() -> None:
         rows = prefix_ratio(logp.tolist(), old.tolist(), mask.to(torch.bool).tolist())
         return torch.tensor([[math.nan if v is None else v for v in row] for row in rows], dtype=torch.float64)
 
+    @registry.reference("tapo.loss")
+    def loss_tensor(logp, old, adv, mask, eps_min, eps_max, horizon=None, group_size=None, dtype=torch.float64):
+        """The token-mean loss, mean |term| as its scale, the gradient w.r.t. logp (NaN where the ratio sits within
+        a dtype-sized margin of a clip bound: the active set is ambiguous there) and the clipped-token count."""
+        mask = mask.to(torch.bool)
+        adv_rows = adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv
+        margin = 1e-10 if dtype == torch.float64 else 1e-4
+        value, grad, near, scale = loss_and_grad(logp.tolist(), old.tolist(), adv_rows.tolist(), mask.tolist(),
+                                                 float(eps_min), float(eps_max), horizon, margin)
+        g = torch.tensor(grad, dtype=torch.float64).reshape(mask.shape)
+        n = torch.tensor(near, dtype=torch.bool).reshape(mask.shape)
+        clipped = int((mask & ~n & (g == 0)).sum())
+        return {"value": torch.tensor(value, dtype=torch.float64), "scale": scale,
+                "grad": [torch.where(n, torch.full_like(g, math.nan), g)],
+                "counts": {"clipped_tokens": clipped, "grad_excluded": int(n.sum())}}
+
 
 _register()
