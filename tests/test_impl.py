@@ -446,13 +446,10 @@ def test_only_the_candidates_own_not_implemented_is_noted():
 # --- MRTPO and TAR written from the interface alone ------------------------------------------------
 
 # What such an implementation still fails, and why: each is the contracts' side, not the interface's (issue 28:
-# memory judged against the project's own buffer layout; argument refusals written before the declared mask and
-# error conventions). Any other failed expectation is a gap in the interface.
+# memory judged against the project's own buffer layout). Any other failed expectation is a gap in the interface.
 FROM_INTERFACE = {
     "mrtpo": ("my_mrtpo.py", {"peak_ratio", "scratch_budget_ratio", "memory_budget_ratio"}),
-    "tar-adaptive-replay": ("my_tar.py", {"rejects_mask_float", "rejects_correct_float", "rejects_theta_integer",
-                                          "rejects_base_integer", "rejects_embeddings_integer", "rejects_ids_float",
-                                          "rejects_ids_complex", "rejects_ids_bool"}),
+    "tar-adaptive-replay": ("my_tar.py", set()),
 }
 
 

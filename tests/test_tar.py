@@ -407,16 +407,11 @@ def test_spec_validates_and_names_every_check(spec):
     assert {m["mutant"] for m in spec.data["mutants"]} == {m for m in registry.load().mutants if m.startswith("tar.")}
 
 
-# The declared mask convention reads a float 0/1 mask (and float 0/1 verifier marks) as the bool mask; these two
-# expectations of the argument checks still assert the old refusal and wait for the checks' rewrite.
-_OLD_MASK_RULE = ("rejects_mask_float=", "rejects_correct_float=")
-
-
 def test_every_contract_holds_on_the_real_implementation(spec):
     problems = {}
     for c in spec.data["contracts"]:
         for dt in c["dtypes"]:
-            f = [x for x in _failures(IMPL, c, dt) if not x.startswith(_OLD_MASK_RULE)]
+            f = _failures(IMPL, c, dt)
             if f:
                 problems[(c["id"], dt)] = f
     assert not problems, problems

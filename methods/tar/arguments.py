@@ -39,10 +39,14 @@ def _accepts(fn):
         return None
 
 
+# Mutations that hand a tensor of the wrong dtype class (the interface's conventions: TypeError).
+_DTYPE_CLASS = frozenset({"embeddings_integer", "ids_float", "ids_complex", "ids_bool", "theta_integer", "base_integer"})
+
+
 @registry.check("tar.fps_rejects_bad_arguments")
 def fps_rejects_bad_arguments(impl, ctx) -> dict:
     """Malformed verifier marks, prompt ids, k and embeddings raise ValueError; their well-formed twins
-    (integer 0/1 marks, int32 ids, k = 0) are accepted; k defaults to 3."""
+    (integer or float 0/1 marks, int32 ids, k = 0) are accepted; k defaults to 3."""
     g = ctx.generator(140)
     N, D = 12, 4
     emb = torch.randn(N, D, generator=g, dtype=F64) * torch.exp(torch.randn(N, 1, generator=g, dtype=F64))
@@ -58,7 +62,7 @@ def fps_rejects_bad_arguments(impl, ctx) -> dict:
 
     want = _fps(impl, ctx, emb, correct, 3, ids)
     bad = {
-        "correct_float": lambda: fps(c=correct.to(F64)),
+        "correct_fraction": lambda: fps(c=correct.to(F64) * 0.5),
         "correct_value_2": lambda: fps(c=correct.long() * 2),
         "correct_shape": lambda: fps(c=correct[:-1]),
         "embeddings_1d": lambda: fps(e=emb[0]),
@@ -72,14 +76,17 @@ def fps_rejects_bad_arguments(impl, ctx) -> dict:
         "ids_bool": lambda: fps(p=ids > 0),
         "ids_shape": lambda: fps(p=ids[:-1]),
     }
-    rejected = {name: _raises(ValueError, fn) for name, fn in bad.items()}
+    # the interface's convention: a tensor of the wrong dtype class is a TypeError, a wrong shape or value a ValueError
+    rejected = {name: _raises(TypeError if name in _DTYPE_CLASS else ValueError, fn) for name, fn in bad.items()}
     int_marks = _accepts(lambda: fps(c=correct.long()))
+    float_marks = _accepts(lambda: fps(c=correct.to(F64)))
     int32_ids = _accepts(lambda: fps(p=ids.int()))
     k_zero = _accepts(lambda: fps(k=0))
     default_k = _accepts(lambda: fps(k=None))
     return {
         **{f"rejects_{name}": v for name, v in rejected.items()},
         "integer_marks_accepted_as_bool": int_marks == want,
+        "float_marks_accepted_as_bool": float_marks == want,
         "int32_ids_accepted": int32_ids == want,
         "k_zero_picks_nothing": k_zero == [],
         "default_k_is_3": default_k == want and len(want) == 6,  # 3 of prompt 5's five, 2 of -2, 1 of 9
@@ -89,7 +96,7 @@ def fps_rejects_bad_arguments(impl, ctx) -> dict:
 @registry.check("tar.replay_rejects_bad_arguments")
 def replay_rejects_bad_arguments(impl, ctx) -> dict:
     """Malformed log-prob tensors and masks raise ValueError, a non-float soft_gate input TypeError and a
-    non-finite lambda_rep ValueError; an integer 0/1 mask is accepted as the bool mask."""
+    non-finite lambda_rep ValueError; an integer or float 0/1 mask is accepted as the bool mask."""
     g = ctx.generator(150)
     lt, lb, mask, _, _ = replay_case(g, 3, 5)
     dt = ctx.dtype
@@ -107,18 +114,21 @@ def replay_rejects_bad_arguments(impl, ctx) -> dict:
         "mask_shape": lambda: loss(m=mask[:, :-1]),
         "theta_integer": lambda: loss(a=lt.round().long()),
         "base_integer": lambda: loss(b=lb.round().long()),
-        "mask_float": lambda: loss(m=mask.to(F64)),
+        "mask_fraction": lambda: loss(m=mask.to(F64) * 0.5),
         "mask_complex": lambda: loss(m=mask.to(torch.complex64)),
         "mask_value_2": lambda: loss(m=mask.long() * 2),
     }
-    rejected = {name: _raises(ValueError, fn) for name, fn in bad.items()}
+    # the interface's convention: a tensor of the wrong dtype class is a TypeError, a wrong shape or value a ValueError
+    rejected = {name: _raises(TypeError if name in _DTYPE_CLASS else ValueError, fn) for name, fn in bad.items()}
     gate_int = _raises(TypeError, lambda: impl.soft_gate(_on(ctx, torch.arange(3))))
     lam = {v: _raises(ValueError, lambda v=v: impl.tar_total_loss(torch.zeros(()), torch.zeros(()), lambda_rep=v))
            for v in (math.nan, math.inf)}
     int_mask = _accepts(lambda: loss(m=mask.long()))
+    float_mask = _accepts(lambda: loss(m=mask.to(F64)))
     return {
         **{f"rejects_{name}": v for name, v in rejected.items()},
         "integer_mask_accepted_as_bool": int_mask == want,
+        "float_mask_accepted_as_bool": float_mask == want,
         "soft_gate_rejects_integer": gate_int,
         "rejects_nan_lambda": lam[math.nan],
         "rejects_inf_lambda": lam[math.inf],
