@@ -52,11 +52,13 @@ def load_evaluator(path: Path):
 
 def cell_counts() -> tuple[int, int, int]:
     """Seed x dtype cells stages 1, 2 and 3 need, counted from the spec as `contracts show` prints it: stage 1 is the
-    four value/gradient contracts on one seed, stage 2 every contract but the mechanism, stage 3 all of them."""
+    five value/gradient contracts on one seed (kinds reference_agreement, gradient_structure, a bespoke value
+    check), stage 2 every contract but the mechanism, stage 3 all of them."""
     spec = json.loads(invoke("show", METHOD, "--json").stdout)["spec"]
     seeds = len(spec["budget"]["seeds"])
     dtypes = {c["id"]: len(c["dtypes"]) for c in spec["contracts"]}
-    one = sum(dtypes[c] for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward"))
+    one = sum(dtypes[c] for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward",
+                                  "precision_agreement"))
     two = seeds * sum(n for c, n in dtypes.items() if c != "mechanism")
     return one, two, seeds * sum(dtypes.values())
 
@@ -235,8 +237,8 @@ def test_warm_and_cold_workers_measure_the_same(evaluator, tmp_path, monkeypatch
     # `check --impl` forks its workers from a warm server too; a fresh `python` each is what it falls back to
     monkeypatch.setattr(warm, "warm_or_cold", isolation._Worker)
     cold = tmp_path / "cold"
-    only = [x for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward")
-            for x in ("--only", c)]
+    only = [x for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward",
+                        "precision_agreement") for x in ("--only", c)]
     r = invoke("check", METHOD, "--impl", str(good), "--seeds", "42", "--no-mutants", "--receipts", str(cold),
                "--json", "--no-sandbox", *only)
     assert r.exit_code == 0, r.output

@@ -22,6 +22,7 @@ def layout(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
     root, specs, receipts = G.make_layout(tmp_path)
     monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    G.approve(root, specs, receipts)  # a review of the spec as it is: the gate's review requirement
     return root, specs, receipts
 
 

@@ -175,8 +175,11 @@ print(json.dumps(codes))
 """
 
 
-def test_promote_and_demote_from_two_processes_leave_a_ledger_verify_accepts(tmp_path):
+def test_promote_and_demote_from_two_processes_leave_a_ledger_verify_accepts(tmp_path, monkeypatch):
+    from engine.spec import registry
     from tests import gate_support as G
+
+    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)  # the toy's names, for the review recorded here
 
     root, specs, receipts = G.make_layout(tmp_path)
     G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())  # fresh evidence: the gate is open

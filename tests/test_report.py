@@ -141,7 +141,9 @@ def test_a_planted_failure_prints_one_block_whose_repro_fails_alone(tight_specs,
     (repro,) = [l.split("repro: ", 1)[1] for l in err.splitlines() if "repro: " in l]
     argv = shlex.split(repro)
     assert argv[:6] == ["contracts", "check", "tapo-trajectory", "--only", "prefix_ratio_forward", "--seeds"]
-    assert argv[6] == "42" and argv[7:] == ["--specs", str(specs), "--receipts", str(receipts)]
+    # the first failing case of the kind's run: the repro reruns just that case
+    assert argv[6] == "42" and argv[7] == "--case" and argv[8].isdigit()
+    assert argv[9:] == ["--specs", str(specs), "--receipts", str(receipts)]
     again = invoke(*argv[1:])
     assert again.exit_code == 1, again.output
     assert "1 of 4 seed x dtype cells failed" in again.stderr

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -392,7 +393,7 @@ def test_the_signer_imports_nothing_of_the_project_but_itself(tmp_path):
 
 def test_check_refuses_a_bad_key_before_running_anything(layout, tmp_path):
     root, specs, receipts = layout
-    receipts.rmdir()  # check must refuse before it creates a store
+    shutil.rmtree(receipts)  # check must refuse before it creates a store (the layout's ledger holds a review)
     bad = tmp_path / "not-a-key"
     bad.write_text("hello\n")
     for env in ({}, {"CONTRACTS_SIGNING_KEY": str(bad)}):

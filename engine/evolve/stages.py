@@ -12,7 +12,8 @@ never rests on a stage that did not run:
 
 from __future__ import annotations
 
-STAGE1_KINDS = ("value", "gradient")
+# A contract's kind (engine/kinds) or, for a bespoke check, its legacy label: the value and gradient ones.
+STAGE1_KINDS = ("value", "gradient", "reference_agreement", "gradient_structure", "closed_form")
 MECHANISM = "mechanism"
 STAGES = (1, 2, 3)
 FULL = 3

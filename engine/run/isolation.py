@@ -382,7 +382,7 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
         return lambda r: runner.on_result({"phase": phase, **(extra or {}), **r})
 
     # a sandboxed factory maps the sandbox's paths out and is closed before the receipt is built
-    boxed = worker_factory if hasattr(worker_factory, "close") else None
+    boxed = worker_factory if hasattr(worker_factory, "outside") and not isinstance(worker_factory, type) else None
     runner.isolation = isolation or UNSANDBOXED
     cand = CandidateRun(init, timeout_s, on_result=progress("baseline"), should_stop=runner.should_stop,
                         worker_factory=worker_factory or _Worker)
