@@ -126,7 +126,8 @@ def test_each_stage_needs_the_stages_before_it_and_stage_three_reuses_their_rece
     by_id = receipts_in(store)
     ran = [sorted({r["contract"] for r in by_id[x.artifacts["receipt_id"]]["predicate"]["results"]})
            for x in (one, two, three)]
-    assert ran[0] == ["clip_schedule", "eq15_local_gradient", "loss_forward", "prefix_ratio_forward"]
+    assert ran[0] == ["clip_schedule", "eq15_local_gradient", "loss_forward", "precision_agreement",
+                      "prefix_ratio_forward"]
     assert "mechanism" not in ran[1] and len(ran[1]) == len(json.loads(invoke("show", METHOD, "--json").stdout)[
         "spec"]["contracts"]) - 1
     assert ran[2] == ["mechanism"]  # stage 3 ran only what stages 1 and 2 had not: their receipts count
