@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The two set-up commands, verbatim: CI (.ci/run) runs the second, and a fresh clone's first step is the first.
 MAIN_JOB = "pip install torch==2.13.0 && pip install -e . && contracts check tapo-trajectory --device cpu"
-TEST_JOB = "pip install torch==2.13.0 && pip install -e '.[dev,hf,ray,verl,evolve]' && python -m pytest -q"
+TEST_JOB = "pip install torch==2.13.0 && pip install -e '.[dev,hf,ray,verl,evolve,trl]' && python -m pytest -q"
 
 
 def _section(text: str, heading: str, level: int) -> str:
