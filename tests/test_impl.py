@@ -464,3 +464,20 @@ def test_an_implementation_written_from_the_interface_holds_every_math_contract(
     receipt = json.loads((tmp_path / "r" / method).glob("*.json").__next__().read_text())
     failed = {e["metric"] for x in receipt["predicate"]["results"] for e in x["expectations"] if not e["passed"]}
     assert failed <= pending, sorted(failed - pending)
+    if not pending:  # nothing is the contracts' side: the implementation written from the interface passes
+        assert r.exit_code == 0, sorted(failed)
+
+
+def test_tar_replay_of_the_whole_bank_fails_the_check(tmp_path):
+    """Issue 27's bug class, planted in an implementation written from the interface: every update replays the
+    whole bank instead of the entries of its own prompts. The mechanism contract sees it from the run's records."""
+    text = (ROOT / "tests" / "fixtures" / "my_tar.py").read_text()
+    good = "    hit = (bank_prompts[:, None] == step_prompts[None, :]).any(1)\n"
+    assert text.count(good) == 1
+    planted = tmp_path / "whole_bank_tar.py"
+    planted.write_text(text.replace(good, "    hit = torch.ones_like(bank_prompts, dtype=torch.bool)\n"))
+    r = invoke("check", "tar-adaptive-replay", "--impl", str(planted), "--seeds", "42", "--only", "mechanism_run",
+               "--no-mutants", "--receipts", str(tmp_path / "r"), "--json")
+    assert r.exit_code == 1, r.output
+    result = json.loads(r.stdout)["runs"][0]["results"][0]
+    assert result["status"] == "failed" and "replay_selection_mismatch_steps" in json.dumps(result)

@@ -203,3 +203,93 @@ def test_kinds_json_lists_schemas_and_users():
     assert len(kinds) >= 10 and all({"name", "description", "parameters", "used_by"} <= set(k) for k in kinds.values())
     assert kinds["reference_agreement"]["parameters"]["properties"]["reference"]
     assert "tapo-trajectory/prefix_ratio_forward" in kinds["reference_agreement"]["used_by"]
+
+
+# --- what the TAR port added: literal and log-spread inputs, dict outputs, supports, padding apart ------------
+
+
+def test_literal_summed_scalar_and_omitted_inputs():
+    spec = {"tensors": {"base": {"values": [[1.0, 2.0], [3.0, 4.0]]},
+                        "off": {"shape": [2, 1], "dist": "constant", "value": 10.0},
+                        "x": {"shape": [2, 2], "dist": "constant", "value": 0.5, "around": ["base", "off"]},
+                        "m": {"values": [[1, 0], [0, 1]], "dtype": "bool"},
+                        "z": {"shape": [400], "dist": "signed", "log": True, "low": 1e-8, "high": 1e4},
+                        "lam": {"cycle": [{"omit": True}, {"scalar": 2.5}]}}}
+    a, _ = inputs_mod.draw(spec, 42, 0)
+    assert a["x"].tolist() == [[11.5, 12.5], [13.5, 14.5]] and a["m"].dtype == torch.bool
+    mags = a["z"].abs()
+    assert mags.min() >= 1e-8 and mags.max() <= 1e4 and (mags < 1e-4).any() and (mags > 1.0).any()
+    assert (a["z"] < 0).any() and (a["z"] > 0).any()
+    from engine.kinds import calls
+
+    params = {"args": ["x"], "kwargs": {"lam": "lam"}}
+    assert calls.bind(params, a)[1] == {}  # omitted: the function's default applies
+    b, _ = inputs_mod.draw(spec, 42, 1)
+    assert calls.bind(params, b)[1] == {"lam": 2.5} and isinstance(b["lam"], float)
+
+
+def _picks(x, y, mask):
+    return torch.nonzero(mask.any(-1)).flatten()
+
+
+if "test_kinds.picks" not in registry._REGISTRY.references:
+    registry.reference("test_kinds.picks")(lambda x, y, mask: {"value": _picks(x, y, mask).double(),
+                                                                 "counts": {"rows": int(mask.shape[0])}})
+    registry.reference("test_kinds.pair")(lambda x, y, mask: (None, {"double": _ref_double(x, y, mask)}))
+    registry.reference("test_kinds.support")(lambda x, y, mask: {"support": mask & (x > 0),
+                                                                   "counts": {"outside": int((mask & (x <= 0)).sum())}})
+
+
+def test_reference_agreement_shapes_dtypes_bounds_and_dict_keys():
+    p = {**CALL, "reference": "test_kinds.picks"}
+    good, _ = measure("reference_agreement", {"f": _picks}, p)
+    assert good["shape_mismatches"] == 0 and good["max_abs_err"] == 0 and good["rows"] > 0
+    # one pick too many: reported as a shape mismatch (an error of inf), not a crash
+    bad, _ = measure("reference_agreement", {"f": lambda x, y, m: torch.cat([_picks(x, y, m), torch.zeros(1, dtype=torch.long)])}, p)
+    assert bad["shape_mismatches"] == bad["cases"] and bad["max_abs_err"] > 1e300
+    q = {**CALL, "reference": "test_kinds.double", "result_dtype": {"float64": "same"}, "bounds": [-100, 100],
+         "also": [{"function": "g", "args": ["x", "y", "mask"], "output": 1, "key": "double",
+                   "reference": "test_kinds.pair", "prefix": "pair_"}]}
+    ok = {"f": _masked_double, "g": lambda x, y, m: (None, {"double": _masked_double(x, y, m)})}
+    good, _ = measure("reference_agreement", ok, q)
+    assert good["dtype_mismatches"] == 0 and good["out_of_bounds"] == 0 and good["pair_max_abs_err"] == 0
+    planted = {"f": lambda x, y, m: (_masked_double(x, y, m) * 1e3).float(),
+               "g": lambda x, y, m: (None, {"double": _masked_double(x, y, m) + 1e-3 * m})}
+    bad, _ = measure("reference_agreement", planted, q)
+    assert bad["dtype_mismatches"] > 0 and bad["out_of_bounds"] > 0 and bad["pair_max_abs_err"] > 1e-4
+
+
+def test_gradient_structure_support_reference_good_and_planted_bug():
+    p = {**CALL, "wrt": "x", "structure": "masked_only", "mask": "mask", "support_reference": "test_kinds.support"}
+
+    def good_fn(x, y, mask):
+        return torch.where(mask & (x.detach() > 0), x, torch.zeros_like(x)).sum()
+
+    good, _ = measure("gradient_structure", {"f": good_fn}, p)
+    assert good["outside_support_max_abs"] == 0 and good["support_nonzero_fraction"] == 1 and good["outside"] > 0
+    leak, _ = measure("gradient_structure", {"f": lambda x, y, m: torch.where(m, x, torch.zeros_like(x)).sum()}, p)
+    assert leak["outside_support_max_abs"] > 0  # the gradient reaches masked-in slots with x <= 0
+    dead, _ = measure("gradient_structure", {"f": lambda x, y, m: good_fn(x, y, m) * 0}, p)
+    assert dead["support_nonzero_fraction"] < 1
+
+
+def test_masked_junk_padding_apart_good_and_planted_bug():
+    p = {**CALL, "output": None, "mask": "mask", "junk_args": ["x"], "grad_wrt": ["x"], "pad_columns": 3,
+         "pad_apart": True, "function": "s"}
+
+    def total(x, y, mask):
+        return torch.where(mask, x, torch.zeros_like(x)).sum()
+
+    good, _ = measure("masked_junk", {"s": total}, p)
+    assert good["pad_value_rel_diff"] < 1e-14 and good["pad_grad_max_abs_diff"] == 0 and good["value_max_abs_diff"] == 0
+    # planted: the sum runs over the declared width of the row, padding columns included
+    bad, _ = measure("masked_junk", {"s": lambda x, y, m: total(x, y, m) + 1e-3 * x.shape[-1]}, p)
+    assert bad["pad_value_rel_diff"] > 1e-6 and bad["value_max_abs_diff"] == 0
+
+
+def test_precision_reports_the_gradients_absolute_error():
+    p = {**CALL, "grad_wrt": ["x"]}
+    bad_impl = registry.Implementation("toy", f=lambda x, y, m: _masked_double(
+        x if x.dtype == torch.float64 else x.half().to(x.dtype), y, m))
+    out = get_kind("precision").measure(bad_impl, ctx(torch.float32, params=p), p)
+    assert "grad_max_abs_err" in out and out["max_rel_err"] > 1e-5

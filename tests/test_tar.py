@@ -15,7 +15,7 @@ from engine.run.context import DTYPES, CheckContext, Meter
 from engine.run.expect import applies, evaluate
 from engine.spec.loader import load_spec
 from methods.tar import IMPL, adaptive_replay_loss, farthest_point_prototypes, soft_gate, tar_total_loss
-from methods.tar import checks as tar_checks
+from methods.tar import inputs as tar_inputs
 from methods.tar import reference as ref
 from methods.tar.bench import make_inputs
 from methods.tar.mutants import replay_variant
@@ -29,6 +29,27 @@ HYP = settings(max_examples=30, deadline=None, derandomize=True)  # reproducible
 def grad_of(loss, x):
     (g,) = torch.autograd.grad(loss, x)
     return g
+
+
+def replay_case(g: torch.Generator, B: int, T: int):
+    """float64 (logp_theta, logp_base, mask, junked copies): rows of either gate sign (a per-row offset of
+    delta), both log-probs <= 0 at valid slots, NaN / +-inf / +-1e4 / +5 junk in the junked copies' padding."""
+    junk = torch.tensor([math.nan, math.inf, -math.inf, 1.0e4, -1.0e4, 5.0], dtype=F64)
+    mask = torch.rand(B, T, generator=g) < 0.8
+    lt = -torch.rand(B, T, generator=g, dtype=F64) * 4 - 4
+    lb = lt + torch.rand(B, 1, generator=g, dtype=F64) * 4 - 2 + torch.rand(B, T, generator=g, dtype=F64) * 3 - 1.5
+    lt, lb = torch.where(mask, lt, -1.0), torch.where(mask, lb, -1.0)
+    pick = torch.randint(0, len(junk), (2, B, T), generator=g)
+    return lt, lb, mask, torch.where(mask, lt, junk[pick[0]]), torch.where(mask, lb, junk[pick[1]])
+
+
+def zero_gate_case(g: torch.Generator, B: int, T: int):
+    """Rows whose mean delta is -0.25 while single tokens have delta > 0 (w_t > 0, g = 0)."""
+    mask = torch.ones(B, T, dtype=torch.bool)
+    lt = -torch.rand(B, T, generator=g, dtype=F64) * 3.0 - 3.0
+    delta = torch.randn(B, T, generator=g, dtype=F64)
+    delta = delta - delta.mean(1, keepdim=True) - 0.25
+    return lt, (lt + delta).clamp_max(-1e-3), mask
 
 
 def ref_loss_grad(lt, lb, mask):
@@ -122,7 +143,7 @@ def test_replay_empty_bank_and_empty_row():
 
 def test_replay_junk_in_padding_changes_nothing():
     g = torch.Generator().manual_seed(0)
-    lt, lb, mask, lt_j, lb_j = tar_checks.replay_case(g, 5, 9)
+    lt, lb, mask, lt_j, lb_j = replay_case(g, 5, 9)
     assert not torch.isfinite(lt_j[~mask]).all()  # the junk really is there
     a = lt.clone().requires_grad_(True)
     b = lt_j.clone().requires_grad_(True)
@@ -136,7 +157,7 @@ def test_replay_junk_in_padding_changes_nothing():
 def test_replay_gradient_matches_analytic_and_locality():
     g = torch.Generator().manual_seed(1)
     for _ in range(20):
-        _, _, mask, lt_j, lb_j = tar_checks.replay_case(g, 6, 11)
+        _, _, mask, lt_j, lb_j = replay_case(g, 6, 11)
         x = lt_j.clone().requires_grad_(True)
         loss, m = adaptive_replay_loss(x, lb_j, mask)
         grad = grad_of(loss, x)
@@ -170,7 +191,7 @@ def test_replay_gradient_has_no_second_order_path():
 @given(st.integers(1, 6), st.integers(1, 10), st.integers(0, 2**31 - 1))
 def test_replay_split_merge_and_zero_gate_rows(B, T, seed):
     g = torch.Generator().manual_seed(seed)
-    _, _, mask, lt_j, lb_j = tar_checks.replay_case(g, B, T)
+    _, _, mask, lt_j, lb_j = replay_case(g, B, T)
     x = lt_j.clone().requires_grad_(True)
     loss, _ = adaptive_replay_loss(x, lb_j, mask)
     grad = grad_of(loss, x)
@@ -178,7 +199,7 @@ def test_replay_split_merge_and_zero_gate_rows(B, T, seed):
     assert loss.item() == pytest.approx(r_loss, rel=1e-12, abs=1e-15)
     torch.testing.assert_close(grad, r_grad, rtol=1e-12, atol=1e-15)
     # Appending m zero-gate rows scales the loss by B / (B + m).
-    zlt, zlb, zm = tar_checks._zero_gate_case(g, 2, T)
+    zlt, zlb, zm = zero_gate_case(g, 2, T)
     big, _ = adaptive_replay_loss(torch.cat([lt_j, zlt]), torch.cat([lb_j, zlb]), torch.cat([mask, zm]))
     assert big.item() == pytest.approx(loss.item() * B / (B + 2), rel=1e-12, abs=1e-300)
     # Split/merge.
@@ -256,7 +277,7 @@ def test_fps_batched_prompts_excludes_incorrect_and_empty_prompts():
 @given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.sampled_from(list(DTYPES)))
 def test_fps_equals_bruteforce_and_per_prompt_loop(seed, k, dtype):
     g = torch.Generator().manual_seed(seed)
-    emb, correct, ids = tar_checks.fps_case(g)
+    emb, correct, ids = tar_inputs.fps_case(g)
     x = emb.to(DTYPES[dtype])
     out = farthest_point_prototypes(x, correct, k=k, prompt_ids=ids)
     assert out.dtype == torch.long
@@ -272,7 +293,7 @@ def test_fps_scaled_copies_tie_to_the_lowest_index_not_to_rounding(seed, k, dtyp
     # A few percent of such cases meet a rounding tie, so each example tries several.
     g = torch.Generator().manual_seed(seed)
     for _ in range(8):
-        emb, correct, ids = tar_checks.fps_case(g, dup_p=0.4)
+        emb, correct, ids = tar_inputs.fps_case(g, dup_p=0.4)
         x = emb.to(DTYPES[dtype])
         out = farthest_point_prototypes(x, correct, k=k, prompt_ids=ids).tolist()
         assert out == ref.fps_bruteforce(x.double().tolist(), correct.tolist(), k, ids.tolist())
@@ -280,7 +301,10 @@ def test_fps_scaled_copies_tie_to_the_lowest_index_not_to_rounding(seed, k, dtyp
 
 
 def test_fps_copies_of_two_directions_pick_first_copies_first():
-    copies = tar_checks._two_direction_copies()
+    a = torch.tensor([0.3, -1.1, 0.7, 2.3, -0.4], dtype=F64)
+    b = torch.tensor([-0.9, 0.2, 0.5, -1.7, 1.3], dtype=F64)
+    scales = [0.3, 0.7, 1.7, 2.9, 5.3, 0.45, 1.3, 3.1, 0.9, 7.7, 0.35, 2.2, 4.4, 0.6, 1.1, 6.5]
+    copies = torch.stack([(a if d == "A" else b) * s for d, s in zip("AABBABABBABABABA", scales)])
     ones = torch.ones(16, dtype=torch.bool)
     assert farthest_point_prototypes(copies, ones, k=3).tolist() == [0, 2, 1]
     assert ref.fps_bruteforce(copies.tolist(), [True] * 16, 3) == [0, 2, 1]
@@ -291,7 +315,7 @@ def test_fps_copies_of_two_directions_pick_first_copies_first():
 
 def test_fps_scale_and_permutation_of_other_prompts_do_not_matter():
     g = torch.Generator().manual_seed(5)
-    emb, correct, ids = tar_checks.fps_case(g)
+    emb, correct, ids = tar_inputs.fps_case(g)
     base = farthest_point_prototypes(emb, correct, prompt_ids=ids)
     scaled = farthest_point_prototypes(emb * torch.rand(emb.shape[0], 1, generator=g, dtype=F64).add(0.1) * 1e3, correct, prompt_ids=ids)
     assert torch.equal(base, scaled)
@@ -326,7 +350,7 @@ def test_fps_names_the_first_bad_row_in_prompt_order():
 @pytest.mark.parametrize("seed", range(4))
 def test_fps_prompt_ids_of_any_range_give_the_same_picks(seed):
     # ids far apart (ranked without a bincount over their range) or narrow and signed
-    emb, correct, ids = tar_checks.fps_case(torch.Generator().manual_seed(seed))
+    emb, correct, ids = tar_inputs.fps_case(torch.Generator().manual_seed(seed))
     base = farthest_point_prototypes(emb, correct, k=3, prompt_ids=ids)
     for wide in (ids * 10**12 - 3, ids.to(torch.int32) * 50_000, (ids * 3 - 50).to(torch.int8)):
         assert torch.equal(farthest_point_prototypes(emb, correct, k=3, prompt_ids=wide), base)
@@ -366,7 +390,7 @@ def test_registry_static_view_sees_everything():
 def test_replay_variant_defaults_equal_the_implementation():
     g = torch.Generator().manual_seed(9)
     for dt in DTYPES.values():
-        _, _, mask, lt_j, lb_j = tar_checks.replay_case(g, 4, 7)
+        _, _, mask, lt_j, lb_j = replay_case(g, 4, 7)
         a = lt_j.to(dt).requires_grad_(True)
         b = lt_j.to(dt).requires_grad_(True)
         la, ma = adaptive_replay_loss(a, lb_j.to(dt), mask)
@@ -400,8 +424,11 @@ def _failures(impl, contract, dtype):
 
 
 def test_spec_validates_and_names_every_check(spec):
-    checks = {c["check"] for c in spec.data["contracts"]}
+    by_id = {c["id"]: c for c in spec.data["contracts"]}
+    checks = {c["check"] for c in by_id.values() if not c["check"].startswith("kind:")}
     assert checks == {c for c in registry.load().checks if c.startswith("tar.")}
+    assert len(checks) <= 7 and all(c.get("why") for c in by_id.values() if c["kind"] in ("bespoke", "mechanism"))
+    assert all(c.get("tier") in ("math", "budget") for c in by_id.values())
     killers = {cid for m in spec.data["mutants"] for cid in m["killed_by"]}
     assert killers == {c["id"] for c in spec.data["contracts"]}
     assert {m["mutant"] for m in spec.data["mutants"]} == {m for m in registry.load().mutants if m.startswith("tar.")}
@@ -449,7 +476,7 @@ def test_mechanism_records_steps_and_stays_in_budget(spec):
 
 def test_replay_sends_no_gradient_to_the_base_logprobs():
     g = torch.Generator().manual_seed(4)
-    _, lb, mask, lt_j, _ = tar_checks.replay_case(g, 4, 6)
+    _, lb, mask, lt_j, _ = replay_case(g, 4, 6)
     x = lt_j.clone().requires_grad_(True)
     b = lb.clone().requires_grad_(True)
     loss, _ = adaptive_replay_loss(x, b, mask)
@@ -526,19 +553,20 @@ def test_fps_source_mutants_are_edits_of_the_batched_fps():
     same = mutants._fps_variant("same", [])
     g = torch.Generator().manual_seed(2)
     for _ in range(4):
-        emb, correct, ids = tar_checks.fps_case(g)
+        emb, correct, ids = tar_inputs.fps_case(g)
         assert torch.equal(same.farthest_point_prototypes(emb, correct, 3, ids),
                            IMPL.farthest_point_prototypes(emb, correct, 3, ids))
 
 
 def test_fps_fast_path_inputs_take_each_branch():
-    from methods.tar import fastpath
+    from methods.tar import fps
 
+    assert ref.BLOCK_BYTES == fps._BLOCK_BYTES  # the reference's branch counts use the FPS's own block size
     g = torch.Generator().manual_seed(3)
-    emb, correct, ids = fastpath._wide_ids(g)
+    emb, correct, ids = tar_inputs._wide_ids(g)
     assert int(ids.max() - ids.min()) + 1 > 4 * ids.numel() + 4096 and len(set(ids[correct].tolist())) >= 3
-    emb, correct, ids = fastpath._many_rows(g, 64)
-    assert fastpath._blocks(correct, 64) > 1
+    emb, correct, ids = tar_inputs._many_rows(g, 64)
+    assert ref.fps_loop_tensor(emb, correct, 3, ids)["counts"]["multi_block_cases"] == 1
 
 
 # --- mutation targets ----------------------------------------------------------------

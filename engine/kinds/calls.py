@@ -48,7 +48,7 @@ def bind(params: dict, tensors: dict[str, Any]) -> tuple[list[Any], dict[str, An
     """Positional and keyword arguments of the declared call, from the case's tensors and literals."""
     args = [_arg(a, tensors) for a in params.get("args", [])]
     kwargs = {k: _arg(a, tensors) for k, a in (params.get("kwargs") or {}).items()}
-    return args, kwargs
+    return args, {k: v for k, v in kwargs.items() if v is not inputs_mod.OMIT}
 
 
 def select(out: Any, index: Any) -> Any:

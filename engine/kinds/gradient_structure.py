@@ -15,11 +15,17 @@ class GradientStructure(Kind):
                   "wrt": NAME,
                   "structure": {"enum": ["diagonal", "row_block", "masked_only"]},
                   "mask": NAME,
-                  "diagonal_reference": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$"}}
+                  "diagonal_reference": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$"},
+                  "support_reference": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$",
+                                        "description": "float64 reference (same arguments) returning a bool tensor "
+                                        "of `wrt`'s shape, True where the gradient must be non-zero and False where "
+                                        "it must be exactly 0 (or a dict {support, counts})"}}
     required = CALL_REQUIRED + ["wrt", "structure"]
     metrics = {"offdiag_max_abs": "largest entry outside the allowed structure",
                "masked_grad_max_abs": "largest entry in a masked column", "diag_max_rel_err":
-               "largest |diag - reference| / |reference|", "nonfinite": "non-finite entries", "cases": "cases"}
+               "largest |diag - reference| / |reference|", "nonfinite": "non-finite entries",
+               "outside_support_max_abs": "largest entry where support_reference says 0",
+               "support_nonzero_fraction": "share of the support's entries that are non-zero", "cases": "cases"}
 
     def measure(self, impl, ctx, params):
         import math
@@ -32,6 +38,8 @@ class GradientStructure(Kind):
         agg = {"offdiag_max_abs": 0.0, "masked_grad_max_abs": 0.0, "nonfinite": 0}
         if params.get("diagonal_reference"):
             agg["diag_max_rel_err"] = 0.0
+        if params.get("support_reference"):
+            agg.update(outside_support_max_abs=0.0, support_nonzero_fraction=1.0)
         n = 0
         for case, drawn, _ in calls.cases(ctx, params):
             n += 1
@@ -68,7 +76,22 @@ class GradientStructure(Kind):
                 ok = ~torch.isnan(want)
                 err = torch.where(ok, (diag - want).abs() / want.abs().clamp_min(1e-300), torch.zeros_like(diag))
                 m["diag_max_rel_err"], w["diag_max_rel_err"] = calls.worst(err)
+            if params.get("support_reference"):
+                sup = calls.reference(params, t, params["support_reference"])
+                counts = sup.get("counts") or {} if isinstance(sup, dict) else {}
+                sup = (sup["support"] if isinstance(sup, dict) else sup).to(torch.bool).reshape(-1)
+                m["outside_support_max_abs"], w["outside_support_max_abs"] = calls.worst(
+                    torch.where(sup[None, :], torch.zeros_like(J), J.abs()))
+                hit = (J[:, sup] != 0).any(dim=0)
+                m["support_nonzero_fraction"] = float(hit.double().mean()) if hit.numel() else 1.0
+                for k, v in counts.items():
+                    m[k] = int(v)
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
-                agg[k] = agg[k] + v if k == "nonfinite" else max(agg[k], v)
+                if k == "support_nonzero_fraction":
+                    agg[k] = min(agg[k], v)
+                elif k == "nonfinite" or k not in self.metrics:
+                    agg[k] = agg.get(k, 0) + v
+                else:
+                    agg[k] = max(agg[k], v)
         return {**agg, "cases": n}

@@ -15,8 +15,11 @@ the same tensors on every device and when rerun by itself (`--case 5`).
 
 Distributions: normal (mean, std), uniform (low, high), signed (|x| uniform in
 [low, high], random sign), constant (value), integers (low, high). `around: X`
-adds input X. `{from_dim: L, plus: 3}` is a Python int (L + 3), `{none: true}`
-is None (useful in a `cycle`). Mask layouts: response (a masked prompt of 0..prompt_max tokens,
+adds input X (`around: [X, Y]` adds both). `{values: [[...]]}` is a literal tensor (float64, or
+`dtype: bool` / `long`). `signed` with `log: true` draws |x| log-uniformly in [low, high].
+`{from_dim: L, plus: 3}` is a Python int (L + 3), `{none: true}` is None (useful in a `cycle`),
+`{omit: true}` leaves a keyword argument out (the function's default applies), `{scalar: 0.5}`
+is a Python float. Mask layouts: response (a masked prompt of 0..prompt_max tokens,
 a response with holes of probability hole_prob, its first token kept, masked
 padding; `empty_rows: k` masks k whole rows), full (every slot valid).
 """
@@ -86,9 +89,27 @@ def _layout(g: torch.Generator, B: int, L: int, spec: dict) -> torch.Tensor:
     return mask
 
 
+class _Omit:
+    """An argument left out of the call (its default applies): `{omit: true}`."""
+
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT = _Omit()
+
+
 def _tensor(spec: dict, shape: list[int], g: torch.Generator, drawn: dict[str, Any], dims: dict[str, int]) -> Any:
     if spec.get("none"):
         return None
+    if spec.get("omit"):
+        return OMIT
+    if "scalar" in spec:
+        return float(spec["scalar"])
+    if "values" in spec:
+        dt = {"bool": torch.bool, "long": torch.int64}.get(spec.get("dtype", ""), torch.float64)
+        x = torch.tensor(spec["values"], dtype=dt)
+        return x if dt != torch.float64 or "around" not in spec else _around(x, spec, drawn)
     if "from_dim" in spec:
         return int(dims[spec["from_dim"]]) + int(spec.get("plus", 0))
     if "layout" in spec or spec.get("dtype") == "bool":
@@ -96,21 +117,31 @@ def _tensor(spec: dict, shape: list[int], g: torch.Generator, drawn: dict[str, A
     dist = spec.get("dist", "normal")
     f64 = torch.float64
     if dist == "normal":
-        x = spec.get("mean", 0.0) + spec.get("std", 1.0) * torch.randn(*shape, generator=g, dtype=f64)
+        x = spec.get("mean", 0.0) + spec.get("std", 1.0) * torch.randn(tuple(shape), generator=g, dtype=f64)
     elif dist == "uniform":
         lo, hi = spec.get("low", 0.0), spec.get("high", 1.0)
-        x = lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=f64)
+        x = lo + (hi - lo) * torch.rand(tuple(shape), generator=g, dtype=f64)
     elif dist == "signed":
-        sign = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0).to(f64)
+        sign = torch.where(torch.rand(tuple(shape), generator=g) < 0.5, -1.0, 1.0).to(f64)
         lo, hi = spec.get("low", 0.0), spec.get("high", 1.0)
-        x = sign * (lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=f64))
+        u = torch.rand(tuple(shape), generator=g, dtype=f64)
+        if spec.get("log"):  # magnitudes spread over decades
+            lo_t, hi_t = torch.tensor(float(lo), dtype=f64).log(), torch.tensor(float(hi), dtype=f64).log()
+            x = sign * torch.exp(lo_t + (hi_t - lo_t) * u)
+        else:
+            x = sign * (lo + (hi - lo) * u)
     elif dist == "integers":
         x = torch.randint(int(spec.get("low", 0)), int(spec.get("high", 2)) + 1, tuple(shape), generator=g)
         return x
     else:
         x = torch.full(tuple(shape), float(spec.get("value", 0.0)), dtype=f64)
-    if "around" in spec:
-        x = drawn[spec["around"]].to(f64) + x
+    return _around(x, spec, drawn)
+
+
+def _around(x: torch.Tensor, spec: dict, drawn: dict[str, Any]) -> torch.Tensor:
+    around = spec.get("around")
+    for name in ([around] if isinstance(around, str) else around or []):
+        x = drawn[name].to(torch.float64) + x
     return x
 
 

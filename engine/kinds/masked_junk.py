@@ -20,10 +20,15 @@ class MaskedJunk(Kind):
                   "junk_args": {"type": "array", "minItems": 1, "items": NAME},
                   "junk": {"type": "array", "minItems": 1, "items": {"oneOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}]}},
                   "grad_wrt": {"type": "array", "items": NAME},
-                  "pad_columns": {"type": "integer", "minimum": 0, "maximum": 64}}
+                  "pad_columns": {"type": "integer", "minimum": 0, "maximum": 64},
+                  "pad_apart": {"type": "boolean", "description": "measure the extra padding columns apart from "
+                                "the bit-for-bit junk (pad_value_rel_diff, pad_grad_max_abs_diff): a reduction over "
+                                "a wider row may round differently"}}
     required = ["inputs", "mask", "junk_args"]
     metrics = {"value_max_abs_diff": "largest output change", "grad_max_abs_diff": "largest gradient change",
                "masked_grad_max_abs": "largest gradient at a masked slot", "nonfinite": "non-finite outputs",
+               "pad_value_rel_diff": "pad_apart: largest output change / max |output|",
+               "pad_grad_max_abs_diff": "pad_apart: largest gradient change, padding columns included",
                "cases": "cases"}
 
     def measure(self, impl, ctx, params):
@@ -42,6 +47,9 @@ class MaskedJunk(Kind):
             ctx.not_applicable(f"no {', '.join(absent)} in the implementation", "value_max_abs_diff")
         mask_name, pad = params["mask"], int(params.get("pad_columns", 0))
         agg = {"value_max_abs_diff": 0.0, "grad_max_abs_diff": 0.0, "masked_grad_max_abs": 0.0, "nonfinite": 0}
+        apart = bool(params.get("pad_apart")) and pad > 0
+        if apart:
+            agg.update(pad_value_rel_diff=0.0, pad_grad_max_abs_diff=0.0)
         n = 0
 
         def run(t):
@@ -71,6 +79,7 @@ class MaskedJunk(Kind):
                 m = mask if x.shape == mask.shape else mask.any(dim=-1) if x.shape == mask.shape[:-1] else mask
                 f = fill if x.shape == mask.shape else fill[..., 0]
                 dirty[k] = torch.where(m, x, f)
+            unpadded = dirty
             if pad:
                 padded = {}
                 for k, x in dirty.items():
@@ -82,6 +91,9 @@ class MaskedJunk(Kind):
                         padded[k] = x
                 dirty = padded
             o0, g0 = run(calls.cast_all(ctx, drawn))
+            if apart:  # the padded call is measured below, with its own tolerance
+                o2, g2 = run(calls.cast_all(ctx, dirty))
+                dirty, pad = unpadded, 0
             o1, g1 = run(calls.cast_all(ctx, dirty))
             L = mask.shape[-1]
             m_dev = calls.on_device(ctx, mask)
@@ -111,6 +123,20 @@ class MaskedJunk(Kind):
                         if v >= mg:
                             mg, where["masked_grad_max_abs"] = v, {name: w}
             m = {"value_max_abs_diff": vd, "grad_max_abs_diff": gd, "masked_grad_max_abs": mg, "nonfinite": nonfinite}
+            if apart:
+                pv = pg = 0.0
+                for a, b in zip(o0, o2):
+                    b = b[..., :L] if b.dim() and b.shape[-1] == L + int(params["pad_columns"]) else b
+                    nonfinite += int((~torch.isfinite(b)).sum())
+                    scale = max(float(a.to(torch.float64).abs().max()) if a.numel() else 0.0, 1e-300)
+                    pv = max(pv, calls.worst((b.to(torch.float64) - a.to(torch.float64)).abs())[0] / scale)
+                for ga, gb in zip(g0, g2):
+                    for a, b in zip(ga, gb):
+                        nonfinite += int((~torch.isfinite(b)).sum())
+                        tail = calls.worst(b[..., L:].to(torch.float64).abs())[0]
+                        pg = max(pg, tail, calls.worst((b[..., :L].to(torch.float64) - a.to(torch.float64)).abs())[0])
+                m.update(pad_value_rel_diff=pv, pad_grad_max_abs_diff=pg, nonfinite=nonfinite)
+                pad = int(params["pad_columns"])
             calls.log_case(ctx, case, drawn, m, where, argument=f"junk {['%g' % j for j in junk][pattern] if pattern < len(junk) else 'mixed'}"
                            + (f", {pad} padding columns" if pad else ""))
             for k, v in m.items():

@@ -18,6 +18,7 @@ class Precision(Kind):
                   "mask": {**NAME, "description": "only positions where this input is True are compared"}}
     required = CALL_REQUIRED
     metrics = {"max_rel_err": "largest |low - f64| / max |f64|", "grad_max_rel_err": "same for the gradient",
+               "grad_max_abs_err": "largest |low - f64| of the gradient",
                "dtype_mismatches": "outputs of another dtype than declared", "cases": "cases"}
 
     def measure(self, impl, ctx, params):
@@ -30,7 +31,7 @@ class Precision(Kind):
                  "float64": torch.float64}
         agg = {"max_rel_err": 0.0, "dtype_mismatches": 0}
         if wrt:
-            agg["grad_max_rel_err"] = 0.0
+            agg["grad_max_rel_err"] = agg["grad_max_abs_err"] = 0.0
         n = 0
 
         def run(t):
@@ -64,6 +65,7 @@ class Precision(Kind):
             w = {"max_rel_err": where}
             if wrt:
                 m["grad_max_rel_err"], w["grad_max_rel_err"] = calls.grad_diff(wrt, g_low, g_high)
+                m["grad_max_abs_err"], w["grad_max_abs_err"] = calls.grad_diff(wrt, g_low, g_high, relative=False)
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
                 agg[k] = agg[k] + v if k == "dtype_mismatches" else max(agg[k], v)

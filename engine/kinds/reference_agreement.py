@@ -19,17 +19,27 @@ class ReferenceAgreement(Kind):
                                "description": "arguments whose gradient of sum(output) is compared"},
                   "grad_reference": {"type": "string", "description": "reference returning those gradients"},
                   "reference_gets_dtype": {"type": "boolean", "description": "pass dtype= (under test) to it"},
+                  "result_dtype": {"type": "object", "additionalProperties": {"enum": [
+                      "float16", "bfloat16", "float32", "float64", "same"]},
+                      "description": "dtype under test -> dtype the output must have (dtype_mismatches)"},
+                  "bounds": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "number"},
+                             "description": "[low, high]: outputs outside are counted (out_of_bounds)"},
                   "also": {"type": "array", "maxItems": 8, "description": "more calls on the same inputs, each "
                            "against its reference; their metrics are named prefix + metric (value only)",
                            "items": {"type": "object", "additionalProperties": False,
                                      "required": ["function", "args", "reference", "prefix"],
                                      "properties": {"function": NAME, "args": CALL["args"], "kwargs": CALL["kwargs"],
                                                     "output": CALL["output"], "reference": {"type": "string"},
+                                                    "key": {"type": "string", "description": "a key of the "
+                                                            "selected output (a metrics dict) to compare"},
                                                     "prefix": {"type": "string", "pattern": "^[a-z][a-z0-9]*_$"}}}}}
     required = CALL_REQUIRED + ["reference"]
     metrics = {"max_abs_err": "largest |got - want|", "max_rel_err": "largest |got - want| / |want|",
                "max_scaled_err": "largest |got - want| / max |want|", "grad_max_rel_err":
-               "largest gradient error / max |want gradient|", "undefined_nonfinite":
+               "largest gradient error / max |want gradient|", "grad_max_abs_err": "largest gradient error",
+               "shape_mismatches": "outputs whose shape is not the reference's (an error of inf)",
+               "dtype_mismatches": "outputs of another dtype than result_dtype declares",
+               "out_of_bounds": "outputs outside `bounds`", "undefined_nonfinite":
                "non-finite outputs where the reference is undefined", "compared": "entries compared", "cases": "cases"}
 
     def measure(self, impl, ctx, params):
@@ -40,9 +50,12 @@ class ReferenceAgreement(Kind):
 
         wrt = list(params.get("grad_wrt") or [])
         agg = {"max_abs_err": 0.0, "max_rel_err": 0.0, "max_scaled_err": 0.0, "undefined_nonfinite": 0,
-               "compared": 0}
+               "compared": 0, "shape_mismatches": 0}
         if wrt:
-            agg["grad_max_rel_err"] = 0.0
+            agg["grad_max_rel_err"] = agg["grad_max_abs_err"] = 0.0
+        names = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                 "float64": torch.float64}
+        summed = {"undefined_nonfinite", "compared", "shape_mismatches", "dtype_mismatches", "out_of_bounds"}
         n = 0
         for case, drawn, _ in calls.cases(ctx, params):
             n += 1
@@ -55,7 +68,13 @@ class ReferenceAgreement(Kind):
             extra = ref_out if isinstance(ref_out, dict) else {}
             want = calls.as64(extra["value"] if extra else calls.select(ref_out, params.get("output")))
             got = calls.as64(out)
-            got, want = torch.broadcast_tensors(got, want)
+            mismatch = 0
+            try:  # the same rank with other sizes (another number of picked indices) is a mismatch, not a broadcast
+                if got.dim() == want.dim() and got.shape != want.shape:
+                    raise RuntimeError("shape mismatch")
+                got, want = torch.broadcast_tensors(got, want)
+            except RuntimeError:  # nothing to compare element-wise
+                mismatch, got, want = 1, torch.full((1,), float("inf"), dtype=torch.float64), torch.zeros(1)
             defined = ~torch.isnan(want)
             err = torch.where(defined, (got - want).abs(), torch.zeros_like(got))
             err = torch.where(defined & torch.isnan(got), torch.full_like(got, float("inf")), err)
@@ -64,21 +83,32 @@ class ReferenceAgreement(Kind):
             scale = float(extra["scale"]) if "scale" in extra else \
                 float(want[defined].abs().max()) if bool(defined.any()) else 1.0
             m = {"max_abs_err": abs_err, "max_rel_err": rel_err, "max_scaled_err": abs_err / max(scale, 1e-300),
-                 "undefined_nonfinite": int((~defined & ~torch.isfinite(got)).sum()), "compared": int(defined.sum())}
+                 "undefined_nonfinite": int((~defined & ~torch.isfinite(got)).sum()), "compared": int(defined.sum()),
+                 "shape_mismatches": mismatch}
             w = {"max_abs_err": where}
+            declared = (params.get("result_dtype") or {}).get(str(ctx.dtype).replace("torch.", ""))
+            if declared:
+                m["dtype_mismatches"] = int(out.dtype != (ctx.dtype if declared == "same" else names[declared]))
+            if params.get("bounds"):
+                lo, hi = params["bounds"]
+                m["out_of_bounds"] = int(((got < lo) | (got > hi) | torch.isnan(got)).sum())
             if wrt:
                 grads = calls.grad_of(out, [t[k] for k in wrt])
                 wg = extra["grad"] if "grad" in extra else calls.reference(params, t, params["grad_reference"], ctx)
                 wg = list(wg) if isinstance(wg, (tuple, list)) else [wg]
                 m["grad_max_rel_err"], w["grad_max_rel_err"] = calls.grad_diff(wrt, grads, wg)
+                m["grad_max_abs_err"], w["grad_max_abs_err"] = calls.grad_diff(wrt, grads, wg, relative=False)
             for sub in params.get("also") or []:
                 if not registry.provides(impl, sub["function"]):  # an adapted framework loss: no separate ratio
                     ctx.not_applicable(f"no {sub['function']} in the implementation", sub["prefix"] + "max_abs_err",
                                        sub["prefix"] + "max_rel_err")
                     continue
                 with torch.no_grad():
-                    got2 = calls.as64(calls.call(impl, sub, t))
-                want2 = calls.as64(calls.select(calls.reference(sub, t), sub.get("output")))
+                    got2 = calls.call(impl, sub, t)
+                want2 = calls.select(calls.reference(sub, t), sub.get("output"))
+                if sub.get("key"):
+                    got2, want2 = got2[sub["key"]], want2[sub["key"]]
+                got2, want2 = calls.as64(got2), calls.as64(want2)
                 ok2 = ~torch.isnan(want2)
                 e2 = torch.where(ok2, (got2 - want2).abs(), torch.zeros_like(want2))
                 e2 = torch.where(ok2 & torch.isnan(got2), torch.full_like(e2, float("inf")), e2)
@@ -90,7 +120,7 @@ class ReferenceAgreement(Kind):
                 m[k] = int(v)
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
-                if k in ("undefined_nonfinite", "compared") or k in (extra.get("counts") or {}):
+                if k in summed or k in (extra.get("counts") or {}):
                     agg[k] = agg.get(k, 0) + v
                 else:
                     agg[k] = max(agg.get(k, 0.0), v)

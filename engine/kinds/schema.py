@@ -7,7 +7,7 @@ from typing import Any
 INPUTS: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["tensors"],
+    "anyOf": [{"required": ["tensors"]}, {"required": ["generator"]}],
     "properties": {
         "dims": {"type": "object", "additionalProperties": {
             "oneOf": [{"type": "integer", "minimum": 0},
@@ -16,6 +16,7 @@ INPUTS: dict[str, Any] = {
                     "additionalProperties": {"$ref": "#/$defs/tensor"}},
         "generator": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$"},
         "stream": {"type": "integer", "minimum": 0},
+        "options": {"type": "object", "description": "free-form settings read by the named generator"},
     },
     "$defs": {
         "tensor": {
@@ -28,7 +29,12 @@ INPUTS: dict[str, Any] = {
                 "dist": {"enum": ["normal", "uniform", "signed", "constant", "integers"]},
                 "mean": {"type": "number"}, "std": {"type": "number", "minimum": 0},
                 "low": {"type": "number"}, "high": {"type": "number"}, "value": {"type": "number"},
-                "around": {"type": "string"},
+                "around": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "maxItems": 4,
+                                                          "items": {"type": "string"}}]},
+                "values": {"type": "array", "maxItems": 4096, "description": "a literal tensor (nested lists)"},
+                "log": {"type": "boolean", "description": "signed: |x| log-uniform in [low, high]"},
+                "scalar": {"type": "number", "description": "a Python float, not a tensor"},
+                "omit": {"const": True, "description": "leave this keyword argument out (its default applies)"},
                 "layout": {"enum": ["response", "full"]},
                 "prompt_max": {"type": "integer", "minimum": 0},
                 "hole_prob": {"type": "number", "minimum": 0, "maximum": 1},

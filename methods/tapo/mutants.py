@@ -8,13 +8,11 @@ the same single defect consistently.
 
 from __future__ import annotations
 
-import inspect
-import textwrap
-
 import torch
 
 from engine.spec import registry
 from methods.common.rollout import sequence_logprobs
+from methods.common.source_edit import recompile
 from methods.tapo import objective
 from methods.tapo.impl import IMPL
 from methods.tapo.objective import (
@@ -252,16 +250,7 @@ def _fused_variant(name: str, edits: list[tuple[str, str, str]]):
     The fused node and the fused function are both recompiled into one namespace, so the
     function calls the (possibly edited) node beside it, never the module's original.
     """
-    namespace = dict(vars(objective))
-    for obj_name in ("_FusedLoss", "_fused_tapo_loss"):
-        source = textwrap.dedent(inspect.getsource(getattr(objective, obj_name)))
-        for target, old, new in edits:
-            if target != obj_name:
-                continue
-            if source.count(old) != 1:
-                raise RuntimeError(f"mutant {name}: {old!r} occurs {source.count(old)} times in {obj_name}, expected once")
-            source = source.replace(old, new)
-        exec(compile(source, f"<mutant {name}: {obj_name}>", "exec"), namespace)
+    namespace = recompile(objective, ("_FusedLoss", "_fused_tapo_loss"), edits, name)
     return build_tapo_loss(fused_fn=namespace["_fused_tapo_loss"])
 
 

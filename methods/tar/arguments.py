@@ -16,20 +16,14 @@ import math
 import torch
 
 from engine.spec import registry
-from methods.tar.checks import F64, _fps, _on, replay_case
+from methods.tar.checks import F64, on, picks, raises
 
 # Check code, not a mutation target of `contracts mutate` (like checks.py): it only calls the method.
 __mutate__ = False
 
 
 def _raises(kind, fn) -> bool:
-    try:
-        fn()
-    except kind:
-        return True
-    except Exception:  # another exception type is not the documented rejection
-        return False
-    return False
+    return raises(kind, fn)[0]
 
 
 def _accepts(fn):
@@ -56,11 +50,11 @@ def fps_rejects_bad_arguments(impl, ctx) -> dict:
 
     def fps(e=emb, c=correct, k=3, p=ids, **kw):
         args = {} if k is None else {"k": k}
-        out = impl.farthest_point_prototypes(_on(ctx, e, dt if e.is_floating_point() else e.dtype), _on(ctx, c),
-                                             prompt_ids=None if p is None else _on(ctx, p), **args, **kw)
+        out = impl.farthest_point_prototypes(on(ctx, e, dt if e.is_floating_point() else e.dtype), on(ctx, c),
+                                             prompt_ids=None if p is None else on(ctx, p), **args, **kw)
         return [int(i) for i in torch.as_tensor(out).cpu().tolist()]
 
-    want = _fps(impl, ctx, emb, correct, 3, ids)
+    want = picks(impl, ctx, emb, correct, 3, ids)
     bad = {
         "correct_fraction": lambda: fps(c=correct.to(F64) * 0.5),
         "correct_value_2": lambda: fps(c=correct.long() * 2),
@@ -98,13 +92,16 @@ def replay_rejects_bad_arguments(impl, ctx) -> dict:
     """Malformed log-prob tensors and masks raise ValueError, a non-float soft_gate input TypeError and a
     non-finite lambda_rep ValueError; an integer or float 0/1 mask is accepted as the bool mask."""
     g = ctx.generator(150)
-    lt, lb, mask, _, _ = replay_case(g, 3, 5)
+    lt = -torch.rand(3, 5, generator=g, dtype=F64) * 4 - 4
+    lb = lt + torch.rand(3, 5, generator=g, dtype=F64) * 4 - 2
+    mask = torch.rand(3, 5, generator=g) < 0.8
+    mask[:, 0] = True
     dt = ctx.dtype
 
     def loss(a=lt, b=lb, m=mask):
-        x = _on(ctx, a, dt if a.is_floating_point() else a.dtype)
-        y = _on(ctx, b, dt if b.is_floating_point() else b.dtype)
-        out, _ = impl.adaptive_replay_loss(x, y, _on(ctx, m))
+        x = on(ctx, a, dt if a.is_floating_point() else a.dtype)
+        y = on(ctx, b, dt if b.is_floating_point() else b.dtype)
+        out, _ = impl.adaptive_replay_loss(x, y, on(ctx, m))
         return float(out.detach())
 
     want = loss()
@@ -120,9 +117,9 @@ def replay_rejects_bad_arguments(impl, ctx) -> dict:
     }
     # the interface's convention: a tensor of the wrong dtype class is a TypeError, a wrong shape or value a ValueError
     rejected = {name: _raises(TypeError if name in _DTYPE_CLASS else ValueError, fn) for name, fn in bad.items()}
-    gate_int = _raises(TypeError, lambda: impl.soft_gate(_on(ctx, torch.arange(3))))
+    gate_int = _raises(TypeError, lambda: impl.soft_gate(on(ctx, torch.arange(3))))
     lam = {v: _raises(ValueError, lambda v=v: impl.tar_total_loss(torch.zeros(()), torch.zeros(()), lambda_rep=v))
-           for v in (math.nan, math.inf)}
+           for v in (math.nan, math.inf, -1.0)}
     int_mask = _accepts(lambda: loss(m=mask.long()))
     float_mask = _accepts(lambda: loss(m=mask.to(F64)))
     return {
@@ -132,4 +129,5 @@ def replay_rejects_bad_arguments(impl, ctx) -> dict:
         "soft_gate_rejects_integer": gate_int,
         "rejects_nan_lambda": lam[math.nan],
         "rejects_inf_lambda": lam[math.inf],
+        "rejects_negative_lambda": lam[-1.0],
     }

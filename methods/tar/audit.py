@@ -99,6 +99,8 @@ class RunAudit:
         self.grpo_grad_max = self.kl_grad_max = 0.0
         self._recorder = None
         self._seen: list[torch.Tensor] = []
+        self._bank = None
+        self.selection_mismatch = self.replayed_rows = self.other_prompt_rows = 0
 
     # --- the bank --------------------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class RunAudit:
         ctx.record_step(step=0, phase="bank", candidates=int(src.prompts.shape[0]),
                         candidate_prompt=src.prompt_ids.tolist(), verifier_correct=correct.int().tolist(),
                         fps_indices=src.keep.tolist(), bank_prompt=src.prompt_ids[src.keep].tolist())
+        self._bank = bank
         rows = int(bank.responses.shape[0])
         n_prompts = int(src.prompts.shape[0]) // n
         not_sampled = 0
@@ -191,6 +194,7 @@ class RunAudit:
         self.nonzero_grad_steps += int(total_norm > 0)
 
         self._harness(roll, bank_sel, parts, rep_norm)
+        self._selection(idx, bank_sel, parts)
         gates = met["gates"].detach().double().cpu() if met is not None else torch.zeros(0, dtype=torch.float64)
         active = bool((gates > 0).any())
         self.active_steps += int(active)
@@ -200,6 +204,22 @@ class RunAudit:
             self.first_step_replay_abs = float(rep.detach().abs())
             self.first_step_gate_max = float(gates.abs().max()) if gates.numel() else 0.0
         self._record(step, idx, rewards, bank_sel, parts, gates, active, total, rep_norm, total_norm)
+
+    @torch.no_grad()
+    def _selection(self, idx, bank_sel, parts) -> None:
+        """B_rep must be exactly the bank entries of the update's own prompts, in bank order: the rows the replay
+        was scored on (and, when it ran, the mask its loss used) against a loop over the bank."""
+        bank, own = self._bank, {int(p) for p in idx.tolist()}
+        want = [r for r, p in enumerate(bank.prompt_index.tolist()) if int(p) in own]
+        self.replayed_rows += len(want)
+        self.other_prompt_rows += int(bank.prompt_index.numel()) - len(want)
+        w = torch.tensor(want, dtype=torch.long, device=bank.prompt_index.device)
+        same = (bank_sel.responses.shape == bank.responses[w].shape
+                and all(torch.equal(getattr(bank_sel, f), getattr(bank, f)[w])
+                        for f in ("prompt_index", "prompts", "responses", "mask")))
+        lt = parts["bank_logp"]
+        same = same and (lt is None and not want or lt is not None and lt.shape[0] == len(want))
+        self.selection_mismatch += int(not same)
 
     @torch.no_grad()
     def _harness(self, roll, bank_sel, parts, rep_norm: float) -> None:
@@ -241,6 +261,7 @@ class RunAudit:
             step=step + 1,
             phase="update",
             prompts=idx.tolist(),
+            replay_bank_prompts=bank_sel.prompt_index.tolist(),
             reward_mean=float(rewards.mean()),
             bank_rows=int(bank_sel.responses.shape[0]),
             replay_active=active,
@@ -291,6 +312,9 @@ class RunAudit:
             "kl_direction_gap": self.kl_gap,
             "kl_min": self.kl_min,
             "replay_fired_steps": self.fired_steps,
+            "replay_selection_mismatch_steps": self.selection_mismatch,
+            "replayed_bank_rows": self.replayed_rows,
+            "bank_rows_of_other_prompts": self.other_prompt_rows,
             "replay_max_gate": self.max_gate,
             "replay_fired_max_grad_norm": self.max_fired_grad,
         }

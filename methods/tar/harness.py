@@ -1,13 +1,16 @@
 """The steps around TAR's loss that carry the method's own decisions, kept in its implementation.
 
-The page fixes three choices the replay loss depends on but does not itself compute:
+The page fixes three choices the replay loss depends on but does not itself compute, and leaves a fourth
+to the implementation:
 
 * the bank's reference log-probs come from the frozen base, not the live policy (scored by
   the live policy, delta is 0 and the replay never fires);
 * the KL regulariser is KL(pi_theta || pi_base) over the full vocabulary, pulling the policy
   toward the base (the reverse direction, or the wrong sign, is a different method);
 * the declared encoder for the FPS bank pools the base's hidden states over valid response
-  tokens only (pooling over padding moves the embeddings, and with them the prototypes).
+  tokens only (pooling over padding moves the embeddings, and with them the prototypes);
+* an update replays the bank entries of its own prompts (the spec's replay_batch assumption): the
+  whole bank, or another update's prompts, replays behaviour the update never sampled.
 
 They live here, in the implementation the contracts receive, so a defect in any of them is
 one the mechanism contract must catch.
@@ -43,3 +46,8 @@ def kl_to_base(logdist: torch.Tensor, base_logdist: torch.Tensor, mask: torch.Te
     """Token mean over valid positions of KL(pi_theta || pi_base) = sum_v p_theta (log p_theta - log p_base)."""
     kl_tok = (logdist.exp() * (logdist - base_logdist)).sum(-1)
     return masked_mean(kl_tok, as_bool_mask(mask))
+
+
+def replay_rows(bank_prompts: torch.Tensor, step_prompts: torch.Tensor) -> torch.Tensor:
+    """Indices (ascending) of the bank entries replayed at an update: those whose prompt is one of its prompts."""
+    return torch.nonzero(torch.isin(bank_prompts, step_prompts)).flatten()

@@ -2,7 +2,7 @@
 
 from engine.spec import registry
 from methods.tar.fps import farthest_point_prototypes
-from methods.tar.harness import bank_logprobs, kl_to_base, trajectory_embeddings
+from methods.tar.harness import bank_logprobs, kl_to_base, replay_rows, trajectory_embeddings
 from methods.tar.replay import adaptive_replay_loss, soft_gate, tar_total_loss
 
 IMPL = registry.implementation(
@@ -14,4 +14,5 @@ IMPL = registry.implementation(
     trajectory_embeddings=trajectory_embeddings,
     bank_logprobs=bank_logprobs,
     kl_to_base=kl_to_base,
+    replay_rows=replay_rows,
 )

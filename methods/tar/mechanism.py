@@ -9,8 +9,8 @@ answers). Each update the policy samples 2 groups of 6 responses and trains on
 GRPO + full-vocabulary KL(pi_theta || pi_base) + lambda_rep * TAR replay over
 the bank entries of the step's prompts, through the implementation under test.
 
-The encoder, the bank's reference scoring and the KL term are the implementation's
-(`impl.trajectory_embeddings`, `impl.bank_logprobs`, `impl.kl_to_base`: they carry the
+The encoder, the bank's reference scoring, the KL term and the replay batch are the implementation's
+(`impl.trajectory_embeddings`, `impl.bank_logprobs`, `impl.kl_to_base`, `impl.replay_rows`: they carry the
 method's decisions). This module is only the run; everything it is judged by (the bank's
 contents, the counterfactuals, the gradients of each term, the harness steps against float64
 references, the receipt's step records) is measured by methods/tar/audit.py on the run's own
@@ -51,10 +51,10 @@ class Bank:
     responses: torch.Tensor  # [R, T]
     mask: torch.Tensor  # [R, T]
 
-    def rows_of(self, prompt_indices: torch.Tensor) -> "Bank":
-        """The entries of the given training prompts (B_rep of an update)."""
-        sel = torch.isin(self.prompt_index, prompt_indices)
-        return Bank(self.prompt_index[sel], self.prompts[sel], self.responses[sel], self.mask[sel])
+    def rows(self, index: torch.Tensor) -> "Bank":
+        """The entries at `index` (B_rep of an update, as impl.replay_rows chose them)."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.prompt_index.device)
+        return Bank(self.prompt_index[index], self.prompts[index], self.responses[index], self.mask[index])
 
 
 @dataclass
@@ -124,7 +124,7 @@ def run(impl, ctx) -> dict:
         roll = sample(policy, gp, cfg["max_new_tokens"], gen)
         ctx.meter.add_tokens(roll.n_tokens)
         rewards = task.verify(gp, roll.responses, roll.mask)
-        bank_sel = bank.rows_of(idx)
+        bank_sel = bank.rows(impl.replay_rows(bank.prompt_index, idx))
 
         def losses(r, roll=roll, bank_sel=bank_sel):
             return step_losses(impl, policy, base, roll, r, bank_sel, cfg)

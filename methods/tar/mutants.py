@@ -8,15 +8,14 @@ mutant differs from the real implementation in exactly one place.
 
 from __future__ import annotations
 
-import inspect
-import textwrap
-
 import torch
 import torch.nn.functional as F
 
 from engine.spec import registry
 from methods.common.rollout import sequence_logprobs
+from methods.common.source_edit import recompile
 from methods.tar import fps as fps_module
+from methods.tar import reference as ref
 from methods.tar.fps import TIE_TOL, _segment_fps, farthest_point_prototypes
 from methods.tar.harness import kl_to_base, trajectory_embeddings
 from methods.tar.impl import IMPL
@@ -92,50 +91,20 @@ def _variant(**switches):
     return loss
 
 
-@registry.mutant("tar.constant_sft", base="tar")
-def constant_sft():
-    """The page's negative control: gate and token weights fixed at 1 (plain SFT on the bank)."""
-    return IMPL.replace("tar.constant_sft", adaptive_replay_loss=_variant(constant_weights=True))
+def _replay(name: str, **switches):
+    """The mutant `name`: the replay loss with the given switches of replay_variant (phi also swaps soft_gate)."""
+    gate = {"soft_gate": switches["phi"]} if "phi" in switches else {}
+    return lambda: IMPL.replace(name, adaptive_replay_loss=_variant(**switches), **gate)
 
 
-@registry.mutant("tar.gate_not_detached", base="tar")
-def gate_not_detached():
-    """The trajectory gate g = phi(mean delta) keeps its gradient."""
-    return IMPL.replace("tar.gate_not_detached", adaptive_replay_loss=_variant(detach_gate=False))
-
-
-@registry.mutant("tar.active_only_mean", base="tar")
-def active_only_mean():
-    """Averages over positive-gate trajectories only instead of over the whole bank batch."""
-    return IMPL.replace("tar.active_only_mean", adaptive_replay_loss=_variant(active_only_mean=True))
-
-
-@registry.mutant("tar.no_fp32_upcast", base="tar")
-def no_fp32_upcast():
-    """fp16/bf16 inputs are computed in their own dtype (1e-8 underflows to 0 in fp16)."""
-    return IMPL.replace("tar.no_fp32_upcast", adaptive_replay_loss=_variant(upcast=False))
-
-
-@registry.mutant("tar.phi_no_clamp", base="tar")
-def phi_no_clamp():
-    """phi(z) = 1 - e^-z without max(0, .), in the gate function and in the loss that uses it."""
-    return IMPL.replace(
-        "tar.phi_no_clamp",
-        soft_gate=soft_gate_unclamped,
-        adaptive_replay_loss=_variant(phi=soft_gate_unclamped),
-    )
-
-
-@registry.mutant("tar.mask_by_multiply", base="tar")
-def mask_by_multiply():
-    """Padding removed by multiplying with the mask: NaN * 0 = NaN (OpenRLHF PR #1240)."""
-    return IMPL.replace("tar.mask_by_multiply", adaptive_replay_loss=_variant(mask_by_multiply=True))
-
-
-@registry.mutant("tar.accepts_positive_logp", base="tar")
-def accepts_positive_logp():
-    """A positive log-prob at a valid position is not rejected (it would give a negative replay loss)."""
-    return IMPL.replace("tar.accepts_positive_logp", adaptive_replay_loss=_variant(reject_positive=False))
+# One switch each (the spec's `mutants:` says what each plants and which contracts kill it).
+registry.mutant("tar.constant_sft", base="tar")(_replay("tar.constant_sft", constant_weights=True))
+registry.mutant("tar.gate_not_detached", base="tar")(_replay("tar.gate_not_detached", detach_gate=False))
+registry.mutant("tar.active_only_mean", base="tar")(_replay("tar.active_only_mean", active_only_mean=True))
+registry.mutant("tar.no_fp32_upcast", base="tar")(_replay("tar.no_fp32_upcast", upcast=False))
+registry.mutant("tar.phi_no_clamp", base="tar")(_replay("tar.phi_no_clamp", phi=soft_gate_unclamped))
+registry.mutant("tar.mask_by_multiply", base="tar")(_replay("tar.mask_by_multiply", mask_by_multiply=True))
+registry.mutant("tar.accepts_positive_logp", base="tar")(_replay("tar.accepts_positive_logp", reject_positive=False))
 
 
 @registry.mutant("tar.total_replay_detached", base="tar")
@@ -149,72 +118,38 @@ def total_replay_detached():
 
 
 # --- FPS ----------------------------------------------------------------------------
+# Each is a call of the real FPS, the per-prompt reference loop or the batched core with one defect.
 
 
-def _fps_loop(embeddings, correct, k=3, prompt_ids=None, *, normalise=True):
-    """Per-prompt FPS (same first point and tie-break) with F.normalize and no validation."""
-    N = embeddings.shape[0]
-    device = embeddings.device
-    ids = torch.zeros(N, dtype=torch.long, device=device) if prompt_ids is None else torch.as_tensor(prompt_ids, device=device)
-    correct = torch.as_tensor(correct, device=device).bool()
-    out = []
-    for p in torch.unique(ids).tolist():
-        members = torch.nonzero((ids == p) & correct).flatten()
-        if members.numel() == 0:
-            continue
-        x = embeddings[members].double()
-        if normalise:
-            x = F.normalize(x, dim=1)  # eps = 1e-12: a zero vector stays zero, NaN stays NaN
-        chosen = [0]
-        score = 1.0 - x @ x[0]
-        score[0] = -float("inf")
-        for _ in range(1, min(int(k), members.numel())):
-            j = int(torch.nonzero(score >= score.max() - TIE_TOL)[0])
-            chosen.append(j)
-            score = torch.minimum(score, 1.0 - x @ x[j])
-            score[chosen] = -float("inf")
-        out.append(members[chosen])
-    return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=device)
+def _fps(name: str, fps) -> object:
+    return IMPL.replace(name, farthest_point_prototypes=fps)
 
 
 @registry.mutant("tar.fps_keeps_incorrect", base="tar")
 def fps_keeps_incorrect():
     """FPS over every candidate, ignoring the verifier's marks."""
-
-    def fps(embeddings, correct, k=3, prompt_ids=None):
-        return farthest_point_prototypes(embeddings, torch.ones_like(torch.as_tensor(correct), dtype=torch.bool), k=k, prompt_ids=prompt_ids)
-
-    return IMPL.replace("tar.fps_keeps_incorrect", farthest_point_prototypes=fps)
+    return _fps("tar.fps_keeps_incorrect", lambda e, c, k=3, prompt_ids=None: farthest_point_prototypes(
+        e, torch.ones_like(torch.as_tensor(c), dtype=torch.bool), k=k, prompt_ids=prompt_ids))
 
 
 @registry.mutant("tar.fps_no_normalisation", base="tar")
 def fps_no_normalisation():
     """Distance 1 - <e_i, e_j> on raw embeddings: not the cosine distance when norms differ."""
-
-    def fps(embeddings, correct, k=3, prompt_ids=None):
-        return _fps_loop(embeddings, correct, k, prompt_ids, normalise=False)
-
-    return IMPL.replace("tar.fps_no_normalisation", farthest_point_prototypes=fps)
+    return _fps("tar.fps_no_normalisation", lambda e, c, k=3, prompt_ids=None: ref.fps_per_prompt_loop(
+        e, c, k, prompt_ids, unit=lambda x: x))
 
 
 @registry.mutant("tar.fps_rounding_ties", base="tar")
 def fps_rounding_ties():
     """Ties by exact equality: between scaled copies float64 rounding of 1 - cos picks, not the lowest index."""
-
-    def fps(embeddings, correct, k=3, prompt_ids=None):
-        return _segment_fps(embeddings, correct, k, prompt_ids, 0.0)
-
-    return IMPL.replace("tar.fps_rounding_ties", farthest_point_prototypes=fps)
+    return _fps("tar.fps_rounding_ties", lambda e, c, k=3, prompt_ids=None: _segment_fps(e, c, k, prompt_ids, 0.0))
 
 
 @registry.mutant("tar.fps_sorts_invalid", base="tar")
 def fps_sorts_invalid():
-    """F.normalize with its eps instead of validation: zero and NaN vectors get sorted, not rejected."""
-
-    def fps(embeddings, correct, k=3, prompt_ids=None):
-        return _fps_loop(embeddings, correct, k, prompt_ids, normalise=True)
-
-    return IMPL.replace("tar.fps_sorts_invalid", farthest_point_prototypes=fps)
+    """F.normalize (eps = 1e-12) instead of validation: a zero vector stays zero, NaN stays NaN, both get sorted."""
+    return _fps("tar.fps_sorts_invalid", lambda e, c, k=3, prompt_ids=None: ref.fps_per_prompt_loop(
+        e, c, k, prompt_ids, unit=lambda x: F.normalize(x, dim=1)))
 
 
 # --- harness steps the method decides (methods/tar/harness.py) -----------------------
@@ -267,16 +202,7 @@ def kl_sign_flipped():
 
 
 def _fps_variant(name: str, edits: list[tuple[str, str, str]]):
-    namespace = dict(vars(fps_module))
-    for obj_name in ("_dense_prompt_ranks", "_segment_fps"):
-        source = textwrap.dedent(inspect.getsource(getattr(fps_module, obj_name)))
-        for target, old, new in edits:
-            if target != obj_name:
-                continue
-            if source.count(old) != 1:
-                raise RuntimeError(f"mutant {name}: {old!r} occurs {source.count(old)} times in {obj_name}, expected once")
-            source = source.replace(old, new)
-        exec(compile(source, f"<mutant {name}: {obj_name}>", "exec"), namespace)
+    namespace = recompile(fps_module, ("_dense_prompt_ranks", "_segment_fps"), edits, name)
     segment = namespace["_segment_fps"]
 
     def fps(embeddings, correct, k=3, prompt_ids=None):
@@ -285,23 +211,19 @@ def _fps_variant(name: str, edits: list[tuple[str, str, str]]):
     return IMPL.replace(name, farthest_point_prototypes=fps)
 
 
-@registry.mutant("tar.fps_wide_ids_descending", base="tar")
-def fps_wide_ids_descending():
-    """Wide-range prompt ids: the torch.unique branch ranks prompts in descending id order."""
-    return _fps_variant("tar.fps_wide_ids_descending", [(
-        "_dense_prompt_ranks",
-        "_, rank, counts = torch.unique(pid, return_inverse=True, return_counts=True)\n        return rank, counts",
-        "_, rank, counts = torch.unique(pid, return_inverse=True, return_counts=True)\n"
-        "        return counts.numel() - 1 - rank, counts.flip(0)",
-    )])
-
-
-@registry.mutant("tar.fps_block_group_offset", base="tar")
-def fps_block_group_offset():
-    """Blocked distances: every block reads the first block's prompt ranks (wrong pick rows past block 1)."""
-    return _fps_variant("tar.fps_block_group_offset", [(
-        "_segment_fps", "unit.index_select(0, group[lo:hi])", "unit.index_select(0, group[: hi - lo])",
-    )])
+# Wide-range prompt ids: the torch.unique branch ranks prompts in descending id order.
+_WIDE_IDS_DESCENDING = [(
+    "_dense_prompt_ranks",
+    "_, rank, counts = torch.unique(pid, return_inverse=True, return_counts=True)\n        return rank, counts",
+    "_, rank, counts = torch.unique(pid, return_inverse=True, return_counts=True)\n"
+    "        return counts.numel() - 1 - rank, counts.flip(0)",
+)]
+# Blocked distances: every block reads the first block's prompt ranks (wrong pick rows past block 1).
+_BLOCK_GROUP_OFFSET = [("_segment_fps", "unit.index_select(0, group[lo:hi])", "unit.index_select(0, group[: hi - lo])")]
+registry.mutant("tar.fps_wide_ids_descending", base="tar")(
+    lambda: _fps_variant("tar.fps_wide_ids_descending", _WIDE_IDS_DESCENDING))
+registry.mutant("tar.fps_block_group_offset", base="tar")(
+    lambda: _fps_variant("tar.fps_block_group_offset", _BLOCK_GROUP_OFFSET))
 
 
 # --- argument handling and the KL gradient ------------------------------------------
@@ -310,11 +232,8 @@ def fps_block_group_offset():
 @registry.mutant("tar.fps_marks_cast_to_bool", base="tar")
 def fps_marks_cast_to_bool():
     """The verifier's marks are cast to bool instead of validated: a float score or a count of 2 is taken as correct."""
-
-    def fps(embeddings, correct, k=3, prompt_ids=None):
-        return farthest_point_prototypes(embeddings, torch.as_tensor(correct).bool(), k=k, prompt_ids=prompt_ids)
-
-    return IMPL.replace("tar.fps_marks_cast_to_bool", farthest_point_prototypes=fps)
+    return _fps("tar.fps_marks_cast_to_bool", lambda e, c, k=3, prompt_ids=None: farthest_point_prototypes(
+        e, torch.as_tensor(c).bool(), k=k, prompt_ids=prompt_ids))
 
 
 @registry.mutant("tar.mask_cast_to_bool", base="tar")
@@ -349,3 +268,13 @@ def encoder_empty_nan():
         return torch.where(m, h, torch.zeros_like(h)).sum(1) / m.sum(1)
 
     return IMPL.replace("tar.encoder_empty_nan", trajectory_embeddings=embeddings)
+
+
+@registry.mutant("tar.replay_whole_bank", base="tar")
+def replay_whole_bank():
+    """Every update replays the whole bank, not only the entries of its own prompts."""
+
+    def rows(bank_prompts, step_prompts):
+        return torch.arange(bank_prompts.numel(), device=bank_prompts.device)
+
+    return IMPL.replace("tar.replay_whole_bank", replay_rows=rows)

@@ -135,11 +135,13 @@ def fps_maxmin_gap(embeddings, correct, picks: Sequence[int], prompt_ids=None) -
     return gap
 
 
-def fps_per_prompt_loop(embeddings: torch.Tensor, correct: torch.Tensor, k: int = 3, prompt_ids=None) -> torch.Tensor:
+def fps_per_prompt_loop(embeddings: torch.Tensor, correct: torch.Tensor, k: int = 3, prompt_ids=None,
+                        unit=None) -> torch.Tensor:
     """The naive implementation: a Python loop over prompts, torch inside each one.
 
     Same rule as the vectorised function (float64, lowest index first and on
-    ties); the baseline of the FPS benchmark. No input validation.
+    ties); the baseline of the FPS benchmark. No input validation. `unit`
+    replaces the division by the norm (the FPS mutants plant their defects there).
     """
     device = embeddings.device
     N = embeddings.shape[0]
@@ -151,14 +153,104 @@ def fps_per_prompt_loop(embeddings: torch.Tensor, correct: torch.Tensor, k: int 
         if members.numel() == 0:
             continue
         x = embeddings[members].double()
-        x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True) if unit is None else unit(x)
         chosen = [0]
         score = 1.0 - x @ x[0]
         score[0] = -math.inf
-        for _ in range(1, min(k, members.numel())):
+        for _ in range(1, min(int(k), members.numel())):
             j = int(torch.nonzero(score >= score.max() - TIE_TOL)[0])
             chosen.append(j)
             score = torch.minimum(score, 1.0 - x @ x[j])
             score[chosen] = -math.inf
         out.append(members[chosen])
     return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=device)
+
+
+# --- the references the spec's kind contracts name ---------------------------------------------------------------
+# Each takes exactly what the implementation received (float64 CPU copies) and wraps the loops above.
+
+from engine.spec import registry  # noqa: E402
+
+
+@registry.reference("tar.phi")
+def phi_tensor(z: torch.Tensor, dtype=None) -> torch.Tensor:
+    """phi element by element; NaN (not judged) where the value is positive but below the dtype's smallest
+    normal number, where a relative error means nothing."""
+    out = torch.tensor([phi(v) for v in z.reshape(-1).tolist()], dtype=torch.float64).reshape(z.shape)
+    if dtype is not None:
+        out = torch.where((out > 0) & (out < torch.finfo(dtype).tiny), torch.full_like(out, math.nan), out)
+    return out
+
+
+def _replay(lt, lb, mask):
+    loss, grad, gates, weights = replay_reference(lt.tolist(), lb.tolist(), mask.bool().tolist())
+    f64 = torch.float64
+    return (loss, torch.tensor(grad, dtype=f64).reshape(lt.shape), torch.tensor(gates, dtype=f64),
+            torch.tensor(weights, dtype=f64).reshape(lt.shape))
+
+
+@registry.reference("tar.replay")
+def replay_tensor(logp_theta, logp_base, mask) -> dict:
+    """The replay loss, its gradient w.r.t. logp_theta, and counts that show a case is not vacuous."""
+    loss, grad, gates, weights = _replay(logp_theta, logp_base, mask)
+    m = mask.bool()
+    return {"value": torch.tensor(loss, dtype=torch.float64), "grad": [grad], "scale": abs(loss),
+            "counts": {"zero_gate_trajectories": int((gates == 0).sum()), "active_trajectories": int((gates > 0).sum()),
+                       "positive_weight_tokens": int(((weights > 0) & m).sum())}}
+
+
+@registry.reference("tar.replay_metrics")
+def replay_metrics_tensor(logp_theta, logp_base, mask):
+    """(loss, the metrics the implementation reports: gates, token_weights, active_fraction)."""
+    loss, _, gates, weights = _replay(logp_theta, logp_base, mask)
+    active = float((gates > 0).double().mean()) if gates.numel() else 0.0
+    return torch.tensor(loss, dtype=torch.float64), {"gates": gates, "token_weights": weights, "active_fraction": active}
+
+
+@registry.reference("tar.replay_support")
+def replay_support(logp_theta, logp_base, mask) -> dict:
+    """Where d L / d logp_theta is non-zero: valid tokens with w_t > 0 of rows with g > 0."""
+    _, _, gates, weights = _replay(logp_theta, logp_base, mask)
+    m = mask.bool()
+    active = (gates > 0)[:, None].expand_as(m)
+    return {"support": m & active & (weights > 0),
+            "counts": {"zero_weight_tokens_in_active_rows": int((m & active & ~(weights > 0)).sum())}}
+
+
+@registry.reference("tar.total")
+def total_tensor(grpo_loss, replay_loss, lambda_rep=1.0) -> dict:
+    """L_GRPO + lambda_rep L_rep and its gradient w.r.t. both parts (1 and lambda_rep); lambda_rep's default is
+    the page's 1."""
+    lam = float(lambda_rep)
+    return {"value": grpo_loss + lam * replay_loss,
+            "grad": [torch.ones_like(grpo_loss), torch.full_like(replay_loss, lam)]}
+
+
+@registry.reference("tar.fps")
+def fps_tensor(embeddings, correct, k=3, prompt_ids=None) -> dict:
+    """The brute-force FPS picks, and how many prompts have no correct candidate."""
+    picks = fps_bruteforce(embeddings.tolist(), correct.bool().tolist(), int(k),
+                           None if prompt_ids is None else prompt_ids.tolist())
+    ids = torch.zeros(len(correct), dtype=torch.long) if prompt_ids is None else prompt_ids.long()
+    without = sum(int(not bool(correct.bool()[ids == p].any())) for p in torch.unique(ids).tolist())
+    return {"value": torch.tensor(picks, dtype=torch.float64), "counts": {"prompts_without_correct": without}}
+
+
+# The batched FPS's block size, restated (tests/test_tar.py holds it equal to methods/tar/fps.py's): a case whose
+# correct rows take more than one float64 block of this many bytes drives the multi-block branch.
+BLOCK_BYTES = 1 << 20
+
+
+@registry.reference("tar.fps_loop")
+def fps_loop_tensor(embeddings, correct, k=3, prompt_ids=None) -> dict:
+    """The plain per-prompt loop's picks, and which branch of the batched FPS the case takes."""
+    picks = fps_per_prompt_loop(embeddings, correct, int(k), prompt_ids)
+    c = correct.bool()
+    n, nc, dims = int(c.numel()), int(c.sum()), embeddings.shape[1]
+    wide = prompt_ids is not None and int(prompt_ids.max() - prompt_ids.min()) + 1 > 4 * n + 4096
+    blocks = -(-nc * 8 * max(1, dims) // BLOCK_BYTES) if nc else 0
+    ids = torch.zeros(n, dtype=torch.long) if prompt_ids is None else prompt_ids.long()
+    per = torch.bincount((ids - ids.min())[c]) if nc else torch.zeros(1, dtype=torch.long)
+    counts = {"wide_id_cases": int(wide), "multi_block_cases": int(blocks > 1),
+              "single_prompt_cases": int(prompt_ids is None), "k_above_count_cases": int(nc > 0 and int(per.max()) < k)}
+    return {"value": picks.to(torch.float64), "counts": counts}
