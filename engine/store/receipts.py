@@ -13,6 +13,7 @@ crash before the link leaves no receipt at all, never half of one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -377,7 +378,7 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         name = s.get("name", "")
         if is_external_subject(name):
             continue  # a checkpoint file: binds what ran, is not in the tree (see is_external_subject)
-        if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        if _not_a_repository_path(name):
             changed.append(f"{name} (not a repository path)")
             continue
         target = cache.subject_target(name, root, specs_dir) if cache is not None else \
@@ -393,6 +394,12 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         rc.state, rc.changed = "stale", tuple(changed)
         rc.message = "changed since the run: " + ", ".join(changed)
     return rc
+
+
+@functools.lru_cache(maxsize=4096)
+def _not_a_repository_path(name: str) -> bool:
+    """Empty, absolute, or climbing out with `..`: a pure function of the name, which many receipts share."""
+    return not name or Path(name).is_absolute() or ".." in Path(name).parts
 
 
 def subject_target(name: str, root: Path, specs_dir: Path | None = None) -> Path | None:
