@@ -219,3 +219,22 @@ def test_signed_receipts_hit_and_a_trust_policy_reads_nothing_sealed(toy, tmp_pa
     monkeypatch.setattr(S.Sealed, "put", lambda *a, **k: pytest.fail("sealed an entry under a trust policy"))
     assert [_run("verify", *args), _run("gate", "toy", *args)] == expected
     assert "unsigned" in expected[0][1] and "trusted key" in expected[0][1]
+
+
+def test_an_answer_from_the_stores_cache_file_is_never_sealed(toy):
+    """The store's display cache (which anyone who writes the store can edit) may call a tampered receipt intact;
+    that answer must not be laundered into the sealed cache."""
+    from engine.store import cache as C
+
+    root, specs, receipts = toy
+    path = G.write(root, receipts, specs / "toy.yaml")
+    bad = _tamper(path)
+    poisoned = C.ValidationCache(receipts)
+    poisoned.put("integrity", poisoned.receipt_fingerprint(), C._sha(bad), None)
+    poisoned.flush()
+    shown = assess(path, root, specs, display=path.name, folder_method="toy", cache=C.ValidationCache(receipts),
+                   sealed=_sealed())
+    assert shown.state == "fresh"  # a display fooled by the store's file
+    assert not list(_sealed().dir.glob(f"receipt-v{S.VERSION}/*/*.json"))
+    a = assess(path, root, specs, display=path.name, folder_method="toy", sealed=_sealed())
+    assert a.state == "tampered" and "file bytes differ" in a.message

@@ -72,8 +72,9 @@ def gate(
 ) -> None:
     """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not.
 
-    The verdict is derived from the files alone (the spec, every receipt's bytes, the working tree): the
-    validation cache and the index, which anyone who can write the store can edit, are never read here.
+    The verdict is derived from the files (the spec, every receipt's bytes, the working tree): the store's
+    validation cache and index, which anyone who can write the store can edit, are never read here; what the same
+    bytes were judged as before may come from the user's sealed cache (not under a trust policy or --no-cache).
     """
     from engine.store.overview import Overview
 

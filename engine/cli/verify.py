@@ -43,7 +43,8 @@ def verify(
 ) -> None:
     """Integrity, schema and freshness of every receipt, and the promotion ledger. Exit 1 on any problem.
 
-    Every verdict comes from the files (never the validation cache). Under a trust policy each receipt also
+    Every verdict comes from the files (never the store's validation cache; what the same bytes were judged as
+    before may come from the user's sealed cache, except under a trust policy or with --no-cache). Under a trust policy each receipt also
     says whether it would count: a bad signature is a problem; unsigned or untrusted-key receipts are one with
     --strict.
     """

@@ -135,7 +135,9 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
     out.device = out.receipt.device
     out.predicate = pred
     out.subject = data.get("subject")
-    if file_bytes is not None and not intact:  # judged intact and valid from these bytes just now: keep it
+    # judged intact and valid from these bytes just now (never from a store's cache file, which anyone who writes
+    # the store can edit): keep it
+    if file_bytes is not None and not intact and getattr(cache, "path", None) is None:
         from engine.store.sealed import put_receipt
 
         put_receipt(sealed, file_bytes, data, signatures is not None)
