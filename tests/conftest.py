@@ -58,6 +58,15 @@ else:
 # then looks for it). Set in the first process, so xdist workers inherit one value and the scan knows it.
 os.environ.setdefault("CONTRACTS_LEAK_CANARY", "leak-canary-" + secrets.token_hex(12))
 
+
+
+@pytest.fixture(autouse=True)
+def _own_sealed_cache(tmp_path_factory, monkeypatch):
+    """Each test starts with an empty sealed cache of its own (engine/store/sealed.py), never the user's."""
+    monkeypatch.setenv("CONTRACTS_CACHE_DIR", str(tmp_path_factory.mktemp("sealed-cache")))
+    monkeypatch.delenv("CONTRACTS_NO_CACHE", raising=False)
+
+
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... in an xdist worker; None otherwise
 LAST_WAIT_S = 1800.0  # a worker may still be in a long test; a dead one is noticed sooner (its pid is gone)
 

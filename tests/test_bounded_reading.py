@@ -183,6 +183,11 @@ def test_a_deep_or_oversized_cache_is_ignored_and_rebuilt(layout, monkeypatch):
     for args in (("gate", "toy"), ("list",), ("show", "toy"), ("verify",)):
         res = _invoke(*args, "--receipts", str(receipts), "--specs", str(specs))
         assert res.exit_code in (0, 1) and "internal error" not in res.output, (args, res.output)
+    from engine.store.cache import ValidationCache
+
+    browser = ValidationCache(receipts)  # the TUI's browser, the one reader of the store's cache, rebuilds it
+    browser.validate_file(specs / "toy.yaml", root)
+    browser.flush()
     assert json.loads(cache.read_bytes())["sections"]  # rewritten: a working cache again
     monkeypatch.setattr(bounded, "MAX_CACHE_BYTES", 10)
     res = _invoke("gate", "toy", "--receipts", str(receipts), "--specs", str(specs))

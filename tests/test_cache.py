@@ -368,9 +368,13 @@ def test_concurrent_commands_leave_a_readable_cache(tmp_path):
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert len({json.dumps(json.loads(o), sort_keys=True) for o, _ in outs}) == 1
-    doc = json.loads((store / C.CACHE_NAME).read_bytes())
-    assert doc["v"] == C.CACHE_VERSION and doc["sections"]["specs"]["entries"]
+    # `list` keeps what it learnt in the user's sealed cache (engine/store/sealed.py), never in the store
+    sealed = Path(os.environ["CONTRACTS_CACHE_DIR"])
+    assert list(sealed.glob("spec-v*/*/*.json")) and list(sealed.glob("receipt-v*/*/*.json"))
+    assert [p for p in sealed.rglob(".tmp-*")] == [] and not (store / C.CACHE_NAME).exists()
     assert [p.name for p in store.iterdir() if p.name.startswith(".tmp-")] == []
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=120)
+    assert json.loads(again.stdout) == json.loads(outs[0][0])
 
 
 # --- receipts: schema results cached by content; integrity and freshness stay live ------------------
@@ -575,17 +579,21 @@ def _outputs(store: Path, verdicts: bool = True) -> list:
 def test_read_only_commands_print_the_same_bytes_with_and_without_a_cache(tmp_path, monkeypatch):
     store = tmp_path / "store"
     copy_sample(store)
-    without = _outputs(store)  # cold: validated afresh (and the cache written as each command ends)
-    assert (store / C.CACHE_NAME).is_file()
-    displays = [o for o in without if o[0][0] in ("list", "show")]
+    monkeypatch.setenv("CONTRACTS_NO_CACHE", "1")
+    without = _outputs(store)  # from the files alone: no cache read or written
+    monkeypatch.delenv("CONTRACTS_NO_CACHE")
+    cold = _outputs(store)  # validated afresh, and what was learnt sealed (engine/store/sealed.py)
+    assert cold == without
+    assert not (store / C.CACHE_NAME).exists()  # nothing kept in the store, which anyone who writes it can edit
     for name in ("validate_file", "read_document"):
         monkeypatch.setattr(engine.spec.loader, name, lambda *a, **k: pytest.fail("validated with a warm cache"))
     for mod in (engine.store.receipts, engine.store.verify):
         monkeypatch.setattr(mod, "schema_problems", lambda *a, **k: pytest.fail("schema with a warm cache"))
     monkeypatch.setattr(engine.gate.promote, "digest_with_state", lambda *a, **k: pytest.fail("splice with a warm cache"))
     monkeypatch.setattr(engine.store.receipts, "integrity_problem", lambda *a, **k: pytest.fail("integrity with a warm cache"))
-    with_cache = _outputs(store, verdicts=False)  # list and show: a display, sped up by the cache
-    assert with_cache == displays
+    memo.forget()
+    warm = _outputs(store)  # every verb, verdicts included: the sealed summaries of these very bytes
+    assert warm == without
     assert any(code == 0 for _, code, _, _ in without) and any("stale" in out for _, _, out, _ in without)
 
 

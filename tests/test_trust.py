@@ -421,8 +421,12 @@ def _poisoned_store(layout):
     failing = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(),
                       fail={("double-value", 2, "float32")})
     edited = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), device="cuda")
-    # warm the cache and the index as the display verbs do
+    # warm the store's cache and the index as the TUI's browser does (the reading verbs seal theirs elsewhere)
     assert _invoke("list", "--specs", str(specs), "--receipts", str(receipts)).exit_code == 0
+    C.code_stamp.cache_clear()
+    warm = C.ValidationCache(receipts)
+    warm.validate_file(specs / "toy.yaml", root)
+    warm.flush()
     from engine.store.index import DETAIL_NAME, ReceiptIndex
 
     ReceiptIndex(receipts).refresh()

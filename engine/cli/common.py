@@ -64,8 +64,8 @@ ReceiptsOpt = Annotated[Optional[Path], typer.Option("--receipts", metavar="DIR"
                                                      help="Receipt store (default: receipts/).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout; messages go to stderr.")]
 NoCacheOpt = Annotated[bool, typer.Option(
-    "--no-cache", help="Kept for scripts: verdicts are always decided from the files, never from "
-                       "the store's .validation-cache.json.")]
+    "--no-cache", help="Judge every receipt and spec from its bytes alone: read and write nothing of the "
+                       "sealed cache (docs/performance.md).")]
 TrustOpt = Annotated[Optional[Path], typer.Option(
     "--trust", metavar="FILE", help="Trust policy YAML (default: $CONTRACTS_TRUST): count only receipts signed by a key it trusts "
                     "for their device kind. Keep it outside the receipt store.")]
@@ -169,6 +169,33 @@ def _spec_cache(receipts_dir: Path, use: bool = True):
     return for_store(receipts_dir) if use else ValidationCache(None)
 
 
+def _sealed(no_cache: bool = False, policy=None):
+    """The user's sealed cache (engine/store/sealed.py), or a disabled one with --no-cache, CONTRACTS_NO_CACHE=1 or
+    a trust policy: under a policy the runner's signing key is the root of trust, and a key in the user's cache
+    folder must not stand in for it, so every receipt and spec is judged from its bytes."""
+    from engine.store.sealed import Sealed
+
+    return Sealed.for_user(use=not no_cache and policy is None)
+
+
+class SealedSpecs:
+    """validate_file/load_spec as the reading verbs call them: a valid spec's validation from its sealed entry
+    (engine.store.sealed.validate_spec), anything else validated from the file."""
+
+    def __init__(self, sealed):
+        self.sealed = sealed
+
+    def validate_file(self, path: Path, root: Optional[Path] = None):
+        from engine.store.sealed import validate_spec
+
+        return validate_spec(path, root, self.sealed)
+
+    def load_spec(self, path: Path, root: Optional[Path] = None):
+        from engine.store.sealed import load_spec
+
+        return load_spec(path, root, self.sealed)
+
+
 def _trust_policy(trust: Optional[Path], receipts_dir: Path):
     """The policy of --trust or $CONTRACTS_TRUST (engine.store.trust), or None; a bad one is a usage error."""
     from engine.store.trust import policy_from_option
@@ -193,9 +220,9 @@ def _store_name(receipts_dir: Path) -> str:
     return shown_path(receipts_dir)
 
 
-def _load_valid_specs(specs_dir: Path, receipts_dir: Path) -> tuple[list, list[SpecError]]:
+def _load_valid_specs(specs_dir: Path, receipts_dir: Path, cache=None) -> tuple[list, list[SpecError]]:
     files = spec_files(specs_dir)
-    cache = _spec_cache(receipts_dir)
+    cache = cache if cache is not None else _spec_cache(receipts_dir)
     good, bad = [], []
     for f in files:
         spec, errs = cache.validate_file(f, _paths.project_root())

@@ -15,10 +15,12 @@ from engine.cli.common import (
     ReceiptsOpt,
     SpecsOpt,
     TrustOpt,
+    SealedSpecs,
     _dirs,
     _flags,
     _out,
     _print_json,
+    _sealed,
     _store_name,
     _trust_policy,
     receipt_shown,
@@ -70,13 +72,12 @@ def gate(
 ) -> None:
     """May this method be promoted? Exit 0 when every requirement is met by fresh receipts, 1 when not.
 
-    The verdict is derived from the files alone (the spec, every receipt's bytes, the working tree): the
-    validation cache and the index, which anyone who can write the store can edit, are never read here.
+    The verdict is derived from the files (the spec, every receipt's bytes, the working tree): the store's
+    validation cache and index, which anyone who can write the store can edit, are never read here; what the same
+    bytes were judged as before may come from the user's sealed cache (not under a trust policy or --no-cache).
     """
-    from engine.spec.memo import load_spec
     from engine.store.overview import Overview
 
-    del no_cache  # accepted so scripts keep working: a verdict never reads the cache
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
     unit, flags = "default", _flags(specs, receipts)
@@ -87,10 +88,12 @@ def gate(
 
         unit = SUBJECT_PREFIX + identity(parse_target(impl))["digest"]
         flags += f" --impl {shlex.quote(impl)}"
-    # no cache: every receipt is assessed from its bytes
+    # every receipt and the spec are read and hashed; what these exact bytes were judged before comes from this
+    # user's sealed cache (never the store's files), freshness and signatures are decided now
+    sealed = _sealed(no_cache, policy)
     overview = Overview(specs_dir, receipts_dir, _paths.project_root(), policy=policy, flags=flags,
-                        shown=receipt_shown(receipts_dir), store=_store_name(receipts_dir))
-    spec = load_spec(spec_path(specs_dir, method), _paths.project_root())  # from the file, never the cache
+                        shown=receipt_shown(receipts_dir), store=_store_name(receipts_dir), sealed=sealed)
+    spec = SealedSpecs(sealed).load_spec(spec_path(specs_dir, method), _paths.project_root())
     overview.require_store(shown_path)
     result = dict(overview.verdict(spec, unit).result)
     if json_out:

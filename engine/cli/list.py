@@ -22,7 +22,8 @@ from engine.cli.common import (
     _err,
     _load_valid_specs,
     _print_json,
-    _spec_cache,
+    SealedSpecs,
+    _sealed,
     _trust_policy,
     app,
     shown_path,
@@ -63,11 +64,10 @@ def list_(specs: SpecsOpt = None, receipts: ReceiptsOpt = None, json_out: JsonOp
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
     policy = _trust_policy(trust, receipts_dir)
-    # the validation cache speeds up this display; `contracts gate` decides from the files
-    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), policy=policy,
-                        cache=_spec_cache(receipts_dir))
+    sealed = _sealed(policy=policy)  # what was learnt from these exact bytes before (engine/store/sealed.py)
+    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), policy=policy, sealed=sealed)
     overview.require_store(shown_path)
-    good, bad = _load_valid_specs(specs_dir, receipts_dir)
+    good, bad = _load_valid_specs(specs_dir, receipts_dir, SealedSpecs(sealed))
     units = overview.rows(good)  # [impl] one row per implementation: the registered one, then each candidate
     rows = [row_of(u, receipts_dir) for u in units]
     invalid = _invalid(bad)

@@ -14,7 +14,8 @@ from engine.cli.common import (
     _console,
     _dirs,
     _print_json,
-    _spec_cache,
+    SealedSpecs,
+    _sealed,
     app,
     handles_errors,
     shown_path,
@@ -42,11 +43,11 @@ def show(
     from engine.store.overview import Overview, ReceiptView
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
-    cache = _spec_cache(receipts_dir)
-    spec = cache.load_spec(spec_path(specs_dir, method), _paths.project_root())
+    sealed = _sealed()
+    spec = SealedSpecs(sealed).load_spec(spec_path(specs_dir, method), _paths.project_root())
     d = spec.data
     # the same read model as list (and the same display cache): one method's units, newest receipts, verdicts
-    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), cache=cache)
+    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), sealed=sealed)
     overview.require_store(shown_path)
     units = overview.units(spec)
     recent = []

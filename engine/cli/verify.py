@@ -14,11 +14,12 @@ from engine.cli.common import (
     ReceiptsOpt,
     SpecsOpt,
     TrustOpt,
+    SealedSpecs,
     _dirs,
     _err,
     _out,
     _print_json,
-    _spec_cache,
+    _sealed,
     _spec_states,
     _trust_policy,
     app,
@@ -42,7 +43,8 @@ def verify(
 ) -> None:
     """Integrity, schema and freshness of every receipt, and the promotion ledger. Exit 1 on any problem.
 
-    Every verdict comes from the files (never the validation cache). Under a trust policy each receipt also
+    Every verdict comes from the files (never the store's validation cache; what the same bytes were judged as
+    before may come from the user's sealed cache, except under a trust policy or with --no-cache). Under a trust policy each receipt also
     says whether it would count: a bad signature is a problem; unsigned or untrusted-key receipts are one with
     --strict.
     """
@@ -57,12 +59,13 @@ def verify(
             known = sorted({p.stem for p in spec_files(specs_dir)} |
                            ({p.name for p in receipts_dir.iterdir() if p.is_dir()} if receipts_dir.is_dir() else set()))
             raise E.UsageError(f"no receipts and no spec for method {method!r}; known: {', '.join(known) or '(none)'}")
-    del no_cache  # accepted so scripts keep working: verify never reads the cache
     policy = _trust_policy(trust, receipts_dir)
-    # no cache: every verdict comes from the files
-    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), policy=policy)
+    # every file is read and hashed; what these exact bytes were judged before comes from this user's sealed cache
+    # (engine/store/sealed.py; never the store's files), freshness and signatures are decided now
+    sealed = _sealed(no_cache, policy)
+    overview = Overview(specs_dir, receipts_dir, _paths.project_root(), policy=policy, sealed=sealed)
     overview.require_store(shown_path)  # "0 receipts, OK" would pass a store that is not there (a typo, a lost mount)
-    cache = _spec_cache(receipts_dir, use=False)  # in this process only: nothing read from the store's cache
+    cache = SealedSpecs(sealed)
     states, state_problems = _spec_states(specs_dir, method, cache)
     report = overview.store_report(method, states)
     report.ledger.problems.extend(state_problems)

@@ -133,6 +133,7 @@ class ValidationCache:
         self._used: dict[str, set] = {}
         self._fps: dict[str, str] = {}
         self._tree: dict[tuple[str, int, int], str] = {}  # working-tree digests, this process only
+        self._targets: dict[tuple, Any] = {}  # subject name -> working-tree path, for this cache's life (one command)
 
     # -- the file -----------------------------------------------------------------
 
@@ -352,6 +353,16 @@ class ValidationCache:
         self.put("restate", fp, key, out)
         return out
 
+
+    def subject_target(self, name: str, root: Path, specs_dir: Path | None):
+        """`engine.store.receipts.subject_target`, worked out once per name for this cache's life (one command):
+        many receipts bind the same files."""
+        from engine.store.receipts import subject_target
+
+        key = (name, os.fspath(root), None if specs_dir is None else os.fspath(specs_dir))
+        if key not in self._targets:
+            self._targets[key] = subject_target(name, root, specs_dir)
+        return self._targets[key]
 
     def tree_sha256(self, target: Path) -> str:
         """sha256 of a working-tree file, remembered by (path, size, mtime_ns) for this cache's life (one

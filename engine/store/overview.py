@@ -10,8 +10,9 @@ freshness) once per method and turned into typed records (engine/store/records.p
 engine.gate.verdict.evaluate over those. A candidate's receipts belong to the candidate's row and never to the
 registered implementation's, in the counts, the newest receipt and the verdict alike.
 
-`cache` (engine.store.cache.ValidationCache) is for display only (`list`); `gate`, `verify` and the TUI's verdicts
-are built with none, so they come from the bytes on disk.
+`sealed` (engine.store.sealed.Sealed) lets a receipt judged intact and schema-valid from these exact bytes before be
+read from its sealed summary; every other fact (the bytes, freshness, signatures) is decided on every call. `cache`
+(engine.store.cache.ValidationCache, the store's unsealed file) is for display only: no reading verb passes it.
 
 This module never imports torch.
 """
@@ -112,9 +113,15 @@ class Overview:
     """Specs and receipts of one store, read once per method and shared by every question asked of them."""
 
     def __init__(self, specs_dir: Path, receipts_dir: Path, root: Path, policy=None, cache=None, flags: str = "",
-                 shown: Optional[Callable[[str], str]] = None, store: Optional[str] = None):
+                 shown: Optional[Callable[[str], str]] = None, store: Optional[str] = None, sealed=None):
         self.specs_dir, self.receipts_dir, self.root = Path(specs_dir), Path(receipts_dir), Path(root)
-        self.policy, self.cache, self.flags = policy, cache, flags
+        self.policy, self.cache, self.flags, self.sealed = policy, cache, flags, sealed
+        if cache is None and sealed is not None:
+            from engine.store.sealed import process_cache
+
+            # this process's memory only (nothing read from or written to a store's file): the working tree's
+            # digests, which many receipts share, are hashed once per command
+            self.cache = process_cache(sealed)
         self.shown, self.store = shown, store
         self._assessed: dict[str, list[Assessed]] = {}
         self._rows: dict[str, list[UnitRow]] = {}
@@ -132,7 +139,7 @@ class Overview:
         """Every file in the method's folder, assessed from its bytes (with `cache`: display only), oldest first."""
         if key not in self._assessed:
             self._assessed[key], _ = assess_receipts(self.receipts_dir, self.root, self.specs_dir, key,
-                                                     cache=self.cache, policy=self.policy)
+                                                     cache=self.cache, policy=self.policy, sealed=self.sealed)
         return self._assessed[key]
 
     def store_report(self, method: Optional[str] = None, spec_states: Optional[dict] = None) -> StoreReport:
@@ -140,7 +147,7 @@ class Overview:
         from engine.store.verify import assess_store
 
         return assess_store(self.receipts_dir, self.root, self.specs_dir, method, spec_states or {}, cache=self.cache,
-                            policy=self.policy)
+                            policy=self.policy, sealed=self.sealed)
 
     # -- verdicts and rows -------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ crash before the link leaves no receipt at all, never half of one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -281,6 +282,14 @@ def load_receipt(path: Path, with_bytes: bool = False, with_signatures: bool = F
         raw = bounded.read_regular(path, bounded.MAX_RECEIPT_BYTES)
     except OSError as err:
         raise ValueError(f"cannot read: {err.strerror}") from None
+    data, raw, signatures = parse_receipt(raw)
+    if with_signatures:
+        return data, raw, signatures
+    return (data, raw) if with_bytes else data
+
+
+def parse_receipt(raw: bytes) -> tuple[dict, bytes, list | None]:
+    """(Statement, its bytes, signatures or None) of a receipt file's bytes; ValueError as `load_receipt`."""
     data = _json_document(raw)
     signatures = None
     from engine.store.signing import is_envelope, open_envelope
@@ -290,9 +299,7 @@ def load_receipt(path: Path, with_bytes: bool = False, with_signatures: bool = F
         data = _json_document(raw, "DSSE payload ")
     if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE or not isinstance(data.get("predicate"), dict):
         raise ValueError("not a paper-contracts receipt (no in-toto Statement with a predicate)")
-    if with_signatures:
-        return data, raw, signatures
-    return (data, raw) if with_bytes else data
+    return data, raw, signatures
 
 
 def _json_document(raw: bytes, what: str = ""):
@@ -336,7 +343,7 @@ def integrity_problem(data: dict, raw: bytes) -> tuple[str, str] | None:
 
 
 def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display: str | None = None,
-                  cache=None, loaded: tuple[dict, bytes] | None = None) -> ReceiptCheck:
+                  cache=None, loaded: tuple[dict, bytes] | None = None, intact: bool = False) -> ReceiptCheck:
     """Integrity (recomputed id, subject digest, exact bytes) and freshness (subject digests vs the tree).
 
     Subjects named `specs/...` resolve against `specs_dir` (default root/specs),
@@ -344,7 +351,8 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
     Freshness is decided here every time; an `engine.store.cache.ValidationCache` only
     spares re-deriving what bytes alone decide: integrity (`integrity_problem`,
     under the receipt's sha256) and `_same_but_state` (under the spec's).
-    `loaded` is (data, raw) when the caller has already read the file.
+    `loaded` is (data, raw) when the caller has already read the file; `intact` says its integrity is known
+    (a sealed summary of these very bytes, engine/store/sealed.py), and then only freshness is decided.
     """
     display = display or Path(path).name
     try:
@@ -354,7 +362,8 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
     pred = data["predicate"]
     rc = ReceiptCheck(file=display, state="fresh", method=pred.get("method"), receipt_id=pred.get("receipt_id"),
                       status=pred.get("status"), created_at=pred.get("created_at"))
-    problem = cache.integrity_problem(data, raw) if cache is not None else integrity_problem(data, raw)
+    problem = None if intact else cache.integrity_problem(data, raw) if cache is not None else \
+        integrity_problem(data, raw)
     if problem is not None:
         rc.state, rc.message = problem
         return rc
@@ -369,10 +378,11 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         name = s.get("name", "")
         if is_external_subject(name):
             continue  # a checkpoint file: binds what ran, is not in the tree (see is_external_subject)
-        if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        if _not_a_repository_path(name):
             changed.append(f"{name} (not a repository path)")
             continue
-        target = subject_target(name, root, specs_dir)
+        target = cache.subject_target(name, root, specs_dir) if cache is not None else \
+            subject_target(name, root, specs_dir)
         if target is None:
             changed.append(f"{name} (resolves outside the checkout)")
         elif not target.is_file():
@@ -384,6 +394,12 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
         rc.state, rc.changed = "stale", tuple(changed)
         rc.message = "changed since the run: " + ", ".join(changed)
     return rc
+
+
+@functools.lru_cache(maxsize=4096)
+def _not_a_repository_path(name: str) -> bool:
+    """Empty, absolute, or climbing out with `..`: a pure function of the name, which many receipts share."""
+    return not name or Path(name).is_absolute() or ".." in Path(name).parts
 
 
 def subject_target(name: str, root: Path, specs_dir: Path | None = None) -> Path | None:

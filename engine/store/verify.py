@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from engine.store import ledger as ledger_mod
-from engine.store.receipts import RECEIPT_SUFFIX, TMP_PREFIX, check_receipt, load_receipt, schema_problems
+from engine.store.receipts import (RECEIPT_SUFFIX, TMP_PREFIX, check_receipt, load_receipt, parse_receipt,
+                                   schema_problems)
 from engine.store.records import Receipt
 from engine.spec.loader import KEY_RE
 
@@ -58,20 +59,49 @@ class Assessed:
 
 
 def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
-           folder_method: str | None = None, cache=None, policy=None) -> Assessed:
+           folder_method: str | None = None, cache=None, policy=None, sealed=None) -> Assessed:
     """Everything verify knows about one receipt file.
 
     With an `engine.store.cache.ValidationCache`, the integrity and schema verdicts of these exact bytes may come
     from it (display only: gate, promote and verify pass none); freshness is decided afresh either way. With a
-    trust policy (engine.store.trust.TrustPolicy), `trust` says whether the receipt may count.
+    `engine.store.sealed.Sealed` cache, a receipt these exact bytes were judged intact and schema-valid as, by
+    this engine, is read from its sealed summary (the file is still read and hashed, its freshness and signature
+    decided afresh). With a trust policy (engine.store.trust.TrustPolicy), `trust` says whether the receipt may
+    count.
     """
     display = display or Path(path).name
-    try:
-        data, raw, signatures = load_receipt(path, with_signatures=True)
-        loaded = (data, raw)
-    except ValueError:
-        loaded, signatures = None, None  # check_receipt reads it again and says why it cannot
-    rc = check_receipt(path, root, specs_dir, display=display, cache=cache, loaded=loaded)
+    file_bytes, hit = None, None
+    if sealed is not None and sealed.enabled:
+        from engine.store import bounded, sealed as sealed_mod
+
+        try:
+            if not Path(path).parent.is_symlink():
+                file_bytes = bounded.read_regular(path, bounded.MAX_RECEIPT_BYTES)
+        except (OSError, ValueError):
+            file_bytes = None  # load_receipt below says why
+        hit = sealed_mod.get_receipt(sealed, file_bytes) if file_bytes is not None else None
+    loaded, signatures, intact = None, None, False
+    if hit is not None:
+        try:
+            if hit["signed"]:
+                import json
+
+                from engine.store.signing import open_envelope
+
+                raw, signatures = open_envelope(json.loads(file_bytes))
+            else:
+                raw = file_bytes
+            data, loaded, intact = hit["statement"], (hit["statement"], raw), True
+        except (ValueError, TypeError, AttributeError):
+            hit, signatures = None, None
+    if hit is None:
+        try:
+            data, raw, signatures = parse_receipt(file_bytes) if file_bytes is not None else \
+                load_receipt(path, with_signatures=True)
+            loaded = (data, raw)
+        except ValueError:
+            loaded, signatures = None, None  # check_receipt reads it again and says why it cannot
+    rc = check_receipt(path, root, specs_dir, display=display, cache=cache, loaded=loaded, intact=intact)
     out = Assessed(file=display, state=rc.state, message=rc.message, method=rc.method, receipt_id=rc.receipt_id,
                    status=rc.status if isinstance(rc.status, str) else None, created_at=rc.created_at,
                    changed=list(rc.changed), signed_by=[s["keyid"] for s in signatures or []])
@@ -86,7 +116,7 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
         kind = ((env or {}).get("device") or {}).get("kind") if isinstance(env, dict) and isinstance(
             env.get("device"), dict) else None
         out.trust, out.trust_message = policy.judge(signatures, raw, kind if isinstance(kind, str) else None)
-    problems = cache.schema_problems(data, raw) if cache is not None else schema_problems(data)
+    problems = [] if intact else cache.schema_problems(data, raw) if cache is not None else schema_problems(data)
     if problems:
         out.state, out.changed = "invalid", []
         out.message = "does not match the receipt schema: " + "; ".join(problems)
@@ -105,6 +135,12 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
     out.device = out.receipt.device
     out.predicate = pred
     out.subject = data.get("subject")
+    # judged intact and valid from these bytes just now (never from a store's cache file, which anyone who writes
+    # the store can edit): keep it
+    if file_bytes is not None and not intact and getattr(cache, "path", None) is None:
+        from engine.store.sealed import put_receipt
+
+        put_receipt(sealed, file_bytes, data, signatures is not None)
     return out
 
 
@@ -150,7 +186,7 @@ def store_files(receipts_dir: Path, method: str | None = None) -> tuple[list[tup
 
 
 def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None, cache=None,
-                    policy=None) -> tuple[list[Assessed], list[str]]:
+                    policy=None, sealed=None) -> tuple[list[Assessed], list[str]]:
     """Every candidate receipt (of one method, or all), assessed; plus leftover temporary files."""
     files, leftovers = store_files(receipts_dir, method)
     out = []
@@ -163,15 +199,16 @@ def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str
             a = Assessed(file=display, state="invalid", message=f"not a receipt file name (expected *{RECEIPT_SUFFIX})")
         else:
             a = assess(path, root, specs_dir, display=display, folder_method=folder_method, cache=cache,
-                       policy=policy)
+                       policy=policy, sealed=sealed)
         out.append(a)
     return out, leftovers
 
 
 def assess_store(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None,
-                 spec_states: dict[str, str] | None = None, cache=None, policy=None) -> StoreReport:
+                 spec_states: dict[str, str] | None = None, cache=None, policy=None, sealed=None) -> StoreReport:
     """Assess every receipt (of one method, or all) and the ledger against them and the specs' states."""
-    receipts, leftovers = assess_receipts(receipts_dir, root, specs_dir, method, cache=cache, policy=policy)
+    receipts, leftovers = assess_receipts(receipts_dir, root, specs_dir, method, cache=cache, policy=policy,
+                                          sealed=sealed)
     report = StoreReport(receipts=receipts, leftovers=leftovers)
     led = ledger_mod.read(receipts_dir)
     if method is not None:
