@@ -27,6 +27,7 @@ from engine.run.binding import numeric_environment
 from engine.run.devices import describe
 from engine.errors import BudgetError, UsageError
 from engine.run.expect import applies, evaluate
+from engine.tiers import tier_counts, tier_of
 from engine.run.expect import describe as describe_expectation
 from engine.paths import project_root
 from engine.store.receipts import statement, subjects, utc_now
@@ -485,7 +486,7 @@ class Runner:
                 "contracts": contracts,
                 "results": {s: n for s in RESULT_STATUSES
                             if (n := sum(r["status"] == s for r in self.results)) or s in (PASSED, FAILED, ERROR)},
-                "tiers": tier_summary(contracts),
+                "tiers": tier_counts({"contracts": contracts}),
                 "mutants": {"killed": sum(m["killed"] for m in self.mutant_results),
                             "survived": sum(not m["killed"] and "not_applicable" not in m
                                             for m in self.mutant_results),
@@ -496,30 +497,6 @@ class Runner:
             "status": self.verdict(),
             **({} if (cov := self.applicability())["complete"] else {"applicability": cov}),
         }
-
-
-def tier_of(contract: dict) -> str:
-    """math or budget; a receipt written before contracts had tiers holds maths only (no budget contract yet)."""
-    return contract.get("tier") or "math"
-
-
-def tier_summary(contracts: dict[str, dict]) -> dict[str, dict]:
-    """Per tier, how many contracts there are and how many held in every cell run (passed == requested): a
-    verdict says whether the maths or a budget failed."""
-    out: dict[str, dict] = {}
-    for s in contracts.values():
-        t = out.setdefault(s.get("tier") or "math", {"contracts": 0, "held": 0, "failed": 0, "other": 0})
-        t["contracts"] += 1
-        if s["failed"] or s["error"]:
-            t["failed"] += 1
-        elif s["passed"] == s["requested"]:
-            t["held"] += 1
-        else:  # partial, not applicable, or not (all) run
-            t["other"] += 1
-    return {k: out[k] for k in TIERS if k in out}
-
-
-TIERS = ("math", "budget")
 
 
 def _expectation_record(e: dict, measurements: dict, dtype: str, not_measured: dict[str, str]) -> dict:
