@@ -203,3 +203,23 @@ def test_kinds_json_lists_schemas_and_users():
     assert len(kinds) >= 10 and all({"name", "description", "parameters", "used_by"} <= set(k) for k in kinds.values())
     assert kinds["reference_agreement"]["parameters"]["properties"]["reference"]
     assert "tapo-trajectory/prefix_ratio_forward" in kinds["reference_agreement"]["used_by"]
+
+
+@pytest.mark.parametrize("columns", ["200", "80", "60"])
+def test_kinds_text_fits_80_columns_whatever_the_terminal(columns, monkeypatch):
+    """Each kind's description, params, metrics and users wrap at 80 columns (fewer on a narrower terminal),
+    continuing indented; every kind is still listed."""
+    from typer.testing import CliRunner
+
+    from engine.cli import app
+    from engine.kinds.base import all_kinds
+
+    monkeypatch.setenv("COLUMNS", columns)
+    r = CliRunner().invoke(app, ["kinds"])
+    assert r.exit_code == 0, r.output
+    limit = min(80, int(columns))
+    lines = (r.stdout + r.stderr).splitlines()
+    assert all(len(line) <= limit for line in lines), [line for line in lines if len(line) > limit]
+    names = [line for line in r.stdout.splitlines() if line and not line.startswith(" ")]
+    assert names == list(all_kinds())
+    assert any(line.startswith("    ") for line in r.stdout.splitlines())  # a continuation, not a cut
