@@ -17,6 +17,12 @@ from methods.mrtpo.reference import gdpo_uniform_ref, js_distance_ref
 # Check code: calls the method with bad and edge inputs and judges the answers; implements nothing.
 __mutate__ = False  # `contracts mutate` does not plant bugs here
 
+# The message text these checks read, per check and function: each is declared in the spec's interface
+# (raises: message_prefix), and tests/test_interface.py holds every spec to that.
+MESSAGE_READS = {"mrtpo.input_checks": {
+    "js_distance": ["js_distance: "], "beta_schedule": ["beta_schedule: "], "credit_weights": ["credit_weights: "],
+    "credit_weights_from_logits": ["credit_weights_from_logits: "], "mrtpo_advantages": ["mrtpo_advantages: "]}}
+
 
 def _refused(call, expected: type, names: tuple) -> bool:
     """The call raised `expected` with the function's own one-line message ("name: ..."), not an error of

@@ -20,6 +20,14 @@ from methods.tar import reference as ref
 F64 = torch.float64
 JUNK = (float("nan"), float("inf"), float("-inf"), 1.0e4, -1.0e4, 5.0)
 
+# The message text these checks read, per check and function: each is declared in the spec's interface
+# (raises: message_contains), and tests/test_interface.py holds every spec to that.
+MESSAGE_READS = {
+    "tar.rejects_invalid_inputs": {"adaptive_replay_loss": ["(1, 2)"]},
+    "tar.fps_rejects_bad_vectors": {"farthest_point_prototypes": ["candidate 3", "norm 0", "not finite",
+                                                                  "overflows"]},
+}
+
 
 # --- input generation ------------------------------------------------------------
 
