@@ -200,7 +200,7 @@ def test_at_80_columns_the_report_wraps_its_prose_but_never_a_word_or_the_repro_
     starts = [l.split()[0] for l in whole]
     cont = [l for l in wrapped if l.split()[0] not in starts or l.startswith("    ")]
     assert cont and all(l.startswith("  ") for l in cont)
-    assert [l for l in plain if l.startswith("FAILED")] == ["FAILED prefix_ratio_forward"]
+    assert [l for l in plain if l.startswith("FAILED")] == ["FAILED math prefix_ratio_forward"]
     assert "fused_empty_rows_count_3" in "\n".join(wrapped)  # ids are never split at their underscores
 
 
