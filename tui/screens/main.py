@@ -411,17 +411,7 @@ class MainScreen(Screen):
         out.append(f"  ({word}; verdict from {g.source})\n\n")
         if g.unmet:
             out.append("unmet requirements, each with what would meet it:\n", style="bold")
-            for what, how in g.unmet:
-                out.append("✗ ", style="bold red")
-                out.append(what + "\n")
-                if how:
-                    out.append(f"    {'$ ' if how.startswith('contracts ') else '-> '}{how}\n", style="cyan")
-        for what in g.met:
-            out.append("✓ ", style="green")
-            out.append(what + "\n")
-        for w in g.warnings:
-            out.append("⚠ ", style="yellow")
-            out.append(w + "\n")
+        fmt.unmet_and_warnings(out, g.unmet, g.warnings, g.met)
         self.query_one("#gate-view", Static).update(out)
 
     # -- cursor helpers -------------------------------------------------------------
