@@ -292,7 +292,7 @@ def _keys(keys: list[str]) -> str:
 
 
 class Filtered:
-    """A screen's two filter-bar handlers: typing refilters; escape clears and hides the bar; either way the table
+    """A screen's filter bar: `/` shows it; typing refilters; escape clears and hides the bar; either way the table
     `FILTERED_TABLE` (a selector) gets the focus back. The screen defines `refilter()` and `filter_text`."""
 
     FILTERED_TABLE = ""
@@ -300,6 +300,11 @@ class Filtered:
 
     def refilter(self) -> None:
         raise NotImplementedError
+
+    def action_filter(self) -> None:
+        bar = self.query_one("#filter", FilterBar)
+        bar.display = True
+        bar.focus()
 
     def on_input_changed(self, event: FilterBar.Changed) -> None:
         if event.input.id == "filter":

@@ -329,11 +329,6 @@ class ReceiptScreen(Filtered, Screen):
             return
         self.app.pop_screen()
 
-    def action_filter(self) -> None:
-        bar = self.query_one("#filter", FilterBar)
-        bar.display = True
-        bar.focus()
-
     def action_failures(self) -> None:
         self.failures_only = not self.failures_only
         self._fill_results()
