@@ -110,12 +110,19 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
                f"tokens; receipt {receipt}")
 
 
+def result_summary(r: dict) -> dict:
+    """One result as `check --json` lists it (the receipt holds the rest), with its contract's tier."""
+    return {**{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")},
+            "tier": tier_of(r)}
+
+
 def tiers_line(summary: dict) -> str:
-    """`tiers: math 11/12 contracts held (1 failed); budget 1/1 held`: whether the maths or a budget failed."""
+    """`tiers: math 11/12 contracts held (1 failed); budget 1/1 held` (or `budget none`): whether the maths or a
+    budget failed."""
     parts = []
     for tier, n in tier_counts(summary).items():
         if not n["contracts"]:
-            parts.append(f"{tier}: no contracts selected")
+            parts.append(f"{tier} none")  # no contract of this tier in the run
             continue
         extra = [f"{n[k]} {w}" for k, w in (("failed", "failed"), ("other", "partial or not run")) if n[k]]
         parts.append(f"{tier} {n['held']}/{n['contracts']} {'contracts ' if not parts else ''}held"
@@ -196,8 +203,7 @@ def _merged_outcome(stmt: dict, path: Path, json_out: bool, spec=None, flags: st
             "receipt": shown, "receipt_id": pred["receipt_id"],
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
             "execution": pred["execution"],
-            "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
-                        for r in pred["results"]],
+            "results": [result_summary(r) for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]]}
 
 
