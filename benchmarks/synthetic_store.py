@@ -50,6 +50,7 @@ contracts:
     description: Prefix ratio equals the float64 reference.
     formulas: [ratio]
     kind: value
+    tier: math
     check: demo.ratio_forward
     dtypes: [float32, float64]
     cases: 8
@@ -59,6 +60,7 @@ contracts:
     description: Gradient equals the analytic one.
     formulas: [loss]
     kind: gradient
+    tier: math
     check: demo.loss_gradient
     dtypes: [float64]
     cases: 8
@@ -68,6 +70,7 @@ contracts:
     description: Padding changes nothing.
     formulas: [loss]
     kind: property
+    tier: math
     check: demo.padding
     dtypes: [float32]
     cases: 4
@@ -77,6 +80,7 @@ contracts:
     description: Real updates move the parameters.
     formulas: [loss]
     kind: mechanism
+    tier: math
     check: demo.mechanism
     dtypes: [float32]
     cases: 1

@@ -40,6 +40,7 @@ contracts:
     description: the value equals 2x
     formulas: [double]
     kind: value
+    tier: math
     check: toy.double_value
     dtypes: [float64, float32]
     cases: 8
@@ -49,6 +50,7 @@ contracts:
     description: a doubling run beside a control
     formulas: [double]
     kind: mechanism
+    tier: math
     check: toy.mechanism
     dtypes: [float32]
     cases: 1

@@ -58,6 +58,11 @@ def test_full_check_passes_and_writes_one_complete_receipt(full_run):
     assert seen == {(c, s) for c in contracts for s in (42, 43, 44)}
     assert all(m["killed"] for m in p["mutants"]) and len(p["mutants"]) >= 4
     assert p["unproven_contracts"] == []
+    # each result records its contract's tier; the summary counts the tiers apart (TAPO has no budget contract)
+    tiers = {c["id"]: c["tier"] for c in json.loads(invoke("show", "tapo-trajectory", "--json").stdout)["spec"]["contracts"]}
+    assert all(x["tier"] == tiers[x["contract"]] for x in p["results"])
+    assert p["summary"]["tiers"] == {"math": {"contracts": len(tiers), "held": len(tiers), "failed": 0, "other": 0},
+                                     "budget": {"contracts": 0, "held": 0, "failed": 0, "other": 0}}
     one = p["results"][0]
     for key in ("measurements", "expectations", "status", "dtype", "seed", "cases_requested"):
         assert key in one
@@ -168,6 +173,19 @@ def test_show_json_has_contract_ids():
     assert r.exit_code == 0
     data = json.loads(r.stdout)
     assert "eq15_local_gradient" in {c["id"] for c in data["spec"]["contracts"]}
+
+
+@pytest.mark.parametrize("method", ["grpo", "gspo", "mrtpo", "tapo-trajectory", "tar-adaptive-replay"])
+def test_show_names_every_contracts_tier(method, monkeypatch):
+    """math or budget on every contract, in show --json (per contract and grouped) and in the text table."""
+    data = json.loads(invoke("show", method, "--json").stdout)
+    tiers = {c["id"]: c["tier"] for c in data["spec"]["contracts"]}
+    assert set(tiers.values()) <= {"math", "budget"}
+    assert data["tiers"] == {t: [c for c, x in tiers.items() if x == t] for t in ("math", "budget")}
+    monkeypatch.setenv("COLUMNS", "200")
+    text = invoke("show", method).stdout
+    assert f"tiers: math {len(data['tiers']['math'])}; budget {len(data['tiers']['budget'])}" in text
+    assert "tier" in next(line for line in text.splitlines() if "kind" in line and "check" in line)
 
 
 @pytest.mark.parametrize("verb", [["list"], ["list", "--json"], ["show", "tapo-trajectory"], ["validate"]])

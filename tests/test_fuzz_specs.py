@@ -116,7 +116,7 @@ BASE: dict = {
     "formulas": [{"id": "f1", "name": "the formula", "latex": "y = x", "implements": FUNCTION}],
     "assumptions": [{"id": "a1", "text": "an assumption"}],
     "contracts": [{
-        "id": "c1", "description": "d", "formulas": ["f1"], "kind": "value", "check": CHECK,
+        "id": "c1", "description": "d", "formulas": ["f1"], "kind": "value", "tier": "math", "check": CHECK,
         "dtypes": ["float64", "float32"], "cases": 1, "params": {"eps_min": 0.1, "eps_max": 0.2},
         "expect": [{"metric": "max_abs_err", "dtype": "float64", "le": 1.0e-12, "note": "n"},
                    {"metric": "max_abs_err", "le": 1.0e-6}],

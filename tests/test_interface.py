@@ -158,3 +158,82 @@ def test_a_wrong_dtype_class_is_a_type_error_and_a_wrong_value_a_value_error():
                  lambda: farthest_point_prototypes(emb, marks, k=-1), lambda: js_distance(lt, lt[:, :2])):
         with pytest.raises(ValueError):
             call()
+
+
+# --- one error convention: contracts read only the message text the interface declares --------------------------
+
+SPECS = sorted(p.stem for p in (ROOT / "specs").glob("*.yaml"))
+
+
+def _declared_words(spec: dict) -> dict[str, list[str]]:
+    """function -> the message words and prefixes its `raises` entries declare (lower case)."""
+    out: dict[str, list[str]] = {}
+    for f in (spec.get("interface") or {}).get("functions") or []:
+        for r in f.get("raises") or []:
+            words = list(r.get("message_contains") or []) + ([r["message_prefix"]] if r.get("message_prefix") else [])
+            out.setdefault(f["name"], []).extend(w.lower() for w in words)
+    return out
+
+
+def _message_reads(spec: dict) -> list[tuple[str, str, str]]:
+    """(contract, function, fragment) for each piece of message text a contract of `spec` matches: the refusal
+    kind's `match:` words, and the MESSAGE_READS its bespoke checks' modules declare."""
+    import sys
+
+    reg = registry.load()
+    out = []
+    for c in spec["contracts"]:
+        params = c.get("params") or {}
+        check = c.get("check") or "kind:"  # the loader names a kind's contract `kind:<name>`
+        if check.startswith("kind:") and c["kind"] == "refusal":
+            for row in params.get("refuse") or []:
+                for mu in row if isinstance(row, list) else [row]:
+                    if mu.get("match"):
+                        out.append((c["id"], params["function"], mu["match"]))
+        elif not check.startswith("kind:"):
+            module = sys.modules[reg.get_check(check).__module__]
+            for fn, frags in getattr(module, "MESSAGE_READS", {}).get(check, {}).items():
+                out += [(c["id"], fn, f) for f in frags]
+    return out
+
+
+@pytest.mark.parametrize("method", SPECS)
+def test_every_message_fragment_a_contract_matches_is_declared_by_the_interface(method):
+    """A correct implementation written from `contracts interface` alone must not fail on wording: each word or
+    prefix a contract reads in an error message is one its function's `raises` declares (message_contains: the
+    word, or the word followed by what the conventions say, as 'candidate 3'; message_prefix: the prefix)."""
+    from engine.spec.loader import load_spec
+
+    spec = load_spec(ROOT / "specs" / f"{method}.yaml", ROOT).data
+    declared = _declared_words(spec)
+    reads = _message_reads(spec)
+    assert reads or method not in ("grpo", "tar-adaptive-replay"), "the walk found none: it reads nothing"
+    undeclared = [(cid, fn, frag) for cid, fn, frag in reads
+                  if not any(frag.lower() == w or frag.lower().startswith(w) for w in declared.get(fn, []))]
+    assert undeclared == [], f"{method}: contracts read message text the interface does not declare: {undeclared}"
+
+
+def test_checks_that_read_message_text_declare_it():
+    """The guard on MESSAGE_READS: a check module that compares a literal with an error message (`"x" in msg`)
+    lists that literal in its MESSAGE_READS, which the test above holds to the interface."""
+    import ast
+    import importlib
+
+    missing = []
+    for path in sorted((ROOT / "methods").glob("*/*.py")):
+        text = path.read_text()
+        if "registry.check(" not in text:
+            continue
+        literals = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and \
+                    isinstance(node.left.value, str) and any(isinstance(op, ast.In) for op in node.ops):
+                right = ast.unparse(node.comparators[0]).lower()
+                if "msg" in right or "message" in right or "str(e" in right:
+                    literals.add(node.left.value)
+        if not literals:
+            continue
+        module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        reads = {f for per_fn in getattr(module, "MESSAGE_READS", {}).values() for fs in per_fn.values() for f in fs}
+        missing += [(path.relative_to(ROOT).as_posix(), lit) for lit in sorted(literals - reads)]
+    assert missing == [], f"message text read but not in the module's MESSAGE_READS: {missing}"

@@ -164,6 +164,42 @@ def test_refusal_good_and_planted_bug():
     assert bad["not_refused"] == 1 and "refuse" in c.case_log[0]["argument"]
 
 
+def test_a_refusal_that_failed_names_what_was_raised_or_returned_instead():
+    """Not a bare count: each failing row says what it got: returned, another exception type, or the declared
+    one without the declared word, with the message."""
+    p = {**CALL, "mask": "mask", "refuse": [{"arg": "x", "fill": "nan", "at": "first_valid", "match": "finite"}]}
+
+    def wrong_type(x, y, m):
+        raise TypeError("x is bad")
+
+    def wrong_words(x, y, m):
+        raise ValueError("x is bad")
+
+    for fn, says in ((lambda x, y, m: x, "(accepted: returned without raising)"),
+                     (wrong_type, "(raised TypeError, not ValueError: 'x is bad')"),
+                     (wrong_words, "(raised ValueError without 'finite': 'x is bad')")):
+        out, c = measure("refusal", {"f": fn}, p)
+        assert out["not_refused"] == 1 and c.case_log[0]["argument"].endswith(says), c.case_log[0]["argument"]
+
+
+def test_a_refusal_rows_word_counts_wherever_in_its_mutations_it_is_written():
+    """`[{cast}, {fill, match}]`: the match on the second mutation is read, not dropped."""
+    p = {**CALL, "mask": "mask", "refuse": [[{"arg": "x", "cast": "float"},
+                                             {"arg": "x", "fill": "nan", "at": "first_valid", "match": "mask"}]]}
+    out, c = measure("refusal", {"f": _checked}, p)  # says "finite", not "mask"
+    assert out["not_refused"] == 1 and "without 'mask'" in c.case_log[0]["argument"]
+
+
+def test_a_call_the_implementation_lacks_is_recorded_as_skipped():
+    """masked_junk over two calls on an implementation with one: the metric it still measures is fed by one call
+    only, so the kind says which call it skipped (the runner then makes the contract partial)."""
+    p = {"calls": [{"function": "f", "args": ["x", "y", "mask"]}, {"function": "g", "args": ["x", "y", "mask"]}],
+         "inputs": INPUTS, "mask": "mask", "junk_args": ["x", "y"]}
+    out, c = measure("masked_junk", {"f": _masked_double}, p)
+    assert out["value_max_abs_diff"] == 0 and c.skipped_calls == {"g": "no g in the implementation"}
+    assert c.not_measured["value_max_abs_diff"] == "no g in the implementation"
+
+
 def test_closed_form_good_and_planted_bug():
     p = {"function": "f", "examples": [{"args": [[1.0, 2.0], [0.0, 0.0], [True, False]], "bool_args": [2],
                                         "expected": [2.0, 0.0]}]}
@@ -293,3 +329,23 @@ def test_precision_reports_the_gradients_absolute_error():
         x if x.dtype == torch.float64 else x.half().to(x.dtype), y, m))
     out = get_kind("precision").measure(bad_impl, ctx(torch.float32, params=p), p)
     assert "grad_max_abs_err" in out and out["max_rel_err"] > 1e-5
+
+
+@pytest.mark.parametrize("columns", ["200", "80", "60"])
+def test_kinds_text_fits_80_columns_whatever_the_terminal(columns, monkeypatch):
+    """Each kind's description, params, metrics and users wrap at 80 columns (fewer on a narrower terminal),
+    continuing indented; every kind is still listed."""
+    from typer.testing import CliRunner
+
+    from engine.cli import app
+    from engine.kinds.base import all_kinds
+
+    monkeypatch.setenv("COLUMNS", columns)
+    r = CliRunner().invoke(app, ["kinds"])
+    assert r.exit_code == 0, r.output
+    limit = min(80, int(columns))
+    lines = (r.stdout + r.stderr).splitlines()
+    assert all(len(line) <= limit for line in lines), [line for line in lines if len(line) > limit]
+    names = [line for line in r.stdout.splitlines() if line and not line.startswith(" ")]
+    assert names == list(all_kinds())
+    assert any(line.startswith("    ") for line in r.stdout.splitlines())  # a continuation, not a cut

@@ -204,8 +204,14 @@ def test_input_checks_count_every_case_and_catch_missing_refusals():
     out = reg.get_check("mrtpo.input_checks")(IMPL, _ctx(dtype=F64, params={"eps": 1e-6}))
     assert out["refusals_missed"] == 0 and out["acceptances_missed"] == 0 and out["refusal_cases"] >= 30
     bad = reg.get_mutant("mrtpo.weights_unchecked").factory()
-    out = reg.get_check("mrtpo.input_checks")(bad, _ctx(dtype=F64, params={"eps": 1e-6}))
+    ctx = _ctx(dtype=F64, params={"eps": 1e-6})
+    out = reg.get_check("mrtpo.input_checks")(bad, ctx)
     assert out["refusals_missed"] > 0
+    # not a bare count: each missed case names its function, its case and what happened instead
+    missed = [e for e in ctx.case_log if "refusals_missed" in e["metrics"]]
+    assert len(missed) == out["refusals_missed"]
+    assert all(e["argument"].startswith("credit_weights") and ("returned" in e["argument"] or "raised" in e["argument"])
+               for e in missed), missed
 
 
 def test_scratch_budget_is_the_documented_block():

@@ -39,6 +39,7 @@ contracts:
     description: value and gradient equal the float64 closed form
     formulas: [wmean]
     kind: gradient
+    tier: math
     check: mutate_toy.value_and_grad
     dtypes: [float64]
     cases: 1

@@ -66,6 +66,7 @@ contracts:
     description: "eps_t matches the float64 formula"
     formulas: [length_clip]
     kind: value
+    tier: math
     check: tapo.clip_schedule
     dtypes: [float64]
     cases: 1

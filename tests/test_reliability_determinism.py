@@ -85,7 +85,7 @@ formulas:
   - {id: f1, latex: "u \\\\sim U(0,1)", implements: draw}
 assumptions: []
 contracts:
-  - {id: draw, description: a draw from the global generator, formulas: [f1], kind: value,
+  - {id: draw, description: a draw from the global generator, formulas: [f1], kind: value, tier: math,
      check: reliab_rng.global_draw, dtypes: [float64, float32], cases: 1, expect: [{metric: u, le: 1.0}]}
 mutants:
   - {id: shifted, description: adds 2, mutant: reliab_rng.shifted, killed_by: [draw]}

@@ -167,6 +167,7 @@ def spec_text(key: str, contract_ids: list[str]) -> str:
     description: "a misbehaving implementation or check: {cid}"
     formulas: [f1]
     kind: value
+    tier: math
     check: reliab_faulty.{CONTRACTS[cid][0]}
     dtypes: [float64]
     cases: 1

@@ -84,9 +84,9 @@ formulas:
   - {id: f1, latex: "y = x", implements: identity}
 assumptions: []
 contracts:
-  - {id: raises, description: raises quoting paths, formulas: [f1], kind: value,
+  - {id: raises, description: raises quoting paths, formulas: [f1], kind: value, tier: math,
      check: reliab_leaky.raises_with_paths, dtypes: [float64], cases: 1, expect: [{metric: err, le: 1.0}]}
-  - {id: records, description: records paths, formulas: [f1], kind: mechanism,
+  - {id: records, description: records paths, formulas: [f1], kind: mechanism, tier: math,
      check: reliab_leaky.records_paths, dtypes: [float32], cases: 1, expect: [{metric: err, le: 1.0}]}
 mutants:
   - {id: none, description: off by one, mutant: reliab_leaky.none, killed_by: [raises, records]}

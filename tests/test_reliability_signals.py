@@ -96,9 +96,9 @@ formulas:
   - {id: f1, latex: "y = 2x", implements: double}
 assumptions: []
 contracts:
-  - {id: quick, description: finishes at once, formulas: [f1], kind: value, check: reliab_signal.quick,
+  - {id: quick, description: finishes at once, formulas: [f1], kind: value, tier: math, check: reliab_signal.quick,
      dtypes: [float64], cases: 1, expect: [{metric: err, le: 1.0e-12}]}
-  - {id: block, description: blocks until interrupted, formulas: [f1], kind: value, check: reliab_signal.block,
+  - {id: block, description: blocks until interrupted, formulas: [f1], kind: value, tier: math, check: reliab_signal.block,
      dtypes: [float64], cases: 1, expect: [{metric: err, le: 1.0e-12}]}
 mutants:
   - {id: broken, description: 3x, mutant: reliab_signal.broken, killed_by: [quick, block]}

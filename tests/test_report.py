@@ -133,8 +133,10 @@ def test_a_planted_failure_prints_one_block_whose_repro_fails_alone(tight_specs,
     assert r.exit_code == 1, r.output
     err = r.stderr
     blocks = [l for l in err.splitlines() if l.startswith("FAILED")]
-    assert blocks == [f"FAILED prefix_ratio_forward ({specs / SPEC.name}:{line}, formula prefix_ratio): "
+    assert blocks == [f"FAILED math prefix_ratio_forward ({specs / SPEC.name}:{line}, formula prefix_ratio): "
                       "did not hold, 2 of 8 seed x dtype cells failed"], err
+    # the summary counts the tiers apart: the maths failed, no budget was run
+    assert "tiers: math 0/1 contracts held (1 failed); budget none" in r.stdout, r.stdout
     assert re.search(r"^  max_rel_err \S+ \.\. \S+ > limit 1e-09 \(2 cells; float32\)$", err, re.M), err
     assert "<=" not in err and "seed 42 float32" not in err  # no true-looking rule, no line per cell
     assert err.count("survived") <= 1 and "survived: mutant" not in err  # consequences: one sentence at most
@@ -198,7 +200,7 @@ def test_at_80_columns_the_report_wraps_its_prose_but_never_a_word_or_the_repro_
     starts = [l.split()[0] for l in whole]
     cont = [l for l in wrapped if l.split()[0] not in starts or l.startswith("    ")]
     assert cont and all(l.startswith("  ") for l in cont)
-    assert [l for l in plain if l.startswith("FAILED")] == ["FAILED prefix_ratio_forward"]
+    assert [l for l in plain if l.startswith("FAILED")] == ["FAILED math prefix_ratio_forward"]
     assert "fused_empty_rows_count_3" in "\n".join(wrapped)  # ids are never split at their underscores
 
 

@@ -485,3 +485,20 @@ def test_fused_mutants_are_edits_of_the_fused_source():
     lb, mb = same(b, old, adv, mask, 0.1, 0.2)
     (ga,), (gb,) = torch.autograd.grad(la, a), torch.autograd.grad(lb, b)
     assert la.item() == lb.item() and ma == mb and torch.equal(ga, gb)
+
+
+def test_a_diverging_fused_metric_is_named_in_its_failing_case():
+    """metric_max_abs_diff is not a bare number: the case that breaks it says which metric of which path."""
+    from engine.run.runner import failing_cases
+
+    def shifted(*args, **kwargs):
+        value, met = IMPL.tapo_loss(*args, **kwargs)
+        return value, {**met, "clip_fraction": float(met["clip_fraction"]) + 0.25}
+
+    contract = CONTRACTS["fused_matches_composed"]
+    c = ctx_for("float64", cases=1, **dict(contract.get("params") or {}))
+    out = REG.get_check("tapo.fused_matches_composed")(IMPL.replace("tapo.shifted_metric", tapo_loss=shifted), c)
+    assert out["metric_max_abs_diff"] == pytest.approx(0.25)
+    failed = [{"metric": "metric_max_abs_diff", "op": "le", "threshold": 1e-12}]
+    (first, *_) = failing_cases(c.case_log, failed, "float64")
+    assert first["where"] == "metrics['clip_fraction'] of tapo_loss vs the composed loss", first

@@ -760,8 +760,8 @@ def test_at_80x24_every_device_status_column_shows(store):
             assert app.screen.has_class("-narrow")
             t = table(app, "#contracts-table")
             labels = [c.label.plain for c in t.columns.values()]
-            assert labels[:4] == ["contract", "cpu", "cuda", "headroom"]
-            used, shown = _visible_width(t, 4)  # contract, cpu, cuda, headroom
+            assert labels[:5] == ["contract", "cpu", "cuda", "tier", "headroom"]
+            used, shown = _visible_width(t, 5)  # contract, cpu, cuda, tier, headroom
             assert used <= shown, (used, shown)
             assert [c.get_render_width(t) - 2 for c in list(t.columns.values())[1:3]] >= [8, 8]  # "✓ passed"
             tree = app.screen.query_one("#methods")
@@ -794,8 +794,11 @@ def test_at_80x24_the_real_specs_status_columns_show(tmp_path):
                 await settle(app, pilot)
                 t = table(app, "#contracts-table")
                 labels = [c.label.plain for c in t.columns.values()]
-                assert labels[:len(m.devices) + 2] == ["contract", *m.devices, "headroom"]
-                used, shown = _visible_width(t, len(m.devices) + 2)
+                assert labels[:len(m.devices) + 3] == ["contract", *m.devices, "tier", "headroom"]
+                used, shown = _visible_width(t, len(m.devices) + 3)
+                # the tier beside the statuses: whether a failure is the maths or a budget, from the spec
+                tiers = {r[0]: r[len(m.devices) + 1] for r in rows(t)}
+                assert tiers == {c["id"]: c["tier"] for c in m.spec["contracts"]}, m.key
                 assert used <= shown, (m.key, used, shown)
                 natural = max(len(c.id) for c in m.contracts)
                 gave_way.append(list(t.columns.values())[0].get_render_width(t) - 2 < natural)

@@ -113,9 +113,6 @@ def test_geo_mean_fails_and_the_receipt_says_which_contracts(tmp_path):
     assert run["applicability"] == pred["applicability"]
 
 
-@pytest.mark.xfail(strict=False, reason="known gap after the contract-kinds merge: a kind that drops a call the "
-                   "implementation lacks (trajectory_ratio) still reports its shared metric as measured, so "
-                   "masked_junk_invariance and precision_agreement say passed, not partial, for a loss-only adapter")
 @pytest.mark.parametrize("name, also_failed", [
     # both compute in the input dtype: half-precision losses drift past TAPO's float32-or-wider tolerances
     ("vanilla", {"on_policy_identity", "precision_agreement"}),
@@ -139,9 +136,6 @@ def test_vanilla_and_gspo_fail(tmp_path, name, also_failed):
 # --- TAPO written as a verl loss -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=False, reason="known gap after the contract-kinds merge: a kind that drops a call the "
-                   "implementation lacks (trajectory_ratio) still reports its shared metric as measured, so "
-                   "masked_junk_invariance and precision_agreement say passed, not partial, for a loss-only adapter")
 def test_a_verl_style_tapo_holds_every_contract_a_loss_can_be_held_to(tmp_path):
     store = tmp_path / "r"
     r = check(TAPO_LOSS, store)

@@ -289,3 +289,31 @@ def _keys(keys: list[str]) -> str:
         if digits == list(range(digits[0], digits[0] + len(digits))):
             return f"{keys[0]}-{keys[-1]}"
     return "/".join(keys)
+
+
+class Filtered:
+    """A screen's filter bar: `/` shows it; typing refilters; escape clears and hides the bar; either way the table
+    `FILTERED_TABLE` (a selector) gets the focus back. The screen defines `refilter()` and `filter_text`."""
+
+    FILTERED_TABLE = ""
+    filter_text: str
+
+    def refilter(self) -> None:
+        raise NotImplementedError
+
+    def action_filter(self) -> None:
+        bar = self.query_one("#filter", FilterBar)
+        bar.display = True
+        bar.focus()
+
+    def on_input_changed(self, event: FilterBar.Changed) -> None:
+        if event.input.id == "filter":
+            self.filter_text = event.value.strip()
+            self.refilter()
+
+    def on_filter_bar_done(self, event: FilterBar.Done) -> None:
+        if event.cleared:
+            self.query_one("#filter").display = False
+            self.filter_text = ""
+            self.refilter()
+        self.query_one(self.FILTERED_TABLE).focus()

@@ -17,6 +17,7 @@ from engine.cli.check_report import (
     _print_summary,
     check_document,
     print_all_summary,
+    result_summary,
     run_coverage,
 )
 from engine.cli.common import (
@@ -271,8 +272,7 @@ def _outcome(stmt: dict, path: Path, json_out: bool, spec=None, flags: str = "")
     return {"method": pred["method"], "status": pred["status"], "coverage": run_coverage(pred, spec),
             "receipt": shown, "receipt_id": pred["receipt_id"], "policy": _policy_summary(pred),
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
-            "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
-                        for r in pred["results"]],
+            "results": [result_summary(r) for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]]}
 
 

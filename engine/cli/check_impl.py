@@ -81,7 +81,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
     pred = stmt["predicate"]
     shown = display_path(path, _paths.project_root())
     if json_out:
-        from engine.cli.check_report import check_document, run_coverage
+        from engine.cli.check_report import check_document, result_summary, run_coverage
 
         _print_json(check_document([{
             "method": pred["method"], "implementation": pred["implementation"], "status": pred["status"],
@@ -89,8 +89,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             "receipt": shown, "receipt_id": pred["receipt_id"], "summary": pred["summary"],
             "unproven_contracts": pred["unproven_contracts"], "applicability": pred.get("applicability"),
             "not_implemented": [{"function": fn, **entry} for fn, entry in not_implemented(pred).items()],
-            "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
-                        for r in pred["results"]],
+            "results": [result_summary(r) for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]],
             "candidate_mutants": [{k: m[k] for k in ("id", "replaced", "killed", "killed_by")}
                                   for m in pred["candidate_mutants"]]}]))

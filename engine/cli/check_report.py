@@ -20,6 +20,7 @@ from engine.cli.common import (
 )
 from engine.spec.loader import display_path
 from engine.text import term_safe
+from engine.tiers import tier_counts, tier_of
 
 
 CHECK_SCHEMA = "paper-contracts/check/v1"
@@ -64,8 +65,8 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
               show_edge=False)
     ids = list(pred["summary"]["contracts"])
     t.add_column("contract", min_width=max(map(len, ids), default=8), overflow="fold")
-    cols = ("passed", "failed", "worst headroom", "mutants") if narrow else \
-        ("kind", "passed", "failed", "error", "worst headroom", "mutants killing it")
+    cols = ("tier", "passed", "failed", "worst headroom", "mutants") if narrow else \
+        ("kind", "tier", "passed", "failed", "error", "worst headroom", "mutants killing it")
     for col in cols:
         t.add_column(col, overflow="fold", justify="right" if col in ("passed", "failed", "error", "mutants")
                      else "left")
@@ -89,11 +90,12 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
             passed += f" (+{s.get('partial', 0)} partial)" if s.get("partial") else f" ({s['not_applicable']} n/a)"
         if narrow:
             failed = str(s["failed"]) + (f" +{s['error']} err" if s["error"] else "")
-            t.add_row(cid, passed, failed, shown, str(len(killers)))
+            t.add_row(cid, tier_of(s), passed, failed, shown, str(len(killers)))
         else:
-            t.add_row(cid, kinds.get(cid, ""), passed, str(s["failed"]), str(s["error"]),
+            t.add_row(cid, kinds.get(cid, ""), tier_of(s), passed, str(s["failed"]), str(s["error"]),
                       shown, ", ".join(killers) or "-")
     con.print(t)
+    typer.echo(tiers_line(pred["summary"]))
     for line in failure_report(pred, spec, flags, width=report_width()):
         # pred is terminal-safe already and the spec's text fields refuse control characters; the only escape
         # codes left are the report's own colours, which _err would print as text
@@ -106,6 +108,26 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
     # one unwrapped line: the receipt's path is copied from here
     typer.echo(f"wall {c['wall_s']:.2f} s, {c['optimizer_updates']} optimizer updates, {c['sampled_tokens']} sampled "
                f"tokens; receipt {receipt}")
+
+
+def result_summary(r: dict) -> dict:
+    """One result as `check --json` lists it (the receipt holds the rest), with its contract's tier."""
+    return {**{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")},
+            "tier": tier_of(r)}
+
+
+def tiers_line(summary: dict) -> str:
+    """`tiers: math 11/12 contracts held (1 failed); budget 1/1 held` (or `budget none`): whether the maths or a
+    budget failed."""
+    parts = []
+    for tier, n in tier_counts(summary).items():
+        if not n["contracts"]:
+            parts.append(f"{tier} none")  # no contract of this tier in the run
+            continue
+        extra = [f"{n[k]} {w}" for k, w in (("failed", "failed"), ("other", "partial or not run")) if n[k]]
+        parts.append(f"{tier} {n['held']}/{n['contracts']} {'contracts ' if not parts else ''}held"
+                     + (f" ({', '.join(extra)})" if extra else ""))
+    return "tiers: " + "; ".join(parts)
 
 
 def print_all_summary(outcomes: list[dict], planned: int) -> None:
@@ -181,8 +203,7 @@ def _merged_outcome(stmt: dict, path: Path, json_out: bool, spec=None, flags: st
             "receipt": shown, "receipt_id": pred["receipt_id"],
             "summary": pred["summary"], "cost": pred["cost"], "unproven_contracts": pred["unproven_contracts"],
             "execution": pred["execution"],
-            "results": [{k: r[k] for k in ("contract", "seed", "dtype", "status", "measurements", "message")}
-                        for r in pred["results"]],
+            "results": [result_summary(r) for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]]}
 
 

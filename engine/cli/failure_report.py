@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from engine.cli.colour import bad
 from engine.run.expect import describe
+from engine.tiers import tier_of
 
 _BROKEN = {"le": ">", "lt": ">=", "ge": "<", "gt": "<="}
 
@@ -89,7 +90,9 @@ def _contract_block(pred: dict, cid: str, cells: list[dict], spec: Any, flags: s
     word = "ERROR" if errors == len(cells) else "FAILED"
     what = (f"{len(cells)} of {total} seed x dtype cells failed" if not errors
             else f"{len(cells)} of {total} seed x dtype cells did not pass ({errors} raised)")
-    lines = [(word, f"{cid}{_where(pred, cid, spec)}: did not hold, {what}", "    ")]
+    # the tier first: a reader (and the gate) tells a broken equation from a memory or time limit at a glance
+    tier = tier_of(pred["summary"]["contracts"].get(cid) or {})
+    lines = [(word, f"{tier} {cid}{_where(pred, cid, spec)}: did not hold, {what}", "    ")]
     lines += [("", text, "    ") for text in _measured(cells)]
     seeds = sorted({r["seed"] for r in cells})
     dtypes = sorted({r["dtype"] for r in cells})

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import typer
 
 from engine.cli.common import JsonOpt, SpecsOpt, _console, _dirs, _print_json, app, handles_errors
+
+WIDTH = 80  # the reviewer's terminal
 
 
 def _used_by(specs_dir) -> dict[str, list[str]]:
@@ -41,14 +45,23 @@ def kinds(specs: SpecsOpt = None, json_out: JsonOpt = False) -> None:
         _print_json({"kinds": rows})
         return
     con = _console()
+    width = min(WIDTH, con.width)
+
+    def say(text: str) -> None:
+        # wrapped here, at 80 columns at most: rich would fill a wide terminal, and a pipe gets no wrapping at all
+        for line in textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="    ",
+                                  break_long_words=False, break_on_hyphens=False):
+            con.print(line, markup=False, highlight=False, soft_wrap=True)
+
     for r in rows:
         req = set(r["parameters"].get("required", []))
         params = ", ".join(p + ("*" if p in req else "") for p in r["parameters"].get("properties", {}))
-        con.print(f"{r['name']}", style="bold", markup=False)
-        con.print(f"  {r['description']}", markup=False)
-        con.print(f"  params: {params or '(any; read by the check)'}", markup=False)
+        con.print(f"{r['name']}", style="bold", markup=False, soft_wrap=True)
+        say(r["description"])
+        say(f"params: {params or '(any; read by the check)'}")
         if r["metrics"]:
-            con.print(f"  metrics: {', '.join(r['metrics'])}", markup=False)
+            say(f"metrics: {', '.join(r['metrics'])}")
         methods = sorted({u.split('/')[0] for u in r["used_by"]})
-        con.print(f"  used by: {len(r['used_by'])} contract(s) in {', '.join(methods) or 'no spec'}", markup=False)
-    typer.echo("(* required; `contracts kinds --json` prints each parameter's JSON Schema; docs/kinds.md)", err=True)
+        say(f"used by: {len(r['used_by'])} contract(s) in {', '.join(methods) or 'no spec'}")
+    typer.echo("\n".join(textwrap.wrap("(* required; --json prints each parameter's JSON Schema; docs/kinds.md)",
+                                       width, break_long_words=False)), err=True)

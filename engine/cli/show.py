@@ -21,6 +21,7 @@ from engine.cli.common import (
     shown_path,
 )
 from engine.paths import spec_path
+from engine.tiers import TIERS, tier_of
 
 
 def _fmt_expect(e: dict) -> str:
@@ -64,7 +65,8 @@ def show(
                   next((a.receipt.implementation.target for a in row.receipts if a.receipt is not None), None)
                   or "TARGET"))} for row in units]
     if json_out:
-        _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "receipts": recent, "gate": gates})
+        _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "tiers": _tiers(d), "receipts": recent,
+                     "gate": gates})
         return
     from rich.table import Table
 
@@ -87,13 +89,16 @@ def show(
     for a in d["assumptions"]:
         con.print(f"- {a['id']}: {a['text']}")
     t = Table(title="contracts", title_justify="left")
-    for col in ("id", "kind", "check", "dtypes", "cases", "expect"):
+    for col in ("id", "kind", "tier", "check", "dtypes", "cases", "expect"):
         t.add_column(col)
     for c in d["contracts"]:
         check = c.get("check", "")
-        t.add_row(c["id"], c["kind"], "" if check.startswith("kind:") else check, ",".join(c["dtypes"]),
+        t.add_row(c["id"], c["kind"], tier_of(c), "" if check.startswith("kind:") else check, ",".join(c["dtypes"]),
                   str(c["cases"]), "; ".join(_fmt_expect(e) for e in c["expect"]))
     con.print(t)
+    tiers = _tiers(d)  # the few budget contracts by name: the rest is maths
+    con.print(f"tiers: math {len(tiers['math'])}; budget {len(tiers['budget'])}"
+              + (f" ({', '.join(tiers['budget'])})" if tiers["budget"] else ""))
     con.print("contract parameters", style="bold")
     for c in d["contracts"]:
         con.print(f"- {c['id']} ({c['kind']}): {_fmt_params(c.get('params') or {})}"
@@ -126,6 +131,11 @@ def show(
         unit = "" if g["implementation"] == "default" else f" [{g['implementation_label']}]"
         con.print(f"gate{unit}: " + ("open" if g["promotable"] else f"closed ({len(g['unmet'])} unmet: "
                                      + ", ".join(g["unmet"]) + f"; {g['command']} says why)"))
+
+
+def _tiers(d: dict) -> dict[str, list[str]]:
+    """The contract ids of each tier (math, budget), in spec order."""
+    return {tier: [c["id"] for c in d["contracts"] if tier_of(c) == tier] for tier in TIERS}
 
 
 def _fmt_params(params: dict) -> str:

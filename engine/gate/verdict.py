@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from engine.store.receipts import utc_now
+from engine.tiers import TIERS, tier_of
 from engine.spec.loader import Spec
 from engine.gate.stats import paired_t_interval
 from engine.store.verify import Assessed, assess_receipts
@@ -156,7 +157,15 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
     run_errors = [{"receipt_id": a.receipt_id, "errors": list(a.receipt.errors)} for a in on_dev
                   if a.receipt.errors and a.receipt.status != "interrupted"]
     total = sum(len(c["dtypes"]) * (len(seeds) if all_seeds else 1) for c in data["contracts"])
-    met = bool(on_dev) and not missing and not failed and not run_errors
+    # the spec's tiers, not the receipts' (older receipts have none; a fresh receipt binds this very spec)
+    tier = {c["id"]: tier_of(c) for c in data["contracts"]}
+    needed = list(data["promotion"]["requires"].get("tiers") or TIERS)
+    tiers = _tier_cells(data, all_seeds, seeds, tier, missing, failed, needed)
+    missing_needed = [m for m in missing if tier[m["contract"]] in needed]
+    failed_needed = [f for f in failed if tier.get(f["contract"], "math") in needed]
+    met = bool(on_dev) and not missing_needed and not failed_needed and not run_errors
+    tiers_text = ", ".join((f"{t} {n['passed']}/{n['cells']}" if n["cells"] else f"{t} none")
+                           + ("" if n["required"] else " (not required)") for t, n in tiers.items())
     seed_text = f"budget seeds {','.join(map(str, seeds))}" if all_seeds else "at least one seed"
     untrusted_dev = [a for a in untrusted if a.device == device and a.state == "fresh"]
     if not on_dev:
@@ -171,9 +180,10 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
         if refused_dev:
             detail += f" ({len(refused_dev)} fresh {device} receipt(s) refused: see the warnings)"
     elif met:
-        detail = f"{total}/{total} contract results passed on {device} ({seed_text}) in {len(used)} fresh receipt(s)"
+        detail = (f"{sum(n['passed'] for n in tiers.values())}/{total} contract results passed on {device} "
+                  f"({tiers_text}; {seed_text}) in {len(used)} fresh receipt(s)")
     else:
-        parts = []
+        parts = [tiers_text]
         if missing:
             by_contract: dict[str, list[dict]] = {}
             for m in missing:
@@ -196,7 +206,23 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
         how = fix(cmd.check(device), cmd.signing(device))
     return _req(f"device:{device}", met, detail, how,
                 device=device, receipts=sorted(used) if met else sorted({a.receipt_id for a in on_dev}),
-                missing=missing, failed=failed, run_errors=run_errors)
+                missing=missing, failed=failed, run_errors=run_errors, tiers=tiers)
+
+
+def _tier_cells(data: dict, all_seeds: bool, seeds: list, tier: dict[str, str], missing: list[dict],
+                failed: list[dict], needed: list[str]) -> dict[str, dict]:
+    """Per tier: the cells required (contract x dtype x budget seed, or x one seed), those that passed (in a fresh
+    receipt and failed in none), and whether the spec requires the tier (promotion.requires.tiers, default both)."""
+    cells = {(c["id"], seed, dtype) for c in data["contracts"] for dtype in c["dtypes"]
+             for seed in (seeds if all_seeds else [None])}
+    bad = {(m["contract"], m["seed"], m["dtype"]) for m in missing}
+    bad |= {(f["contract"], f["seed"] if all_seeds else None, f["dtype"]) for f in failed}
+    out = {t: {"cells": 0, "passed": 0, "required": t in needed} for t in TIERS}
+    for cell in cells:
+        n = out[tier[cell[0]]]
+        n["cells"] += 1
+        n["passed"] += cell not in bad
+    return out
 
 
 def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command") -> dict:

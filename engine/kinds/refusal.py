@@ -114,8 +114,11 @@ class Refusal(Kind):
                 if only is not None and row != only:
                     continue
                 p, t = mutate(muts)
-                first = (muts if isinstance(muts, list) else [muts])[0]
-                want = errors[first.get("raises", "ValueError")]
+                row_muts = muts if isinstance(muts, list) else [muts]
+                # a row's declared exception and word, wherever in its list of mutations they are written
+                raises = next((mu["raises"] for mu in row_muts if "raises" in mu), "ValueError")
+                match = next((mu["match"] for mu in row_muts if "match" in mu), "")
+                want = errors[raises]
                 outcome, message = "accepted", ""
                 try:
                     out = calls.call(impl, p, t, output=None)
@@ -123,10 +126,11 @@ class Refusal(Kind):
                         next(out)
                 except want as e:
                     outcome, message = "raised", str(e)
-                except Exception as e:  # noqa: BLE001 - another exception type is not the documented refusal
+                except Exception as e:  # noqa: BLE001 - another exception type is not the documented refusal:
+                    # recorded below with its type and message, as the row's failure
                     outcome, message = f"raised {type(e).__name__}", str(e)
                 if refusing:
-                    ok = outcome == "raised" and first.get("match", "").lower() in message.lower()
+                    ok = outcome == "raised" and match.lower() in message.lower()
                     counts["refused" if ok else "not_refused"] += 1
                     metric = "not_refused"
                 else:
@@ -138,5 +142,17 @@ class Refusal(Kind):
                     log.append({"seed": ctx.seed, "case": row, "shapes": {k: list(v.shape) for k, v in t.items()
                                                                          if isinstance(v, torch.Tensor)},
                                 "metrics": {metric: 0 if ok else 1}, "argument": f"{table}: {describe(muts)}"
-                                + ("" if ok else f" ({outcome})")})
+                                + ("" if ok else f" ({_what_happened(outcome, message, raises, match)})")})
         return {**counts, "cases": row + 1}
+
+
+def _what_happened(outcome: str, message: str, raises: str, match: str) -> str:
+    """What a failing row got instead of the declared outcome: `accepted (returned)`, `raised TypeError, not
+    ValueError: 'msg'`, `raised ValueError without 'mask': 'msg'` (the message cut to one short line)."""
+    shown = " ".join(message.split())
+    shown = repr(shown if len(shown) <= 120 else shown[:117] + "...")
+    if outcome == "accepted":
+        return "accepted: returned without raising"
+    if outcome == "raised":
+        return f"raised {raises} without {match!r}: {shown}" if match else f"raised {raises}: {shown}"
+    return f"{outcome}, not {raises}: {shown}"

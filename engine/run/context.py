@@ -69,6 +69,9 @@ class CheckContext:
     # metric -> reason, for measurements this implementation cannot be held to (a function it lacks): their
     # expectations are recorded as not applicable and the contract's result as partial, never as passed.
     not_measured: dict[str, str] = field(default_factory=dict)
+    # function -> reason, for calls a kind left out (the implementation lacks the function): the contract is then
+    # partial even where its metrics were fed by the other calls, and the receipt names the calls.
+    skipped_calls: dict[str, str] = field(default_factory=dict)
     # Each case's own measurements, logged by the generic kinds (engine/kinds): the runner names the cases that
     # break an expectation. `only_case` (check --case N) runs that case alone.
     case_log: list[dict] = field(default_factory=list)
@@ -78,6 +81,12 @@ class CheckContext:
         """Declare `metrics` not measurable on this implementation, and why (e.g. it has no trajectory_ratio)."""
         for m in metrics:
             self.not_measured[m] = reason
+
+    def skip_call(self, function: str, *metrics: str) -> None:
+        """Record that `function` was not called (the implementation has none) and which metrics it would feed."""
+        reason = f"no {function} in the implementation"
+        self.skipped_calls[function] = reason
+        self.not_applicable(reason, *metrics)
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A CPU generator seeded from the run seed: the same inputs on every device."""

@@ -27,6 +27,7 @@ from engine.run.binding import numeric_environment
 from engine.run.devices import describe
 from engine.errors import BudgetError, UsageError
 from engine.run.expect import applies, evaluate
+from engine.tiers import tier_counts, tier_of
 from engine.run.expect import describe as describe_expectation
 from engine.paths import project_root
 from engine.store.receipts import statement, subjects, utc_now
@@ -218,7 +219,8 @@ class Runner:
         ctx = CheckContext(device=self.device, dtype=DTYPES[dtype], seed=seed, cases=contract["cases"],
                            params=dict(contract.get("params") or {}), meter=meter,
                            policy_factory=self._policy_factory(contract["id"]), only_case=self.plan.case)
-        result = {"contract": contract["id"], "kind": contract["kind"], "check": contract["check"], "seed": seed,
+        result = {"contract": contract["id"], "kind": contract["kind"], "tier": tier_of(contract),
+                  "check": contract["check"], "seed": seed,
                   "dtype": dtype, "status": ERROR, "measurements": {}, "expectations": [], "message": None,
                   "cases_requested": contract["cases"], "wall_s": 0.0}
         torch.manual_seed(seed)
@@ -232,17 +234,22 @@ class Runner:
                 raise CheckTimeout(f"check ran past the per-contract limit of {limit} s")
             measurements = _plain_measurements(raw)
             result["measurements"] = measurements
-            records = [_not_measured(e, ctx.not_measured[e["metric"]])
-                       if e["metric"] in ctx.not_measured and e["metric"] not in measurements
-                       else evaluate(e, measurements, dtype) for e in contract["expect"] if applies(e, dtype)]
+            records = [_expectation_record(e, measurements, dtype, ctx.not_measured)
+                       for e in contract["expect"] if applies(e, dtype)]
             result["expectations"] = records
+            if ctx.skipped_calls:  # the receipt names what was never called, whatever the metrics say
+                result["skipped_calls"] = dict(ctx.skipped_calls)
             measured = [r for r in records if "not_applicable" not in r]
+            # A metric that a skipped call would also have fed was measured on the other calls only: held there,
+            # it still is no pass (a loss-only adapter's masked_junk says partial, never passed).
+            in_part = [r for r in measured if "measured_in_part" in r] or list(ctx.skipped_calls)
             if not records:
                 result["message"] = f"no expectation applies to dtype {dtype}"
                 result["status"] = ERROR
             else:
                 failed = [r for r in measured if not r["passed"]]
-                result["status"] = FAILED if failed else PARTIAL if len(measured) < len(records) else PASSED
+                result["status"] = FAILED if failed else PARTIAL if len(measured) < len(records) or in_part \
+                    else PASSED
                 if not measured:
                     result["status"] = NOT_APPLICABLE
                 if failed:
@@ -252,8 +259,8 @@ class Runner:
                     if cases:
                         result["failing_cases"] = cases
                         result["message"] += "; first failing case: " + describe_case(cases[0])
-                elif len(measured) < len(records):
-                    result["message"] = _not_measured_message(records)
+                elif len(measured) < len(records) or in_part:
+                    result["message"] = _not_measured_message(records, ctx.skipped_calls)
         except (ContractViolation, BudgetExceeded, CheckTimeout) as exc:
             result["status"] = FAILED
             result["message"] = f"{type(exc).__name__}: {exc}"
@@ -394,13 +401,20 @@ class Runner:
         for r in self.results:
             if r["status"] == NOT_APPLICABLE:
                 na.setdefault(r["contract"], r.get("message") or "")
-            elif any("not_applicable" in e for e in r["expectations"]):  # held or not, it was measured in part
+            elif any("not_applicable" in e or "measured_in_part" in e for e in r["expectations"]):
+                # held or not, it was measured in part: metrics with no value, and metrics some calls never fed
                 entry = partial.setdefault(r["contract"], {"not_measured": [], "reasons": []})
                 for e in r["expectations"]:
-                    if "not_applicable" in e and e["metric"] not in entry["not_measured"]:
-                        entry["not_measured"].append(e["metric"])
-                        if e["not_applicable"] not in entry["reasons"]:
-                            entry["reasons"].append(e["not_applicable"])
+                    for key, names in (("not_applicable", "not_measured"), ("measured_in_part", "measured_in_part")):
+                        if key not in e:
+                            continue
+                        if e["metric"] not in entry.setdefault(names, []):
+                            entry[names].append(e["metric"])
+                        if e[key] not in entry["reasons"]:
+                            entry["reasons"].append(e[key])
+                for fn in r.get("skipped_calls") or {}:
+                    if fn not in entry.setdefault("skipped_calls", []):
+                        entry["skipped_calls"].append(fn)
         return {"complete": not na and not partial, "not_applicable": na, "partial": partial}
 
     def implementation_files(self) -> list[str]:
@@ -415,6 +429,7 @@ class Runner:
         for c in self.plan.contracts:
             rs = [r for r in self.results if r["contract"] == c["id"]]
             contracts[c["id"]] = {
+                "tier": tier_of(c),
                 "passed": sum(r["status"] == PASSED for r in rs),
                 "failed": sum(r["status"] == FAILED for r in rs),
                 "error": sum(r["status"] == ERROR for r in rs),
@@ -471,6 +486,7 @@ class Runner:
                 "contracts": contracts,
                 "results": {s: n for s in RESULT_STATUSES
                             if (n := sum(r["status"] == s for r in self.results)) or s in (PASSED, FAILED, ERROR)},
+                "tiers": tier_counts({"contracts": contracts}),
                 "mutants": {"killed": sum(m["killed"] for m in self.mutant_results),
                             "survived": sum(not m["killed"] and "not_applicable" not in m
                                             for m in self.mutant_results),
@@ -483,6 +499,17 @@ class Runner:
         }
 
 
+def _expectation_record(e: dict, measurements: dict, dtype: str, not_measured: dict[str, str]) -> dict:
+    """One expectation's record: not measurable (no value), measured on some of its calls only, or measured."""
+    reason = not_measured.get(e["metric"])
+    if reason is not None and e["metric"] not in measurements:
+        return _not_measured(e, reason)
+    record = evaluate(e, measurements, dtype)
+    if reason is not None:
+        record["measured_in_part"] = reason
+    return record
+
+
 def _not_measured(expectation: dict, reason: str) -> dict:
     """The receipt record of an expectation this implementation cannot be held to: no value, never passed."""
     op = next((k for k in ("le", "lt", "ge", "gt", "eq") if k in expectation), "le")
@@ -491,12 +518,17 @@ def _not_measured(expectation: dict, reason: str) -> dict:
             "not_applicable": reason}
 
 
-def _not_measured_message(records: list[dict]) -> str:
-    reasons: dict[str, list[str]] = {}
+def _not_measured_message(records: list[dict], skipped: dict[str, str] | None = None) -> str:
+    reasons: dict[tuple, list[str]] = {}
     for r in records:
         if "not_applicable" in r:
-            reasons.setdefault(r["not_applicable"], []).append(r["metric"])
-    return "partial: " + "; ".join(f"{', '.join(ms)} not measured ({why})" for why, ms in reasons.items())
+            reasons.setdefault(("not measured", r["not_applicable"]), []).append(r["metric"])
+        elif "measured_in_part" in r:
+            reasons.setdefault(("measured in part", r["measured_in_part"]), []).append(r["metric"])
+    parts = [f"{', '.join(ms)} {what} ({why})" for (what, why), ms in reasons.items()]
+    if skipped:
+        parts.append("not called: " + ", ".join(skipped))
+    return "partial: " + "; ".join(parts)
 
 
 def _max_per_seed(results: list[dict], key: str) -> int:

@@ -26,6 +26,7 @@ from engine.store.coverage import Coverage, coverage, previous_full
 from engine.store.index import FRESH, STALE, Freshness, ReceiptIndex, freshness_of
 from engine.store.records import DEFAULT_UNIT, Described, Mutation
 from engine.store.records import describe as describe_outcome
+from engine.tiers import tier_of
 
 
 def load_specs(specs_dir: Path, root: Path, cache_dir: Path | None) -> dict[str, tuple[Spec | None, str, list[str]]]:
@@ -155,6 +156,7 @@ class ContractRow:
     newest_status: str | None
     newest_file: str | None
     cell_files: dict = field(default_factory=dict)  # device -> the receipt behind that cell
+    tier: str = "math"  # math | budget (engine/tiers.py)
 
     @property
     def open_file(self) -> str | None:
@@ -166,7 +168,7 @@ class ContractRow:
         return self.newest_file
 
     def search_text(self) -> str:
-        return f"{self.id} {self.kind} {self.description} {self.newest_status}".lower()
+        return f"{self.id} {self.kind} {self.tier} {self.description} {self.newest_status}".lower()
 
     @property
     def overall(self) -> str | None:
@@ -299,7 +301,7 @@ def _contract_rows(spec: dict, receipts: list[ReceiptRow], devices: list[str],
         else:
             latest, seeds, status = "never run", f"0/{len(budget_seeds)}", None
         w = worst_expectation(worst)
-        rows.append(ContractRow(id=cid, kind=c["kind"], description=c["description"], cells=cells,
+        rows.append(ContractRow(id=cid, kind=c["kind"], tier=tier_of(c), description=c["description"], cells=cells,
                                 worst_headroom=_worst_cell(w, cells), worst_margin=w.get("margin") if w else None,
                                 latest=latest, seeds_passed=seeds,
                                 newest_status=status, newest_file=newest.file if d is not None else None,
@@ -607,7 +609,7 @@ def model_as_dict(model: Model) -> dict:
                 "file": m.receipts[0].file, "status": m.receipts[0].status, "evidence": m.receipts[0].freshness,
                 "outcome": m.receipts[0].described.short(),
                 "coverage": m.receipts[0].coverage.as_dict() if m.receipts[0].coverage is not None else None},
-            "contracts": [{"id": c.id, "kind": c.kind, "status": c.overall,
+            "contracts": [{"id": c.id, "kind": c.kind, "tier": c.tier, "status": c.overall,
                            "devices": {d: {"status": s, "evidence": f} for d, (s, f) in c.cells.items()},
                            "worst_headroom": c.worst_headroom, "worst_margin": c.worst_margin, "latest": c.latest, "seeds_passed": c.seeds_passed}
                           for c in m.contracts],

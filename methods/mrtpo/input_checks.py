@@ -17,25 +17,37 @@ from methods.mrtpo.reference import gdpo_uniform_ref, js_distance_ref
 # Check code: calls the method with bad and edge inputs and judges the answers; implements nothing.
 __mutate__ = False  # `contracts mutate` does not plant bugs here
 
+# The message text these checks read, per check and function: each is declared in the spec's interface
+# (raises: message_prefix), and tests/test_interface.py holds every spec to that.
+MESSAGE_READS = {"mrtpo.input_checks": {
+    "js_distance": ["js_distance: "], "beta_schedule": ["beta_schedule: "], "credit_weights": ["credit_weights: "],
+    "credit_weights_from_logits": ["credit_weights_from_logits: "], "mrtpo_advantages": ["mrtpo_advantages: "]}}
 
-def _refused(call, expected: type, names: tuple) -> bool:
-    """The call raised `expected` with the function's own one-line message ("name: ..."), not an error of
-    something it went on to do."""
+
+def _refused(call, expected: type, names: tuple) -> tuple[bool, str]:
+    """(the call raised `expected` with the function's own one-line message ("name: ..."), not an error of
+    something it went on to do; what happened instead when it did not)."""
     try:
         call()
     except expected as exc:
-        return str(exc).startswith(tuple(f"{n}: " for n in names)) and "\n" not in str(exc)
-    except Exception:  # noqa: BLE001  (the wrong exception is a miss, whatever it is)
-        return False
-    return False
+        ok = str(exc).startswith(tuple(f"{n}: " for n in names)) and "\n" not in str(exc)
+        return ok, "" if ok else f"raised {expected.__name__} without the prefix {names[0]!r}: {_short(exc)}"
+    except Exception as exc:  # noqa: BLE001 - the wrong exception is a miss, recorded in its case with its message
+        return False, f"raised {type(exc).__name__}, not {expected.__name__}: {_short(exc)}"
+    return False, "returned without raising"
 
 
-def _accepted(call, judge) -> bool:
+def _accepted(call, judge) -> tuple[bool, str]:
     try:
         out = call()
-    except Exception:  # noqa: BLE001  (a refusal of a valid input is a miss)
-        return False
-    return bool(judge(out))
+    except Exception as exc:  # noqa: BLE001 - a refusal of a valid input is a miss, recorded in its case
+        return False, f"raised {type(exc).__name__}: {_short(exc)}"
+    return (True, "") if bool(judge(out)) else (False, "returned a wrong answer")
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return repr(text if len(text) <= 120 else text[:117] + "...")
 
 
 def _logp(g, *shape) -> torch.Tensor:
@@ -173,10 +185,22 @@ def input_checks(impl, ctx):
                           (("credit_weights_from_logits", "credit_weights"),
                            _weights_cases(impl, g, dev, dt, "credit_weights_from_logits")),
                           (("mrtpo_advantages",), _advantage_cases(impl, g, dev, dt, eps))):
-        refusals += [(call, exc, names) for call, exc in r]
-        acceptances += a
-    missed_refusals = [i for i, (call, exc, names) in enumerate(refusals) if not _refused(call, exc, names)]
-    missed_acceptances = [i for i, (call, judge) in enumerate(acceptances) if not _accepted(call, judge)]
+        refusals += [(call, exc, names, f"{names[0]} refusal {i}") for i, (call, exc) in enumerate(r)]
+        acceptances += [(call, judge, f"{names[0]} edge input {i}") for i, (call, judge) in enumerate(a)]
+    # each miss is a case of its own: which function, which of its cases, and what happened instead
+    missed_refusals, missed_acceptances = [], []
+    for i, (call, exc, names, label) in enumerate(refusals):
+        ok, what = _refused(call, exc, names)
+        if not ok:
+            missed_refusals.append(i)
+            ctx.case_log.append({"seed": ctx.seed, "case": i, "metrics": {"refusals_missed": 1},
+                                 "argument": f"{label}: {what}"})
+    for i, (call, judge, label) in enumerate(acceptances):
+        ok, what = _accepted(call, judge)
+        if not ok:
+            missed_acceptances.append(i)
+            ctx.case_log.append({"seed": ctx.seed, "case": i, "metrics": {"acceptances_missed": 1},
+                                 "argument": f"{label}: {what}"})
     return {
         "refusals_missed": len(missed_refusals),
         "acceptances_missed": len(missed_acceptances),

@@ -20,6 +20,9 @@ from methods.common.grpo import grpo_token_loss
 from engine.kinds.inputs import response_mask
 from methods.tapo import reference as ref
 
+# The message text these checks read, per check and function: each is declared in the spec's interface
+# (raises: message_contains), and tests/test_interface.py holds every spec to that.
+MESSAGE_READS = {"tapo.input_validation": {"tapo_loss": ["mask"]}}
 
 # --- inputs ---------------------------------------------------------------
 

@@ -176,17 +176,25 @@ def fused_matches_composed(impl, ctx) -> dict:
             keys = set(fast[2])
         key_mismatch += int(set(fast[2]) != keys)  # one implementation, one set of metric names, on every path
         scale = max(float(g_p.detach().double().abs().nan_to_num(nan=0.0, posinf=0.0).max()), 1e-300)
-        for l_f, g_f, met_f, *_ in (fast, forced):
+        worst = (0.0, None)  # this case's largest metric gap and the metric it is in: a failure names it
+        for path, (l_f, g_f, met_f, *_) in (("tapo_loss", fast), ("forced fused path", forced)):
             loss_err = max(loss_err, _diff(l_f, l_p) / max(abs(float(l_p)) if math.isfinite(float(l_p)) else 1.0, 1e-3))
             grad_err = max(grad_err, _diff(g_f, g_p) / scale)
             for key in METRICS:
                 if key not in met_f:
                     metric_err = math.inf if key in REQUIRED_METRICS else metric_err
+                    if key in REQUIRED_METRICS:
+                        worst = (math.inf, f"{key} missing from {path}'s metrics")
                     continue
                 gap = _diff(torch.tensor(float(met_f[key])), torch.tensor(float(met_p[key])))
                 metric_err = max(metric_err, gap)
+                if gap > worst[0]:
+                    worst = (gap, f"metrics[{key!r}] of {path} vs the composed loss")
                 if key in ("eps_lo", "eps_hi"):  # the same float operations on both paths: bit for bit
                     eps_err = max(eps_err, gap)
+        if worst[1] is not None:
+            ctx.case_log.append({"seed": ctx.seed, "case": case, "metrics": {"metric_max_abs_diff": worst[0]},
+                                 "where": {"metric_max_abs_diff": worst[1]}, "argument": f"input kind {kind}"})
     return {"loss_max_rel_diff": loss_err, "grad_max_rel_diff": grad_err, "metric_max_abs_diff": metric_err,
             "eps_metric_max_abs_diff": eps_err, "outcome_mismatches": outcome_mismatch, "adv_grad_leaks": adv_grad_leaks,
             "unexpected_fallbacks": unexpected_fallbacks, "metric_name_mismatches": key_mismatch, **counts}

@@ -16,6 +16,13 @@ from methods.tar import reference as ref
 
 F64 = torch.float64
 
+# The message text these checks read, per check and function: each is declared in the spec's interface
+# (raises: message_contains), and tests/test_interface.py holds every spec to that.
+MESSAGE_READS = {
+    "tar.fps_rejects_bad_vectors": {"farthest_point_prototypes": ["candidate 3", "norm 0", "not finite",
+                                                                  "overflows"]},
+}
+
 
 def on(ctx, x: torch.Tensor, dtype=None) -> torch.Tensor:
     """x on the run's device, in `dtype` (default: its own)."""
@@ -87,14 +94,14 @@ def fps_rejects_bad_vectors(impl, ctx) -> dict:
     junk[7, 0] = math.inf
     try:
         ignored = call(junk) == clean
-    except Exception:
+    except Exception:  # noqa: BLE001 - junk in incorrect rows must be ignored: any refusal of it is the miss measured
         ignored = False
     # Scale invariance at the top of the dtype's range (cosine ignores norms).
     top = min(torch.finfo(dt).max / 8 / math.sqrt(D), 1e150)
     scaled = emb / emb.abs().amax(1, keepdim=True) * top
     try:
         scale_ok = call(scaled) == ref.fps_bruteforce(scaled.to(dt).to(F64).tolist(), correct.tolist(), 3, ids.tolist())
-    except Exception:
+    except Exception:  # noqa: BLE001 - large finite rows are valid input: any refusal of them is the miss measured
         scale_ok = False
     return {
         "rejects_zero_norm": zero,

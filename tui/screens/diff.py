@@ -14,13 +14,13 @@ from textual.widgets import Header, Static
 from tui import fmt
 from tui.data import ReceiptRow, load_detail
 from tui.diff import DiffRow, diff_predicates
-from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable
+from tui.widgets import DataStatic, FilterBar, Filtered, KeyBar, VimTable
 
 KIND_STYLE = {"status": "bold red", "mutant": "bold magenta", "run": "cyan", "added": "green", "removed": "yellow",
               "measurement": ""}
 
 
-class DiffScreen(Screen):
+class DiffScreen(Filtered, Screen):
     """Which measurements moved and which statuses changed, old -> new."""
 
     BINDINGS = [
@@ -110,11 +110,6 @@ class DiffScreen(Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
-    def action_filter(self) -> None:
-        bar = self.query_one("#filter", FilterBar)
-        bar.display = True
-        bar.focus()
-
     def action_failures(self) -> None:
         self.failures_only = not self.failures_only
         self._fill()
@@ -124,14 +119,7 @@ class DiffScreen(Screen):
         if value is not None:
             self.app.copy_text(value if isinstance(value, str) else json.dumps(value))
 
-    def on_input_changed(self, event: FilterBar.Changed) -> None:
-        if event.input.id == "filter":
-            self.filter_text = event.value.strip()
-            self._fill()
+    FILTERED_TABLE = "#diff-table"
 
-    def on_filter_bar_done(self, event: FilterBar.Done) -> None:
-        if event.cleared:
-            self.query_one("#filter").display = False
-            self.filter_text = ""
-            self._fill()
-        self.query_one("#diff-table").focus()
+    def refilter(self) -> None:
+        self._fill()

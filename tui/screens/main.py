@@ -264,7 +264,8 @@ class MainScreen(Screen):
 
     def _fill_contracts(self, m: MethodModel) -> None:
         """Contract, a status per device (never squeezed out: the contract column gives way first), headroom,
-        seeds, the newest error against its limit, kind."""
+        seeds, the newest error against its limit, kind. The tier (math or budget) stays in view beside the
+        statuses: it says whether a failure is the maths or a budget."""
         t = self.query_one("#contracts-table", VimTable)
         cursor_key = self._cursor_key(t)
         rows = []
@@ -275,12 +276,13 @@ class MainScreen(Screen):
             for dev in m.devices:
                 st, fr = c.cells.get(dev, (None, None))
                 cells.append(fmt.status(st, " (stale)" if fr == "stale" else ""))
-            rows.append(([c.id, *cells, c.worst_headroom, c.seeds_passed, c.latest, c.kind],
-                         [c.id, *[fmt_plain(x) for x in cells], c.worst_headroom, c.seeds_passed, c.latest, c.kind],
+            rows.append(([c.id, *cells, c.tier, c.worst_headroom, c.seeds_passed, c.latest, c.kind],
+                         [c.id, *[fmt_plain(x) for x in cells], c.tier, c.worst_headroom, c.seeds_passed, c.latest,
+                          c.kind],
                          c.id))
         shrink = {0: 12, **{1 + i: STATUS_MIN for i in range(len(m.devices))}}
-        t.fill(["contract", *m.devices, "headroom", "seeds", "newest error vs limit", "kind"], rows,
-               fit=self._table_width(), shrink=shrink, keep=len(m.devices) + 1)
+        t.fill(["contract", *m.devices, "tier", "headroom", "seeds", "newest error vs limit", "kind"], rows,
+               fit=self._table_width(), shrink=shrink, keep=len(m.devices) + 2)
         note = self.query_one("#contracts-note", Static)
         note.display = not rows
         if not rows:
@@ -409,17 +411,7 @@ class MainScreen(Screen):
         out.append(f"  ({word}; verdict from {g.source})\n\n")
         if g.unmet:
             out.append("unmet requirements, each with what would meet it:\n", style="bold")
-            for what, how in g.unmet:
-                out.append("✗ ", style="bold red")
-                out.append(what + "\n")
-                if how:
-                    out.append(f"    {'$ ' if how.startswith('contracts ') else '-> '}{how}\n", style="cyan")
-        for what in g.met:
-            out.append("✓ ", style="green")
-            out.append(what + "\n")
-        for w in g.warnings:
-            out.append("⚠ ", style="yellow")
-            out.append(w + "\n")
+        fmt.unmet_and_warnings(out, g.unmet, g.warnings, g.met)
         self.query_one("#gate-view", Static).update(out)
 
     # -- cursor helpers -------------------------------------------------------------

@@ -17,13 +17,13 @@ from textual.widgets import Header, Log, Static, TabbedContent, TabPane
 from engine.text import term_safe
 from tui import fmt, plots
 from tui.data import Detail, ReceiptRow, load_detail
-from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable
+from tui.widgets import DataStatic, FilterBar, Filtered, KeyBar, VimTable
 
 MAX_STEP_COLUMNS = 8
 TAB_KEYS = Binding.Group("Tabs")
 
 
-class ReceiptScreen(Screen):
+class ReceiptScreen(Filtered, Screen):
     """One receipt. The app keeps a single instance and refills it for every receipt opened
     (composing a fresh screen each time was most of the cost of opening one); the file is
     read in a worker, so opening never blocks the UI."""
@@ -329,11 +329,6 @@ class ReceiptScreen(Screen):
             return
         self.app.pop_screen()
 
-    def action_filter(self) -> None:
-        bar = self.query_one("#filter", FilterBar)
-        bar.display = True
-        bar.focus()
-
     def action_failures(self) -> None:
         self.failures_only = not self.failures_only
         self._fill_results()
@@ -366,17 +361,10 @@ class ReceiptScreen(Screen):
                 return
         self.app.copy_text(self.app.receipt_display_path(self.row.file))
 
-    def on_input_changed(self, event: FilterBar.Changed) -> None:
-        if event.input.id == "filter":
-            self.filter_text = event.value.strip()
-            self._fill_results()
+    FILTERED_TABLE = "#results-table"
 
-    def on_filter_bar_done(self, event: FilterBar.Done) -> None:
-        if event.cleared:
-            self.query_one("#filter").display = False
-            self.filter_text = ""
-            self._fill_results()
-        self.query_one("#results-table").focus()
+    def refilter(self) -> None:
+        self._fill_results()
 
     def on_vim_table_opened(self, event: VimTable.Opened) -> None:
         if event.table.id == "results-table":
