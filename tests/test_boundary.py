@@ -257,3 +257,28 @@ def test_the_call_loop_imports_only_the_standard_library_and_torch():
             tops.add(node.module.split(".")[0])
     assert "engine" not in tops and "methods" not in tops and tops - {"torch", "__future__"} <= set(
         __import__("sys").stdlib_module_names)
+
+
+def test_the_wire_format_round_trips_what_crosses_and_refuses_anything_else():
+    from engine.run.call_loop import Malformed, Refused, pack, unpack
+
+    x = {"a": (torch.randn(2, 3).to(torch.bfloat16), torch.tensor(True), torch.empty(0, 4),
+               torch.arange(6).reshape(2, 3).t()),
+         "n": [1, 2.5, float("nan"), None, "s", torch.float16, torch.device("cpu"), 1 + 2j], 3: False}
+    out, tensors = unpack(pack(x))
+    assert len(tensors) == 4 and list(out) == ["a", "n", 3] and out[3] is False
+    for got, want in zip(out["a"], x["a"]):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    assert out["n"][:2] == [1, 2.5] and type(out["n"][0]) is int and out["n"][2] != out["n"][2]
+    assert out["n"][3:] == [None, "s", torch.float16, torch.device("cpu"), 1 + 2j]
+    good = pack([torch.ones(2)])
+    head, raw = good.split(b"\n", 1)
+    for bad in (b"", b"{}\n", head + b"\n" + raw[:-1], head + b"\n" + raw + b"x",
+                head.replace(b'"float32"', b'"object"') + b"\n" + raw,
+                head.replace(b'"cpu"', b'"/etc/passwd"') + b"\n" + raw,
+                head.replace(b'{"t": 0}', b'{"t": 1}') + b"\n" + raw,
+                head.replace(b'{"t": 0}', b'{"__reduce__": 0}') + b"\n" + raw):
+        with pytest.raises(Malformed):
+            unpack(bad)
+    with pytest.raises(Refused):
+        pack(object())

@@ -5,11 +5,12 @@ the candidate, torch and a call loop (engine/run/call_loop.py, run as a file wit
 engine). A check calls `impl.f(...)` as always; `impl` is an Implementation of `Remote` functions that send
 the call across:
 
-* in: the function's name and its arguments, `torch.save`d (tensors detached; numbers, strings, None, dtypes,
-  devices, and tuples, lists and dicts of them); an argument of any other type (a policy module, a rollout)
+* in: the function's name and its arguments in the call loop's wire format (`pack`: a JSON line for the
+  structure, the tensors' raw bytes after it; no pickle either way): tensors (detached), numbers, strings, None,
+  dtypes, devices, and tuples, lists and dicts of them; an argument of any other type (a policy module, a rollout)
   cannot cross: `NotCrossable`, and the caller runs that contract where the candidate runs instead (the
   receipt lists it);
-* out: the return value, read with `torch.load(weights_only=True)` (never pickle of arbitrary objects) and
+* out: the return value, read with `unpack` (every tensor's dtype, shape and byte count checked) and
   accepted only as plain tensors, numbers, None, and tuples, lists and str-keyed dicts of them; anything else
   is refused (the call's result is an error saying what came back);
 * gradients: inputs that require grad are marked so on the other side, and the outputs that depend on them
@@ -26,7 +27,6 @@ the call across:
 from __future__ import annotations
 
 import builtins
-import io
 import itertools
 import json
 import os
@@ -43,6 +43,7 @@ from typing import Any, Callable
 import torch
 
 from engine.run import unimplemented
+from engine.run.call_loop import Malformed, Refused, pack, unpack
 from engine.run.isolation import WorkerLost, worker_env
 
 LOOP = Path(__file__).with_name("call_loop.py")
@@ -139,18 +140,6 @@ def _accepted(obj: Any, where: str = "the return value", depth: int = 0) -> Any:
                         "dicts of them cross to the checks")
 
 
-def _tensors(obj: Any, out: list) -> list:
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            _tensors(x, out)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            _tensors(x, out)
-    return out
-
-
 def _substitute(obj: Any, new: dict[int, torch.Tensor], counter: list) -> Any:
     """`obj` with its i-th tensor (walk order) replaced by new[i] where given."""
     if isinstance(obj, torch.Tensor):
@@ -166,10 +155,11 @@ def _substitute(obj: Any, new: dict[int, torch.Tensor], counter: list) -> Any:
     return obj
 
 
-def _save(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+def _pack(obj: Any) -> bytes:
+    try:
+        return pack(obj)
+    except Refused as why:
+        raise NotCrossable(str(why)) from None
 
 
 class _Link:
@@ -397,7 +387,7 @@ class Connection:
         need = [i for i, t in enumerate(leaves) if grad_mode and t.requires_grad]
         cid = str(next(self._ids))
         head = {"op": "call", "id": cid, "fn": fn, "grad": need, "grad_mode": grad_mode}
-        return self._answer(self.request(head, _save(payload)), fn, [leaves[i] for i in need], cid)
+        return self._answer(self.request(head, _pack(payload)), fn, [leaves[i] for i in need], cid)
 
     def _answer(self, reply: tuple[dict, bytes], fn: str, grad_inputs: list[torch.Tensor], cid: str) -> Any:
         head, data = reply
@@ -416,9 +406,9 @@ class Connection:
             self.lose(f"the candidate's process answered {_printable(op, 40)!r} to a call")
             raise CandidateLost(self.lost)
         try:
-            out = torch.load(io.BytesIO(data), weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - whatever it sent, it is not a weights-only payload
-            self.refused = self.refused or f"{fn}: the return value is not a weights-only tensor payload ({exc})"[:400]
+            out, outs = unpack(data)
+        except Malformed as why:  # whatever it sent, it is not this format
+            self.refused = self.refused or f"{fn}: the return value is not a payload of tensors ({why})"
             raise ReturnRefused(self.refused) from None
         try:
             out = _accepted(out)
@@ -426,7 +416,6 @@ class Connection:
             self.refused = self.refused or f"{fn}: {why}"
             raise ReturnRefused(self.refused) from None
         diff = head.get("diff") or []
-        outs = _tensors(out, [])
         if not grad_inputs or not diff:
             return out
         if not isinstance(diff, list) or not all(isinstance(j, int) and 0 <= j < len(outs) for j in diff) or \
@@ -440,14 +429,14 @@ class Connection:
         return _substitute(out, dict(zip(pick, joined)), [0])
 
     def vjp(self, cid: str, fn: str, grads: list) -> Any:
-        head, data = self.request({"op": "vjp", "id": cid}, _save(grads))
+        head, data = self.request({"op": "vjp", "id": cid}, _pack(grads))
         if head.get("op") == "raised":
             raise exception_from(head)
         if head.get("op") != "ok":
             raise ReturnRefused(f"{fn}: the candidate's process did not answer the vector-Jacobian call")
         try:
-            return _accepted(torch.load(io.BytesIO(data), weights_only=True), "the gradient")
-        except Exception as exc:  # noqa: BLE001
+            return _accepted(unpack(data)[0], "the gradient")
+        except (Malformed, ReturnRefused) as exc:
             raise ReturnRefused(f"{fn}: the candidate's gradient is not a list of tensors ({exc})") from None
 
     def reset(self) -> None:

@@ -6,8 +6,9 @@ path), so whatever the candidate looks for or patches in its own process, the ch
 are not there: they run in the supervisor (engine/run/boundary.py), which calls the candidate's functions
 through this loop.
 
-Frames both ways are one JSON header line (`n`: the length of what follows) and `n` bytes of `torch.save`
-output; the supervisor reads them back with `weights_only=True`, so nothing sent from here can run code there.
+Frames both ways are one JSON header line (`n`: the length of what follows) and `n` bytes of payload: a JSON
+line for the structure and the tensors' raw bytes (`pack`, `unpack`; the supervisor reads them with the same
+functions). No pickle in either direction, so nothing sent from here can run code there.
 
   out  ready (torch imported: a spare waits here for its candidate)
   in   init {target, names, device, threads, memory_mb, cwd, env}        -> loaded {missing, not_callable, note}
@@ -27,7 +28,6 @@ import builtins
 import importlib
 import importlib.util
 import inspect
-import io
 import json
 import os
 import re
@@ -107,18 +107,128 @@ class Channel:
         self._out.write(json.dumps(dict(head, n=len(data))).encode() + b"\n" + data)
 
 
-def _save(obj) -> bytes:
+# --- the wire format: JSON for the structure, raw bytes for the tensors; no pickle in either direction ---------
+
+DTYPES = ("float64", "float32", "float16", "bfloat16", "complex64", "complex128", "int64", "int32", "int16", "int8",
+          "uint8", "bool")
+_DEVICE = re.compile(r"^(cpu|cuda(:[0-9]{1,3})?)$")
+MAX_DEPTH = 32
+
+
+class Malformed(ValueError):
+    """A payload that is not this format: the other side is lost, never trusted."""
+
+
+def pack(obj) -> bytes:
+    """`obj` as one payload: a JSON line (tensors as {"t": i}, with dtype, shape, device and byte count) and the
+    tensors' bytes after it. Tuples, dicts (str or int keys), strings, dtypes, devices and complex numbers are
+    tagged so they come back as themselves."""
     import torch
 
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+    metas: list = []
+    raws: list = []
+
+    def enc(x, depth):
+        if depth > MAX_DEPTH:
+            raise Refused(f"a value nested more than {MAX_DEPTH} deep")
+        if isinstance(x, torch.Tensor):
+            t = x.detach()
+            dev = str(t.device)
+            t = t.to("cpu").contiguous()
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            metas.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "device": dev,
+                          "n": len(raw)})
+            raws.append(raw)
+            return {"t": len(metas) - 1}
+        if x is None or isinstance(x, (bool, int, float)) and type(x) in (bool, int, float):
+            return x
+        if isinstance(x, str) and type(x) is str:
+            return {"s": x}
+        if isinstance(x, complex):
+            return {"c": [x.real, x.imag]}
+        if isinstance(x, torch.dtype):
+            return {"dt": str(x).removeprefix("torch.")}
+        if isinstance(x, torch.device):
+            return {"dv": str(x)}
+        if type(x) is list:
+            return [enc(v, depth + 1) for v in x]
+        if isinstance(x, tuple):
+            return {"T": [enc(v, depth + 1) for v in x]}
+        if type(x) is dict:
+            return {"D": [[k if type(k) in (str, int) else _bad_key(k), enc(v, depth + 1)] for k, v in x.items()]}
+        raise Refused(f"a {type(x).__name__} does not cross")
+
+    tree = enc(obj, 0)
+    return json.dumps({"tree": tree, "tensors": metas}).encode() + b"\n" + b"".join(raws)
 
 
-def _load(data: bytes):
+def _bad_key(k):
+    raise Refused(f"a dict key of type {type(k).__name__} does not cross")
+
+
+def unpack(data: bytes):
+    """(the value, its tensors in the order they were packed) from `pack`'s bytes; Malformed if it is not that."""
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=True)
+    end = data.find(b"\n")
+    if end < 0:
+        raise Malformed("no structure line")
+    try:
+        head = json.loads(data[:end])
+    except ValueError:
+        raise Malformed("the structure line is not JSON") from None
+    if not isinstance(head, dict) or not isinstance(head.get("tensors"), list):
+        raise Malformed("the structure line is not a payload's")
+    tensors = []
+    off = end + 1
+    for m in head["tensors"]:
+        if not isinstance(m, dict) or m.get("dtype") not in DTYPES or not isinstance(m.get("shape"), list) or \
+                not all(type(d) is int and d >= 0 for d in m["shape"]) or not isinstance(m.get("n"), int) or \
+                not isinstance(m.get("device"), str) or not _DEVICE.match(m["device"]):
+            raise Malformed("a tensor's description is not one")
+        dtype = getattr(torch, m["dtype"])
+        numel = 1
+        for d in m["shape"]:
+            numel *= d
+        size = torch.empty((), dtype=dtype).element_size()
+        if m["n"] != numel * size or off + m["n"] > len(data):
+            raise Malformed("a tensor's bytes do not match its shape")
+        if numel:
+            t = torch.frombuffer(bytearray(data[off:off + m["n"]]), dtype=torch.uint8).view(dtype).reshape(m["shape"])
+        else:
+            t = torch.empty(m["shape"], dtype=dtype)
+        off += m["n"]
+        tensors.append(t if m["device"] == "cpu" else t.to(m["device"]))
+    if off != len(data):
+        raise Malformed("bytes left over after the tensors")
+
+    def dec(x, depth):
+        if depth > MAX_DEPTH:
+            raise Malformed("nested too deep")
+        if x is None or type(x) in (bool, int, float):
+            return x
+        if type(x) is list:
+            return [dec(v, depth + 1) for v in x]
+        if type(x) is dict and len(x) == 1:
+            (tag, v), = x.items()
+            if tag == "t" and type(v) is int and 0 <= v < len(tensors):
+                return tensors[v]
+            if tag == "T" and type(v) is list:
+                return tuple(dec(e, depth + 1) for e in v)
+            if tag == "D" and type(v) is list and all(type(e) is list and len(e) == 2 and type(e[0]) in (str, int)
+                                                      for e in v):
+                return {e[0]: dec(e[1], depth + 1) for e in v}
+            if tag == "s" and type(v) is str:
+                return v
+            if tag == "c" and type(v) is list and len(v) == 2 and all(type(e) in (int, float) for e in v):
+                return complex(v[0], v[1])
+            if tag == "dt" and v in DTYPES:
+                return getattr(torch, v)
+            if tag == "dv" and type(v) is str and _DEVICE.match(v):
+                return torch.device(v)
+        raise Malformed("a value of the structure is not one this format writes")
+
+    return dec(head.get("tree"), 0), tensors
 
 
 def _builtin(exc: BaseException) -> str:
@@ -271,7 +381,7 @@ def serve(chan: Channel, init: dict) -> int:
             graphs[cid] = (leaves, [outs[j] for j in diff])
             while len(graphs) > MAX_GRAPHS:
                 graphs.pop(next(iter(graphs)))
-        chan.send({"op": "ok", "id": cid, "diff": diff}, _save(plain))
+        chan.send({"op": "ok", "id": cid, "diff": diff}, pack(plain))
 
     while True:
         head, data = chan.recv()
@@ -286,8 +396,7 @@ def serve(chan: Channel, init: dict) -> int:
         try:
             if op == "call":
                 fn = found[fn_name]
-                args, kwargs = _load(data)
-                leaves = _tensors((args, kwargs), [])
+                (args, kwargs), leaves = unpack(data)
                 grad = [leaves[i] for i in head.get("grad") or []]
                 for t in grad:
                     t.requires_grad_(True)
@@ -301,14 +410,14 @@ def serve(chan: Channel, init: dict) -> int:
                 reply(f"{cid}.{head.get('k')}", item, fn_name, leaves)
             elif op == "vjp":
                 ins, outs = graphs[cid]
-                gs = _load(data)
+                gs, _ = unpack(data)
                 pairs = [(o, g) for o, g in zip(outs, gs) if g is not None]
                 if pairs:
                     grads = torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs],
                                                 allow_unused=True, retain_graph=True)
                 else:
                     grads = [None] * len(ins)
-                chan.send({"op": "ok", "id": cid, "diff": []}, _save([_plain(g) for g in grads]))
+                chan.send({"op": "ok", "id": cid, "diff": []}, pack([_plain(g) for g in grads]))
             else:
                 chan.send({"op": "raised", "type": "RuntimeError", "message": f"unknown request {op!r}",
                            "where": "", "stub": False})
