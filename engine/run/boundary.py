@@ -20,8 +20,8 @@ the call across:
   refusal contracts see a ValueError as a ValueError; a stub's NotImplementedError is noted at its line
   (engine/run/unimplemented.py); SystemExit and the like arrive as errors of that name, never as the real
   thing;
-* every wait has the call's deadline; past it, or when the process dies, the process is killed and the call
-  is lost (`CandidateLost`).
+* every wait for the candidate has the call's deadline; past it, or when the process dies, the process is
+  killed and the call is lost (`CandidateLost`).
 """
 
 from __future__ import annotations
@@ -239,8 +239,8 @@ class Connection:
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self.lost: str | None = None  # why the process is gone, once it is
-        self.deadline: float | None = None  # the current check call's: every wait ends by then
-        self.deadline_s: float | None = None
+        self.deadline: float | None = None  # an absolute end for every wait, where one is set
+        self.deadline_s: float | None = None  # how long any one wait for the candidate may take
         self.not_crossable: str | None = None  # set when a call's argument could not cross
         self.refused: str | None = None  # set when a return value was refused
         self.ready = False  # the call loop said it has imported torch
@@ -313,7 +313,11 @@ class Connection:
         with self._lock:
             if self.lost:
                 raise CandidateLost(self.lost)
-            end = time.monotonic() + timeout if timeout is not None else self.deadline
+            # each wait for the candidate has the call's deadline: the candidate's time, not the checks' here
+            wait = timeout if timeout is not None else self.deadline_s
+            end = time.monotonic() + wait if wait is not None else None
+            if self.deadline is not None:
+                end = self.deadline if end is None else min(end, self.deadline)
             try:
                 self._send(head, data)
                 return self._recv(end)
