@@ -133,3 +133,90 @@ def run(device: str = "cpu", repeats: int = 5, check_repeats: int = 3) -> list[R
             note=f"sandboxed {mb:.1f} s, --no-sandbox {mp:.1f} s (medians of {len(tb)})",
             details={"sandboxed_s": tb, "unsandboxed_s": tp}))
     return rows
+
+
+def boundary(device: str = "cpu", repeats: int = 4, check_repeats: int = 1) -> list[Row]:
+    """The checks out of the candidate's process (engine/run/boundary.py) against the checks beside it (the way
+    before), both sandboxed, alternating in one process: stage 1 of the evaluator, and a full check --impl."""
+    from typer.testing import CliRunner
+
+    from engine.cli import app
+    from engine.evolve.evaluator import Evaluator
+    from engine.run import isolation, sandbox
+
+    why = sandbox.unavailable()
+    if why:
+        return [Row(name="boundary cost", shape="", against="", value=None, unit="", target="", ok=None,
+                    note=f"not measured: {why}")]
+
+    def beside(flag: bool, fn):
+        def go():
+            isolation.ALL_BESIDE = flag
+            try:
+                fn()
+            finally:
+                isolation.ALL_BESIDE = False
+        return go
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-boundary-") as tmp:
+        tmp = Path(tmp)
+        fresh = _Candidates(tmp)
+        across = Evaluator(METHOD, receipts=tmp / "across", device=device)
+        old = Evaluator(METHOD, receipts=tmp / "beside", device=device)
+
+        def stage1(ev):
+            def go():
+                r = ev.stage(1, str(fresh()))
+                if r.metrics["combined_score"] != 0.5:
+                    raise RuntimeError(f"stage 1 did not pass the fixture: {r.artifacts.get('verdict')}")
+            return go
+
+        def spares_ready():
+            """Untimed: what OpenEvolve's LLM round trip between two candidates gives the spares."""
+            for ev in (across, old):
+                for box in list(ev._pool._spares.values()) if ev._pool else []:
+                    box.wait_ready(120)
+
+        t0 = time.perf_counter()
+        stage1(across)()
+        first = time.perf_counter() - t0
+        beside(True, stage1(old))()
+        spares_ready()
+        ta, tb = _alternate(stage1(across), beside(True, stage1(old)), repeats, before_a=spares_ready)
+        ma, mb = statistics.median(ta), statistics.median(tb)
+        rows.append(Row(
+            name="evolve stage 1, boundary, sandboxed, warm", shape="4 value/gradient contracts x 1 seed, a new "
+            "candidate each call, its spare started", against="the same, checks beside the candidate (before)",
+            value=ma, unit="s", target=f"<= {STAGE1_TARGET_S:g} s", ok=ma <= STAGE1_TARGET_S,
+            spread=spread(min(ta), max(ta), len(ta), " s"),
+            note=f"checks beside the candidate {mb:.2f} s median ({spread(min(tb), max(tb), len(tb), ' s')}): "
+                 f"boundary/before {ma / mb:.2f}x; the first call (no spare yet) took {first:.1f} s",
+            details={"boundary_s": ta, "beside_s": tb, "ratio": ma / mb, "first_s": first}))
+
+        cli = CliRunner()
+
+        def check():
+            r = cli.invoke(app, ["check", METHOD, "--impl", str(fresh()), "--device", device, "--receipts",
+                                 str(tmp / "check"), "--json"])
+            if r.exit_code != 0:
+                raise RuntimeError(f"check --impl exited {r.exit_code}: {r.output[-400:]}")
+
+        check()
+        beside(True, check)()
+
+        def spare_ready_check():
+            for pool in list(sandbox._POOLS.values()):
+                for box in list(pool._spares.values()):
+                    box.wait_ready(120)
+
+        ta, tb = _alternate(check, beside(True, check), check_repeats, before_a=spare_ready_check)
+        ma, mb = statistics.median(ta), statistics.median(tb)
+        rows.append(Row(
+            name="check --impl (full), boundary, sandboxed", shape="every contract x budget seeds, candidate and "
+            "spec mutants", against="the same check, checks beside the candidate (before)", value=ma / mb,
+            unit="x", target="(shown: the boundary's cost)", ok=None,
+            spread=spread(min(ta) / max(tb), max(ta) / min(tb), len(ta)),
+            note=f"boundary {ma:.1f} s, before {mb:.1f} s (medians of {len(ta)})",
+            details={"boundary_s": ta, "beside_s": tb}))
+    return rows

@@ -313,40 +313,23 @@ def _where_it_ran(folder: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_workers_fork_from_one_warm_server_in_the_checks_folder_and_environment(tmp_path, monkeypatch):
-    """A second check in the same process forks from the server the first one started (no second import of
-    torch), and each fork takes the folder and allow-listed environment of the check that asked, as a fresh
-    `python` started there would have them."""
-    from engine.run import warm
-
+def test_the_candidates_process_takes_the_checks_folder_and_environment(tmp_path, monkeypatch):
+    """Unsandboxed, the candidate's functions run in a call-loop process started by this one (a spare, started
+    before the candidate was known, is one too); it takes the folder and allow-listed environment of the check
+    that asked, as a fresh `python` started there would have them."""
     first = _where_it_ran(tmp_path / "a")
-    server = warm.server()
-    assert first and {w["ppid"] for w in first} == {server.proc.pid}, (first, server.proc.pid)
+    assert first and {w["ppid"] for w in first} == {os.getpid()}, first
     here = tmp_path / "elsewhere"
     here.mkdir()
     monkeypatch.chdir(here)
-    monkeypatch.setenv("TORCH_CONTRACTS_PROBE", "after-the-server-started")  # allow-listed, set after it started
+    monkeypatch.setenv("TORCH_CONTRACTS_PROBE", "after-the-first-check")  # allow-listed, set after a spare started
     monkeypatch.setenv("MY_API_TOKEN", "secret-token-value")
     second = _where_it_ran(tmp_path / "b")
-    assert warm.server() is server and {w["ppid"] for w in second} == {server.proc.pid}
+    assert second and {w["ppid"] for w in second} == {os.getpid()}
     for w in second:
         assert w["cwd"] == str(here.resolve())
-        assert w["env"].get("TORCH_CONTRACTS_PROBE") == "after-the-server-started"
+        assert w["env"].get("TORCH_CONTRACTS_PROBE") == "after-the-first-check"
         assert "MY_API_TOKEN" not in w["env"] and "secret-token-value" not in json.dumps(w["env"])
-
-
-def test_without_a_warm_server_each_worker_is_a_fresh_python(tmp_path, monkeypatch):
-    """Where the server cannot start (no AF_UNIX sequenced-packet sockets), the check starts cold workers, children
-    of its own process, and still passes. (That warm and cold workers measure the same is
-    tests/test_evolve.py::test_warm_and_cold_workers_measure_the_same.)"""
-    from engine.run import warm
-
-    def cannot(*a, **k):  # what starting one raises there; this process's own server is left running
-        raise OSError(97, "Address family not supported by protocol")
-
-    monkeypatch.setattr(warm, "server", cannot)
-    ran = _where_it_ran(tmp_path / "c")
-    assert ran and {w["ppid"] for w in ran} == {os.getpid()}
 
 
 # --- (method, implementation) is the unit ---------------------------------------------------------

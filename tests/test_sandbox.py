@@ -103,7 +103,7 @@ def test_without_bubblewrap_a_candidate_check_refuses_unless_no_sandbox(tmp_path
     r = check(good, tmp_path / "r", "--only", "clip_schedule", "--no-sandbox")
     assert r.exit_code == 0, r.output
     (stmt,) = receipts(tmp_path / "r")
-    assert stmt["predicate"]["isolation"] == {"sandbox": "none", "candidate": True, "checks_in": "candidate"}
+    assert stmt["predicate"]["isolation"] == {"sandbox": "none", "candidate": True, "checks_in": "supervisor"}
     res = Evaluator(METHOD, receipts=tmp_path / "e").stage(1, str(good))
     assert res.metrics["combined_score"] == 0.0 and "bubblewrap" in res.artifacts["not_checked"]
     assert invoke("check", METHOD, "--no-sandbox", "--only", "clip_schedule").exit_code == 2  # only with --impl
@@ -123,6 +123,7 @@ def test_receipts_record_their_isolation(tmp_path):
     iso = by_kind["external"]
     assert iso["sandbox"] == "bubblewrap" and iso["version"] == sandbox.version() and iso["network"] is False
     assert iso["pid_namespace"] is True and iso["python"] == "isolated"
+    assert iso["checks_in"] == "supervisor"  # the checks ran here; the candidate's functions in the sandbox
 
 
 # --- the trust policy can require it -------------------------------------------------------------------------------

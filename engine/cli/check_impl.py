@@ -27,7 +27,6 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
 
     from engine.run.devices import resolve_device
     from engine.run.impl_loader import identity, parse_target
-    from engine.run import warm
     from engine.run.isolation import DEFAULT_MEMORY_MB, make_runner, run_candidate
     from engine.run import sandbox
     from engine.run.runner import build_statement
@@ -65,12 +64,10 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
                             description=f"{spec.key} --impl {ident['target']}: {label} {r['status']}")
 
         runner = make_runner(plan, dev, ident, on_result=on_result, should_stop=lambda: stop.stopped)
-        boxed = sandbox.Boxed(ident, target, hidden, str(dev)) if hidden is not None else None
         try:
             run_candidate(runner, target, ident, names, str(dev), threads, deadline,
                           DEFAULT_MEMORY_MB if memory_mb is None else memory_mb,
-                          worker_factory=boxed or warm.warm_or_cold,
-                          isolation=sandbox.record(boxed is not None, "candidate"))
+                          sandbox.confine(ident, target, hidden, str(dev)))
         finally:
             stop.hold = True  # the receipt is written whole, or not at all
     try:

@@ -102,6 +102,7 @@ class Evaluator:
         self.sandbox = bool(sandbox)  # each candidate in a bubblewrap sandbox of its own (engine/run/sandbox.py)
         self.strict = bool(strict)  # screen the source first (engine/evolve/screen.py)
         self._pool = None
+        self._bare_pool = None
 
     # -- OpenEvolve's entry points --------------------------------------------------------
 
@@ -134,11 +135,10 @@ class Evaluator:
         if k not in S.STAGES:
             raise UsageError(f"stage {k!r}: OpenEvolve's cascade here has stages {', '.join(map(str, S.STAGES))}")
         if self.sandbox:
-            self._sandboxes().prestart()  # its imports overlap with ours (torch, the methods) on the first call
+            # its imports (torch) overlap with ours on the first call
+            self._sandboxes().prestart(loop=True)
         else:
-            from engine.run import warm
-
-            warm.start()
+            self._bare().prestart(loop=True)
         spec = self._spec()
         target = parse_target(str(program_path))
         ident = identity(target)
@@ -174,6 +174,15 @@ class Evaluator:
                 self._pool = sandbox.Pool(sandbox.hidden_paths(self.receipts_dir, self.sign_key, self.sign_command,
                                                                self.trust), self.device, spare=True)
             return self._pool
+
+    def _bare(self):
+        """Without the sandbox: fresh call-loop processes, a spare kept started (the same boundary, no bwrap)."""
+        from engine.run import sandbox
+
+        with _LOCK:
+            if self._bare_pool is None:
+                self._bare_pool = sandbox.Pool(None, self.device, spare=True)
+            return self._bare_pool
 
     def _unchecked(self, k: int, why: str, t0: float) -> tuple[dict, dict]:
         metrics = {"combined_score": 0.0, f"stage{k}_passed": 0.0, "cells_passed": 0.0, "contracts_broken": 0.0,
@@ -241,9 +250,8 @@ class Evaluator:
 
     def _run(self, spec, target, ident: dict, missing: list) -> tuple[Path, str]:
         """Run the contracts with missing cells (whole contracts x seeds) and write their receipt."""
-        from engine.run import warm
         from engine.run.devices import default_threads, resolve_device
-        from engine.run.isolation import DEFAULT_MEMORY_MB, make_runner
+        from engine.run.isolation import DEFAULT_MEMORY_MB, CandidateSession, Unit, _lost, make_runner
         from engine.run.runner import build_statement, plan_run
         from engine.spec.interface import from_spec
         from engine.spec.registry import known_names
@@ -271,22 +279,34 @@ class Evaluator:
         created = utc_now()
         runner = make_runner(plan, dev, ident)
         runner.candidate_mutants = []
-        calls = [{"contract": c, "seed": s, "dtype": d, "record_mechanism": True}
-                 for c in plan.contracts for s in plan.seeds for d in c["dtypes"]]
         from engine.run import sandbox
 
-        runner.isolation = sandbox.record(self.sandbox, "candidate")
-        if self.sandbox:
-            box = self._sandboxes().take(init["target"]["framework"])
-            try:
-                init.update(target=box.stage_candidate(ident, target), cwd=sandbox.INSIDE, env=sandbox._env())
-                results, mechanism, notes = warm.run_cells(init, calls, deadline, self.jobs, srv=box)
-            finally:
-                box.close()  # the candidate and all it started are gone before its receipt is built and signed
-        else:
-            results, mechanism, notes = warm.run_cells(init, calls, deadline, self.jobs)
-        runner.results, runner.mechanism = results, mechanism
-        runner.errors += [f"isolation: {n}" for n in notes]
+        # The candidate's functions in a process of their own (a fresh sandbox from the pool, its spare started),
+        # the checks here; contracts whose arguments cannot cross run beside it (the receipt lists them).
+        hidden = self._sandboxes().hidden if self.sandbox else None
+        conf = sandbox.confine(ident, target, hidden, str(dev), pool=self._pool if self.sandbox else self._bare())
+        session = CandidateSession(runner, init, conf, deadline, framework=target.form == "framework")
+        lost: list[str] = []
+        try:
+            session.probe()
+            for c in plan.contracts:
+                calls = [{"contract": c, "seed": s, "dtype": d, "record_mechanism": True}
+                         for s in plan.seeds for d in c["dtypes"]]
+                if lost:  # a hanging candidate costs one deadline, not one per contract
+                    runner.results += [_lost(call, f"not run: an earlier call of this candidate lost its worker "
+                                                   f"({lost[0]})") for call in calls]
+                    continue
+                unit = Unit(label=c["id"], calls=calls)
+                session.run(unit, c, lambda r: None, record_mechanism=True)
+                runner.results += unit.results
+                lost += [r["message"][len("no measurement: "):] for r in unit.results
+                         if r["status"] == "error" and str(r.get("message")).startswith("no measurement: ")][:1]
+        finally:
+            session.close()  # the candidate and all it started are gone before its receipt is built and signed
+        runner.isolation = session.record()
+        if session.load_failure:
+            runner.errors.append(f"the candidate could not be run: {session.load_failure}")
+        runner.errors += [f"isolation: {n}" for n in session.notes]
         stmt = build_statement(runner, created)
         path = write_receipt(self.receipts_dir, stmt, sign_key=signer)  # the workers have finished
         return path, stmt["predicate"]["receipt_id"]

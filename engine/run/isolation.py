@@ -1,13 +1,13 @@
-"""Run a candidate implementation's contracts in isolated worker processes; the parent keeps the record.
+"""Run a candidate implementation's contracts with the candidate in processes of its own; the checks and the
+record stay here.
 
 `contracts check METHOD --impl TARGET` runs, in order:
 
-1. the candidate's baseline: every selected contract, seed and dtype, one unit per
-   contract, in a worker (engine/run/impl_worker.py) that loaded the candidate;
+1. the candidate's baseline: every selected contract, seed and dtype;
 2. the candidate with one function replaced: for each spec mutant that differs
    from the registered implementation in exactly one function, that function
-   swapped into the candidate (Implementation.replace), through the contracts
-   the spec says kill it, in the same kind of worker;
+   swapped in (the registered mutant's, run here), through the contracts the
+   spec says kill it;
 3. the spec's mutants on the registered implementation, in this (trusted)
    process, exactly as a plain `contracts check` runs them.
 
@@ -15,35 +15,29 @@ A kill counts only where the candidate's own baseline passed that (contract,
 dtype), so every contract is shown to pass on the candidate and to fail on a
 known-bad variant.
 
-What isolation means here, and what it does not:
+Where each contract runs (`CandidateSession`):
 
-* each worker is forked from a warm server (engine/run/warm.py: a `python`
-  started with an allow-listed environment, no signing key, no token, password
-  or credential variables, that has imported torch and the method packages and
-  runs no candidate code and no check), one per process, started by the first
-  check that needs it; a worker then takes the folder and the allow-listed
-  environment of the check that asked for it, so a fork is what a fresh
-  `python` started there would be, with the imports done. Where the server
-  cannot run (no AF_UNIX sequenced-packet sockets), the worker is a fresh
-  `python`, as it always was before;
-* it talks to this process only through two pipes carrying JSON, never pickle,
-  so nothing the candidate sends can run code here; answers are checked
-  against the call that was asked for;
-* every call has a deadline (`--impl-timeout`, default the spec's
-  per_contract_timeout_seconds); past it, or when the worker dies (os._exit,
-  a segfault, a signal), the worker's process group is killed and the calls it
-  owned become `error` results with the reason; the run goes on in a new worker;
-* on CPU the worker caps its address space (RLIMIT_AS) at what its imports
-  mapped plus `--impl-memory-mb`, so an unbounded allocation fails inside the
-  check and is recorded as an error (not on CUDA: the driver maps more address
-  space than any useful cap);
-* the receipt is built and written here, after the workers are gone.
+* across the boundary (`Supervised`, engine/run/boundary.py): the check runs
+  here and calls the candidate's functions in a call-loop process that holds
+  the candidate, torch and that loop, nothing of the engine (tensors in and
+  out, gradients by a vector-Jacobian call there); one such process per run,
+  a fresh one after a lost call;
+* beside the candidate (`CandidateRun`, the way every contract ran before):
+  in a worker holding the engine and the candidate (engine/run/impl_worker.py)
+  that answers one result per call over JSON pipes, checked against the call;
+  for contracts whose arguments cannot cross (a policy module), that measure
+  the candidate's own memory or time, and every contract of a framework target.
+  The receipt lists them (isolation.checks_in_candidate).
 
-Each candidate's workers run inside a bubblewrap sandbox of its own (engine/run/sandbox.py: read-only views,
-the store, key and policy masked, private /tmp, no network, its own PID namespace, isolated Python), killed
-before the receipt is built or signed; `--no-sandbox` runs them as above without it (receipts record which).
-The checks still run in the worker, beside the candidate: a hostile candidate could forge its own run's
-measurements (docs/trust.md, "What is not defended"), though not reach the store, the key or the next candidate.
+Either way: every wait has a deadline (`--impl-timeout`, default the spec's
+per_contract_timeout_seconds); past it, or when the process dies, it is killed
+with its process group (or sandbox) and the calls it owned become `error`
+results with the reason; on CPU the candidate's process caps its address space
+at what its imports mapped plus `--impl-memory-mb`; the environment is the
+allow-listed one (no key, token or credential variables); the receipt is built
+and written here, after every candidate process is gone. How they are confined
+(a bubblewrap sandbox each, engine/run/sandbox.py, or none with --no-sandbox)
+is the caller's `Confinement`.
 """
 
 from __future__ import annotations
@@ -352,20 +346,222 @@ def single_function_mutants(plan) -> list[tuple[dict, str]]:
     return out
 
 
-# What a receipt records of a candidate run without a sandbox (engine.run.sandbox.record(False, "candidate")).
-UNSANDBOXED = {"sandbox": "none", "candidate": True, "checks_in": "candidate"}
+# Contracts that measure the implementation's own memory or time: those numbers exist only in the process that
+# runs it, so they run there, beside the candidate (the receipt lists them under isolation.checks_in_candidate).
+RESOURCE_METRICS = frozenset({"peak_ratio", "scratch_budget_ratio", "memory_budget_ratio", "peak_memory_ratio",
+                              "ns_per_element"})
+
+
+def measured_beside(contract: dict) -> bool:
+    """True for a contract whose measurements can only be taken in the candidate's process (its memory, its time)."""
+    return contract.get("tier") == "budget" or contract.get("kind") == "budget" or any(
+        e.get("metric") in RESOURCE_METRICS for e in contract.get("expect") or [])
+
+
+@dataclass
+class Confinement:
+    """How one run confines a candidate's code, built by its caller (engine.run.sandbox.confine):
+
+    * `callee()` starts a fresh candidate process running the call loop (in its sandbox, or bare under
+      --no-sandbox) and returns it as (connection, the target as that process sees it, its folder, its
+      environment);
+    * `workers(init)` starts a worker that runs checks beside the candidate (the old way), for the contracts
+      that cannot run across the boundary: arguments that do not cross, a framework target, the candidate's
+      own memory and time;
+    * `outside(path)` maps a path a sandboxed worker reported to the file here; `close()` kills what is left;
+    * `record` is what the receipt says of the isolation (engine.run.sandbox.record) before `checks_in`."""
+
+    record: dict
+    callee: Callable[[], tuple[Any, dict, str, dict]]
+    workers: Callable[[dict], Any]
+    outside: Callable[[str], str] = lambda p: p
+    close: Callable[[], None] = lambda: None
+
+
+class Supervised:
+    """A candidate's functions in a process of their own, its checks here: one long-lived candidate process per
+    run (a fresh one only after a loss), one Runner.call per cell with a deadline on every wait."""
+
+    def __init__(self, runner, init: dict, confinement: Confinement, timeout_s: float, startup_s: float = STARTUP_S):
+        self.runner, self.init, self.confinement = runner, init, confinement
+        self.timeout_s, self.startup_s = timeout_s, startup_s
+        self.conn = None
+        self.impl = None
+        self.load_failure: str | None = None
+        self.notes: list[str] = []
+
+    def _start(self) -> None:
+        conn, inside, cwd, env = self.confinement.callee()
+        init = {"target": inside, "names": self.init["names"], "device": self.init["device"],
+                "threads": self.init["threads"], "memory_mb": self.init["memory_mb"], "cwd": cwd, "env": env}
+        try:
+            msg = conn.load(init, self.startup_s)
+        except WorkerLost as lost:
+            conn.close(kill=True)
+            raise WorkerLost(f"while loading the candidate: {lost}") from None
+        if msg.get("op") == "load_error":
+            conn.close(kill=True)
+            if msg.get("fatal"):
+                raise WorkerLost(f"while loading the candidate: {msg.get('message')}")
+            raise UsageError(f"--impl {self.init['shown']}: cannot load it: {msg.get('message')}")
+        if msg.get("op") != "loaded":
+            conn.close(kill=True)
+            raise WorkerLost("the candidate's process did not report the candidate loaded")
+        problems = []
+        for key, what in (("missing", "has no function"), ("not_callable", "has a non-callable")):
+            names = [n for n in msg.get(key) or [] if isinstance(n, str)]
+            if names:
+                problems.append(f"{what} {', '.join(names)}")
+        if problems:
+            conn.close(kill=True)
+            raise UsageError(f"--impl {self.init['shown']} {'; '.join(problems)}; the {self.init['method']} interface "
+                             f"needs {', '.join(self.init['names'])} (see contracts interface {self.init['method']})")
+        if msg.get("note") and str(msg["note"]) not in self.notes:
+            self.notes.append(str(msg["note"]))
+        self.conn = conn
+        self.impl = conn.implementation(self.init["name"], self.init["names"])
+
+    def probe(self) -> None:
+        """Start and load the candidate before anything runs: a missing function is a usage error."""
+        try:
+            self._start()
+        except WorkerLost as lost:
+            self.load_failure = str(lost)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def run(self, unit: Unit, record_mechanism: bool, on_result: Callable[[dict], None]) -> bool:
+        """Fill `unit.results` (and the runner's mechanism records) with one result per call, the checks run here;
+        False, with nothing recorded, when an argument of this contract cannot cross (run it beside instead)."""
+        runner = self.runner
+        saved, mech0 = runner.budget, len(runner.mechanism)
+        # the deadline is on every wait for the candidate; the run's wall budget is kept by the caller
+        runner.budget = dict(saved, per_contract_timeout_seconds=None, max_wall_seconds=float("inf"))
+        done: list[tuple[dict, dict]] = []
+        try:
+            for i, call in enumerate(unit.calls):
+                if self.load_failure is not None:
+                    done.append((call, _lost(call, f"the candidate could not be run: {self.load_failure}")))
+                    continue
+                if self.conn is None:
+                    try:
+                        self._start()
+                    except WorkerLost as lost:
+                        self.load_failure = str(lost)
+                        done.append((call, _lost(call, f"the candidate could not be run: {lost}")))
+                        continue
+                conn, impl = self.conn, self.impl
+                if unit.replace:
+                    from engine.spec import registry
+
+                    fn = unit.replace["function"]
+                    mutated = registry.load().get_mutant(unit.replace["mutant"]).factory()
+                    impl = impl.replace(f"{self.init['name']}+{unit.replace['mutant']}", **{fn: getattr(mutated, fn)})
+                conn.not_crossable = conn.refused = None
+                conn.deadline_s = self.timeout_s  # on every wait for the candidate, not on the checks' own work
+                r = runner.call(impl, call["contract"], call["seed"], call["dtype"], record_mechanism)
+                if conn.not_crossable is not None:
+                    del runner.mechanism[mech0:]
+                    self.notes_crossing = conn.not_crossable
+                    conn.reset()
+                    return False
+                if conn.lost is not None:
+                    done.append((call, _lost(call, conn.lost)))
+                    done += [(c, _lost(c, f"not run: an earlier call of this unit lost its candidate process "
+                                          f"({conn.lost})")) for c in unit.calls[i + 1:]]
+                    conn.close(kill=True)
+                    self.conn = None
+                    break
+                conn.reset()
+                if conn.refused is not None:
+                    r = {**r, "status": "error", "message": f"refused at the boundary: {conn.refused}"}
+                done.append((call, r))
+        finally:
+            runner.budget = saved
+        for _call, r in done:
+            unit.results.append(r)
+            on_result(r)
+        return True
+
+
+def _contract_calls(plan, contract: dict) -> list[dict]:
+    return [{"contract": contract, "seed": s, "dtype": d, "record_mechanism": True}
+            for s in plan.seeds for d in contract["dtypes"]]
+
+
+# The way every check ran before the boundary (all of them beside the candidate): only benchmarks/sandbox_bench.py
+# sets it, to measure the boundary against it in one run.
+ALL_BESIDE = False
+
+
+class CandidateSession:
+    """Where each of a candidate's contracts runs: across the boundary (checks here) where its arguments cross,
+    beside the candidate (checks in its worker) where they cannot; `beside` lists the latter, for the receipt."""
+
+    def __init__(self, runner, init: dict, confinement: Confinement, timeout_s: float, framework: bool):
+        self.runner, self.init, self.confinement, self.timeout_s = runner, init, confinement, timeout_s
+        self.sup = None if framework or ALL_BESIDE else Supervised(runner, init, confinement, timeout_s)
+        self.cand = CandidateRun(init, timeout_s, should_stop=runner.should_stop, worker_factory=confinement.workers)
+        self.beside: list[str] = []  # contract ids whose checks ran in the candidate's worker
+        self.why_beside: dict[str, str] = {}
+
+    def probe(self) -> None:
+        (self.sup or self.cand).probe()
+
+    @property
+    def load_failure(self) -> str | None:
+        return (self.sup or self.cand).load_failure
+
+    @property
+    def notes(self) -> list[str]:
+        return list(dict.fromkeys((self.sup.notes if self.sup else []) + self.cand.notes))
+
+    def run(self, unit: Unit, contract: dict, on_result: Callable[[dict], None], record_mechanism: bool) -> None:
+        cid = contract["id"]
+        if self.sup is not None and cid not in self.beside and not measured_beside(contract):
+            if self.sup.run(unit, record_mechanism, on_result):
+                return
+            self.why_beside[cid] = getattr(self.sup, "notes_crossing", "an argument does not cross")
+        elif self.sup is not None and cid not in self.why_beside:
+            self.why_beside[cid] = "it measures the candidate's own memory or time"
+        if cid not in self.beside:
+            self.beside.append(cid)
+        if self.sup is not None and self.sup.load_failure and self.cand.load_failure is None:
+            self.cand.load_failure = self.sup.load_failure
+        self.cand.on_result = on_result
+        self.cand.run(unit)
+        self.runner.mechanism += unit.mechanism
+
+    def record(self) -> dict:
+        """The receipt's isolation: where the checks ran, and, where some ran beside the candidate, which."""
+        rec = dict(self.confinement.record)
+        rec["checks_in"] = "candidate" if self.sup is None else "mixed" if self.beside else "supervisor"
+        if self.beside:
+            rec["checks_in_candidate"] = [{"contract": c, "why": self.why_beside.get(c, "a framework target")}
+                                          for c in self.beside]
+        return rec
+
+    def close(self) -> None:
+        try:
+            if self.sup is not None:
+                self.sup.close()
+            self.cand.close()
+        finally:
+            self.confinement.close()  # the sandboxes and all they held are gone before anything is built or signed
 
 
 def run_candidate(runner, target, ident: dict, names: list[str], device: str, threads: int,
-                  timeout_s: float, memory_mb: int | None, worker_factory=None,
-                  isolation: dict | None = None) -> None:
+                  timeout_s: float, memory_mb: int | None, confinement: Confinement) -> None:
     """Fill `runner` (an engine.run.runner.Runner) with the candidate's results, its replaced-function mutants
     and the spec's mutants on the registered implementation; the caller builds and writes the receipt.
 
-    `worker_factory(init)` starts the candidate's worker: engine.run.sandbox.Boxed in a bubblewrap sandbox, or
-    engine.run.warm.warm_or_cold forked from the warm server (both build on this module, so the caller passes
-    them in); a fresh `python` (_Worker) by default. `isolation` is what the receipt records of it
-    (engine.run.sandbox.record)."""
+    The candidate's functions run in their own process (`confinement.callee`), the checks here
+    (engine/run/boundary.py); a contract whose arguments cannot cross, or that measures the candidate's own
+    memory or time, and every contract of a framework target, runs beside the candidate in a worker
+    (`confinement.workers`). The receipt records which (`runner.isolation`)."""
     from engine.run.runner import ERROR, FAILED, INTERRUPTED, PARTIAL, PASSED, Interrupted
 
     plan = runner.plan
@@ -381,27 +577,22 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
     def progress(phase: str, extra: dict | None = None):
         return lambda r: runner.on_result({"phase": phase, **(extra or {}), **r})
 
-    # a sandboxed factory maps the sandbox's paths out and is closed before the receipt is built
-    boxed = worker_factory if hasattr(worker_factory, "outside") and not isinstance(worker_factory, type) else None
-    runner.isolation = isolation or UNSANDBOXED
-    cand = CandidateRun(init, timeout_s, on_result=progress("baseline"), should_stop=runner.should_stop,
-                        worker_factory=worker_factory or _Worker)
+    session = CandidateSession(runner, init, confinement, timeout_s, framework=target.form == "framework")
+    runner.isolation = session.record()
     runner.candidate_mutants = []
     wall = float(plan.spec.data["budget"]["max_wall_seconds"])
     try:
-        cand.probe()  # a usage error (missing function, syntax error) leaves here, before any result
-        adapter = _adapted_identity(cand, ident, target, boxed.outside if boxed else None)
+        session.probe()  # a usage error (missing function, syntax error) leaves here, before any result
+        adapter = _adapted_identity(session.cand, ident, target, confinement.outside) if session.sup is None \
+            else None
         for contract in plan.contracts:
             if time.perf_counter() - runner.t0 > wall:
                 runner.errors.append(f"budget: run wall time is over budget.max_wall_seconds {wall:g}")
                 runner.status = FAILED
                 break
-            unit = Unit(label=contract["id"], calls=[{"contract": contract, "seed": s, "dtype": d,
-                                                      "record_mechanism": True}
-                                                     for s in plan.seeds for d in contract["dtypes"]])
-            cand.run(unit)
+            unit = Unit(label=contract["id"], calls=_contract_calls(plan, contract))
+            session.run(unit, contract, progress("baseline"), record_mechanism=True)
             runner.results += unit.results
-            runner.mechanism += unit.mechanism
         by_id = {c["id"]: c for c in plan.contracts}
         seed = plan.seeds[0]
         # partial: every expectation it could be held to held, so a mutant failing one of those is a kill
@@ -415,36 +606,37 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
                         {"id": m["id"], "replaced": fn, "why": f"the candidate has no {fn} of its own" if fn in
                          adapter["absent"] else f"{fn} is all the candidate has of its own"})
                     continue
-                calls = [{"contract": by_id[cid], "seed": seed, "dtype": d} for cid in m["killed_by"]
-                         for d in by_id[cid]["dtypes"]]
-                unit = Unit(label=m["id"], calls=calls, replace={"function": fn, "mutant": m["mutant"]})
-                cand.on_result = progress("mutant", {"mutant": f"{m['id']} in the candidate"})
-                cand.run(unit)
                 record = {"id": m["id"], "mutant": m["mutant"], "replaced": fn, "description": m["description"],
                           "expected_killers": list(m["killed_by"]), "killed_by": [], "killed": False, "seed": seed,
                           "results": []}
-                for r in unit.results:
-                    counts = (r["contract"], r["dtype"]) in baseline_ok
-                    kills = r["status"] in (FAILED, ERROR) and counts
-                    record["results"].append({"contract": r["contract"], "dtype": r["dtype"], "status": r["status"],
-                                              "message": r["message"], "baseline_passed": counts, "kills": kills})
-                    if kills and r["contract"] not in record["killed_by"]:
-                        record["killed_by"].append(r["contract"])
+                for cid in m["killed_by"]:
+                    unit = Unit(label=m["id"], calls=[{"contract": by_id[cid], "seed": seed, "dtype": d}
+                                                      for d in by_id[cid]["dtypes"]],
+                                replace={"function": fn, "mutant": m["mutant"]})
+                    session.run(unit, by_id[cid], progress("mutant", {"mutant": f"{m['id']} in the candidate"}),
+                                record_mechanism=False)
+                    for r in unit.results:
+                        counts = (r["contract"], r["dtype"]) in baseline_ok
+                        kills = r["status"] in (FAILED, ERROR) and counts
+                        record["results"].append({"contract": r["contract"], "dtype": r["dtype"],
+                                                  "status": r["status"], "message": r["message"],
+                                                  "baseline_passed": counts, "kills": kills})
+                        if kills and r["contract"] not in record["killed_by"]:
+                            record["killed_by"].append(r["contract"])
                 record["killed"] = bool(record["killed_by"])
                 runner.candidate_mutants.append(record)
     except (KeyboardInterrupt, Interrupted):
         runner.status = INTERRUPTED
         runner.errors.append("interrupted: the run was stopped; results finished so far are kept")
-        if cand.worker is not None:  # mid-call: do not wait for it to finish
-            cand.worker.close(kill=True)
-            cand.worker = None
+        if session.cand.worker is not None:  # mid-call: do not wait for it to finish
+            session.cand.worker.close(kill=True)
+            session.cand.worker = None
     finally:
-        cand.close()
-        if boxed is not None:
-            boxed.close()  # the sandbox and all it held are gone before anything is built or signed
-    if cand.load_failure:
-        runner.errors.append(f"the candidate could not be run: {cand.load_failure}")
-    runner.errors += [f"isolation: {n}" for n in cand.notes]
+        session.close()
+    runner.isolation = session.record()
+    if session.load_failure:
+        runner.errors.append(f"the candidate could not be run: {session.load_failure}")
+    runner.errors += [f"isolation: {n}" for n in session.notes]
     if runner.status is None:
         runner.run_mutants()  # the registered implementation's mutants, here: trusted code, no candidate loaded
 
@@ -483,6 +675,7 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
 
     class CandidateRunner(Runner):
         candidate_mutants: list = []
+        isolation: dict = {"sandbox": "none", "candidate": True}  # set by run_candidate: where it ran
 
         def extra_subjects(self) -> list[dict]:
             return [dict(s) for s in ident["subjects"]]
@@ -495,7 +688,7 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
 
         def predicate(self) -> dict:
             pred = super().predicate()
-            pred["isolation"] = getattr(self, "isolation", None) or UNSANDBOXED
+            pred["isolation"] = self.isolation
             # `name` is the spec's registered implementation whose interface the candidate exposes; `kind:
             # external` and the target say it ran instead of that one (engine.run.impl_loader.unit_of)
             pred["implementation"] = {k: v for k, v in ident.items() if k != "subjects"} | {
@@ -524,5 +717,5 @@ def check_options(impl: str | None, all_: bool, jobs: int, executor: str, addres
         raise UsageError("--impl and --policy cannot be combined yet; check the implementation with the tiny policies")
 
 
-__all__ = ["CandidateRun", "Unit", "check_options", "make_runner", "run_candidate",
+__all__ = ["CandidateRun", "CandidateSession", "Confinement", "Supervised", "Unit", "check_options", "make_runner", "run_candidate",
            "single_function_mutants", "worker_env"]

@@ -270,7 +270,9 @@ class Runner:
         except (KeyboardInterrupt, Interrupted):
             raise
         except BaseException as exc:  # a raising check (even sys.exit() in one) is recorded, and the run goes on
-            where = _where(exc)
+            # raised in the candidate's own process (engine/run/boundary.py): its file:line crossed with it
+            where = f"{exc.candidate_where} in the candidate" if getattr(exc, "candidate_where", None) \
+                else _where(exc)
             result["status"] = ERROR
             result["message"] = f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
         finally:

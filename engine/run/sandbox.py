@@ -40,6 +40,7 @@ from pathlib import Path
 
 from engine.errors import EnvironmentProblem, UsageError
 
+LOOP = Path(__file__).with_name("call_loop.py")  # the candidate's side of the boundary (never imports the engine)
 INSIDE = "/candidate"  # where the candidate's files are, inside; the workers' folder
 SOCKET = "/tmp/warm.sock"  # the template's own listener, in the sandbox's private /tmp
 TOOL = "bubblewrap"
@@ -198,8 +199,10 @@ def _env(threads_env: dict | None = None) -> dict[str, str]:
 
 
 def command(stage: str, hidden: list[str], device: str = "cpu", framework: str | None = None,
-            control_fd: int | None = None) -> list[str]:
-    """The bwrap command line of one sandbox running the warm template (control socket on `control_fd`)."""
+            control_fd: int | None = None, loop: tuple[int, int] | None = None) -> list[str]:
+    """The bwrap command line of one sandbox running the warm template (control socket on `control_fd`), or,
+    with `loop` (its two pipe ends), the call loop alone (engine/run/call_loop.py: the candidate, torch and
+    that loop; nothing of the engine)."""
     from engine.paths import project_root
 
     args = [bwrap() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -224,11 +227,101 @@ def command(stage: str, hidden: list[str], device: str = "cpu", framework: str |
         args += ["--ro-bind-try", "/sys", "/sys"]
     for k, v in sorted(_env().items()):
         args += ["--setenv", k, v]
+    if loop is not None:
+        return args + ["--", sys.executable, "-I", str(LOOP), str(loop[0]), str(loop[1])]
     root = str(project_root())
     code = (f"import sys; sys.path.insert(0, {root!r}); from engine.run.warm_server import main; "
             "sys.exit(main(sys.argv[1:]))")
     args += ["--", sys.executable, "-I", "-c", code, str(control_fd), SOCKET, *([framework] if framework else [])]
     return args
+
+
+def stage(folder: str, ident: dict, target) -> dict:
+    """Copy the files `ident` binds into `folder` (checked against their digests) and return the candidate's
+    `target` as seen inside. UsageError when a file changed since it was hashed."""
+    import hashlib
+
+    from engine.run.impl_loader import SUBJECT_PREFIX, sources
+
+    want = {s["name"]: s["digest"]["sha256"] for s in ident["subjects"]}
+    for name, src in sources(target):
+        data = Path(src).read_bytes()
+        if want.get(SUBJECT_PREFIX + name) != hashlib.sha256(data).hexdigest():
+            raise UsageError(f"--impl {ident['target']}: {name} changed while it was being checked; run again")
+        dest = Path(folder, name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+    inside = {"form": target.form, "path": None, "module": target.module, "attribute": target.attribute,
+              "framework": getattr(target, "framework", None), "name": getattr(target, "name", None)}
+    if target.path is not None:
+        inside["path"] = f"{INSIDE}/{target.path.name}"
+    return inside
+
+
+def outside(folder: str, path: str) -> str:
+    """A path a sandboxed process reported, as it is here (a staged file's copy), else unchanged."""
+    if path.startswith(INSIDE + "/"):
+        return str(Path(folder, path[len(INSIDE) + 1:]))
+    return path
+
+
+def _bwrap_exit(code: int) -> str:
+    """bwrap's exit status as the candidate's: it exits 128+N when its child was killed by signal N."""
+    if code > 128:
+        try:
+            return f"was killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
+
+
+class LoopBox:
+    """One candidate's sandbox running the call loop (engine/run/call_loop.py) and nothing of the engine: the
+    candidate's functions run there, the checks in this process (engine/run/boundary.py). Started before the
+    candidate is known (torch imported, waiting), it serves one candidate and is then killed whole."""
+
+    sandboxed = True
+
+    def __init__(self, hidden: list[str] | None, device: str = "cpu"):
+        from engine.run import boundary
+
+        self.staged = False
+        self.sandboxed = hidden is not None
+        if hidden is None:  # --no-sandbox: the same process and boundary, no bwrap around it
+            self.stage = None
+            self.conn = boundary.plain(device)
+            return
+        self.stage = tempfile.mkdtemp(prefix="contracts-candidate-")
+        self.conn = boundary.spawn(lambda r, w: command(self.stage, hidden, device, loop=(r, w)),
+                                   {"PATH": "/usr/bin:/bin"}, _bwrap_exit)
+
+    def stage_candidate(self, ident: dict, target) -> tuple[dict, str]:
+        """The candidate's files staged (sandboxed) and its target and folder as the process sees them."""
+        if self.staged:
+            raise RuntimeError("a candidate process serves one candidate")
+        self.staged = True
+        if self.stage is None:
+            return {"form": target.form, "path": str(target.path) if target.path else None,
+                    "module": target.module, "attribute": target.attribute}, os.getcwd()
+        return stage(self.stage, ident, target), INSIDE
+
+    def outside(self, path: str) -> str:
+        return outside(self.stage, path) if self.stage else path
+
+    def alive(self) -> bool:
+        return self.conn.lost is None and not self.conn.closed and self.conn.proc.poll() is None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until torch is imported inside (or the process died, or `timeout` passed)."""
+        return self.conn.wait_ready(timeout)
+
+    def close(self) -> None:
+        self.conn.close(kill=True)  # bwrap and, with it (--die-with-parent, its PID namespace), all inside
+        if self.stage:
+            shutil.rmtree(self.stage, ignore_errors=True)
+
+    def forget(self) -> None:
+        pass  # a fork's copy: the pipes are the starter's
 
 
 # --- one sandbox --------------------------------------------------------------------------------
@@ -238,6 +331,12 @@ def _warm():
     from engine.run import warm
 
     return warm
+
+
+def _isolation():
+    from engine.run import isolation
+
+    return isolation
 
 
 class Sandbox:
@@ -282,33 +381,14 @@ class Sandbox:
     def stage_candidate(self, ident: dict, target) -> dict:
         """Copy the files `ident` binds into the staging folder (checked against their digests) and return the
         worker's `target` as seen inside. UsageError when a file changed since it was hashed."""
-        import hashlib
-
-        from engine.run.impl_loader import SUBJECT_PREFIX, sources
-
         if self.staged:
             raise RuntimeError("a sandbox serves one candidate")
         self.staged = True
-        want = {s["name"]: s["digest"]["sha256"] for s in ident["subjects"]}
-        for name, src in sources(target):
-            data = Path(src).read_bytes()
-            if want.get(SUBJECT_PREFIX + name) != hashlib.sha256(data).hexdigest():
-                raise UsageError(f"--impl {ident['target']}: {name} changed while it was being checked; run again")
-            dest = Path(self.stage, name)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-        form = target.form
-        inside = {"form": form, "path": None, "module": target.module, "attribute": target.attribute,
-                  "framework": getattr(target, "framework", None), "name": getattr(target, "name", None)}
-        if target.path is not None:
-            inside["path"] = f"{INSIDE}/{target.path.name}"
-        return inside
+        return stage(self.stage, ident, target)
 
     def outside(self, path: str) -> str:
         """A path a worker reported, as it is here (a staged file's copy), else unchanged."""
-        if path.startswith(INSIDE + "/"):
-            return str(Path(self.stage, path[len(INSIDE) + 1:]))
-        return path
+        return outside(self.stage, path)
 
     # -- WarmServer's interface --------------------------------------------------------------------
 
@@ -384,36 +464,47 @@ class Pool:
     """Fresh sandboxes, one per candidate; with `spare`, the next one is started as soon as one is taken so its
     imports run while the current candidate is checked. A spare has run nothing of any candidate."""
 
-    def __init__(self, hidden: list[str], device: str = "cpu", spare: bool = False, spare_after_first: bool = False):
-        self.hidden = list(hidden)
+    def __init__(self, hidden: list[str] | None, device: str = "cpu", spare: bool = False,
+                 spare_after_first: bool = False):
+        self.hidden = None if hidden is None else list(hidden)
         self.device = device
         self.spare = spare
         # a process that checks a second candidate will likely check a third (a pipeline, the TUI, a test
         # suite): from then on keep one started; a one-shot `check --impl` starts none it would not use
         self.spare_after_first = spare_after_first
         self.taken = 0
-        self._spares: dict[str | None, Sandbox] = {}
+        self.taken_of: dict[tuple, int] = {}
+        self._spares: dict[tuple, "Sandbox | LoopBox"] = {}
         self._lock = threading.Lock()
         self.owner = os.getpid()
 
-    def prestart(self, framework: str | None = None) -> None:
-        with self._lock:
-            self._own()
-            if framework not in self._spares:
-                self._spares[framework] = Sandbox(self.hidden, self.device, framework)
+    def _make(self, key: tuple):
+        loop, framework = key
+        return LoopBox(self.hidden, self.device) if loop else Sandbox(self.hidden, self.device, framework)
 
-    def take(self, framework: str | None = None) -> Sandbox:
+    def prestart(self, framework: str | None = None, loop: bool = False) -> None:
+        key = (loop and framework is None, framework)
         with self._lock:
             self._own()
-            box = self._spares.pop(framework, None)
+            if key not in self._spares:
+                self._spares[key] = self._make(key)
+
+    def take(self, framework: str | None = None, loop: bool = False):
+        """A fresh sandbox: with `loop` (and no framework) one running the call loop (a LoopBox), else a warm
+        template forking workers (a Sandbox)."""
+        key = (loop and framework is None, framework)
+        with self._lock:
+            self._own()
+            box = self._spares.pop(key, None)
             if box is not None and not box.alive():
                 box.close()
                 box = None
             if box is None:
-                box = Sandbox(self.hidden, self.device, framework)
+                box = self._make(key)
             self.taken += 1
-            if self.spare or (self.spare_after_first and self.taken > 1):
-                self._spares[framework] = Sandbox(self.hidden, self.device, framework)
+            self.taken_of[key] = self.taken_of.get(key, 0) + 1
+            if self.spare or (self.spare_after_first and self.taken_of[key] > 1):
+                self._spares[key] = self._make(key)
             return box
 
     def _own(self) -> None:
@@ -441,9 +532,10 @@ _POOLS: dict[tuple, Pool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def shared_pool(hidden: list[str], device: str) -> Pool:
-    """This process's pool for these masks and this device (`check --impl` calls in one process share it)."""
-    key = (tuple(hidden), device, os.getpid())
+def shared_pool(hidden: list[str] | None, device: str) -> Pool:
+    """This process's pool for these masks and this device (`check --impl` calls in one process share it);
+    `hidden` None: bare call-loop processes (--no-sandbox)."""
+    key = (None if hidden is None else tuple(hidden), device, os.getpid())
     with _POOLS_LOCK:
         pool = _POOLS.get(key)
         if pool is None:
@@ -471,9 +563,9 @@ class Boxed:
     sandbox and stages the candidate's bound files in it; a lost worker takes the sandbox with it, and the next
     worker gets a fresh one. `close` kills it: nothing the candidate started outlives the run."""
 
-    def __init__(self, ident: dict, target, hidden: list[str], device: str):
+    def __init__(self, ident: dict, target, hidden: list[str], device: str, pool: "Pool | None" = None):
         self.ident, self.target = ident, target
-        self.pool = shared_pool(hidden, device)
+        self.pool = pool or shared_pool(hidden, device)
         self.box = None
 
     def __call__(self, init: dict):
@@ -492,10 +584,40 @@ class Boxed:
             self.box = None
 
 
+def confine(ident: dict, target, hidden: list[str] | None, device: str, pool: "Pool | None" = None):
+    """How one candidate is confined (engine.run.isolation.Confinement): with `hidden` (what the sandboxes
+    mask), its functions in a fresh call-loop sandbox and any contract run beside it in a fresh template
+    sandbox; without (--no-sandbox), the same boundary to a bare call-loop process, and warm-server workers.
+    `pool`: where the processes come from (default this process's shared one)."""
+    from engine.run.isolation import Confinement
+
+    pool = pool or shared_pool(hidden, device)
+    procs: list[LoopBox] = []
+
+    def callee():
+        box = pool.take(loop=True)
+        procs.append(box)
+        inside, cwd = box.stage_candidate(ident, target)
+        return box.conn, inside, cwd, _env() if box.sandboxed else _isolation().worker_env()
+
+    boxed = Boxed(ident, target, hidden, device, pool) if hidden is not None else None
+
+    def close() -> None:
+        for box in procs:
+            box.close()
+        procs.clear()
+        if boxed is not None:
+            boxed.close()
+
+    return Confinement(record=record(hidden is not None, "supervisor"), callee=callee,
+                       workers=boxed or _warm().warm_or_cold, outside=boxed.outside if boxed else (lambda p: p),
+                       close=close)
+
+
 import atexit  # noqa: E402 - beside what it registers
 
 atexit.register(_close_pools)
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["INSIDE", "Pool", "Sandbox", "command", "hidden_paths", "record", "require", "unavailable", "version"]
+__all__ = ["INSIDE", "LoopBox", "Pool", "Sandbox", "command", "confine", "hidden_paths", "record", "require", "unavailable", "version"]

@@ -55,6 +55,11 @@ def watch(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def noted(name: str, at: str) -> None:
+    """Note a stub that raised in the candidate's own process (engine/run/boundary.py: its file:line crossed)."""
+    _NOTED.setdefault(name, at)
+
+
 def take() -> list[dict]:
     """What was noted since the last take, as [{function, at}], and forget it."""
     out = [{"function": k, "at": v} for k, v in _NOTED.items()]

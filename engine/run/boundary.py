@@ -1,0 +1,538 @@
+"""The supervisor's side of the boundary: a candidate's functions called in the candidate's own process.
+
+The checks, the references and the verdict run here; the candidate's functions run in a process that holds
+the candidate, torch and a call loop (engine/run/call_loop.py, run as a file with `python -I`: nothing of the
+engine). A check calls `impl.f(...)` as always; `impl` is an Implementation of `Remote` functions that send
+the call across:
+
+* in: the function's name and its arguments in the call loop's wire format (`pack`: a JSON line for the
+  structure, the tensors' raw bytes after it; no pickle either way): tensors (detached), numbers, strings, None,
+  dtypes, devices, and tuples, lists and dicts of them; an argument of any other type (a policy module, a rollout)
+  cannot cross: `NotCrossable`, and the caller runs that contract where the candidate runs instead (the
+  receipt lists it);
+* out: the return value, read with `unpack` (every tensor's dtype, shape and byte count checked) and
+  accepted only as plain tensors, numbers, None, and tuples, lists and str-keyed dicts of them; anything else
+  is refused (the call's result is an error saying what came back);
+* gradients: inputs that require grad are marked so on the other side, and the outputs that depend on them
+  come back through `_Cross`, an autograd Function whose backward asks the candidate's process for the
+  vector-Jacobian product of that same call (checked against the inputs' shapes);
+* exceptions: (its first builtin type, message, the candidate's file:line) raised here as that type, so
+  refusal contracts see a ValueError as a ValueError; a stub's NotImplementedError is noted at its line
+  (engine/run/unimplemented.py); SystemExit and the like arrive as errors of that name, never as the real
+  thing;
+* every wait for the candidate has the call's deadline; past it, or when the process dies, the process is
+  killed and the call is lost (`CandidateLost`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine.run import unimplemented
+from engine.run.call_loop import Malformed, Refused, pack, unpack
+from engine.run.isolation import WorkerLost, worker_env
+
+LOOP = Path(__file__).with_name("call_loop.py")
+MAX_HEADER = 1 << 16
+MAX_PAYLOAD = 1 << 33  # what one frame may carry (8 GiB): past it, the candidate is lost, not the supervisor
+_SCALARS = (type(None), bool, int, float, str, complex, torch.dtype, torch.device)
+
+
+class NotCrossable(BaseException):
+    """An argument of a type that does not cross (a module, a rollout): the contract runs beside the candidate.
+    A BaseException, so a check's `except Exception` cannot count it as the candidate's refusal."""
+
+
+class CandidateLost(BaseException):
+    """The candidate's process died or missed its deadline: this call and its unit are lost."""
+
+
+class ReturnRefused(TypeError):
+    """The candidate returned something that does not cross (a string, an object)."""
+
+
+_RAISED: dict[str, type] = {}
+
+
+def _raised_class(name: str) -> type:
+    """A RuntimeError subclass called `name`: how SystemExit, KeyboardInterrupt or an unknown type from the
+    candidate arrives (its name in the message; never the real thing, which would stop the supervisor)."""
+    if name not in _RAISED:
+        _RAISED[name] = type(name, (RuntimeError,), {"__module__": "candidate"})
+    return _RAISED[name]
+
+
+def _printable(text: Any, limit: int) -> str:
+    return "".join(ch for ch in str(text) if ch.isprintable())[:limit]
+
+
+def exception_from(reply: dict) -> Exception:
+    """The exception the candidate raised, as this process raises it: its builtin type (an Exception) with its
+    message, `candidate_where` set to its file:line."""
+    name = _printable(reply.get("type"), 60)
+    message = str(reply.get("message"))[:4000]
+    cls = getattr(builtins, name, None)
+    exc: Exception
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not StopIteration:
+        try:
+            exc = cls(message)
+        except Exception:  # noqa: BLE001 - a builtin that wants other arguments (UnicodeDecodeError)
+            exc = _raised_class(name)(message)
+    elif cls is StopIteration:
+        exc = StopIteration(message) if message else StopIteration()
+    else:
+        exc = _raised_class(name or "Exception")(message)
+    exc.candidate_where = _printable(reply.get("where") or "", 200)  # type: ignore[attr-defined]
+    return exc
+
+
+def _encode(obj: Any, leaves: list, depth: int = 0) -> Any:
+    """`obj` as it crosses (tensors detached), its tensors appended to `leaves` in call_loop._tensors's order."""
+    if depth > 32:
+        raise NotCrossable("an argument nested more than 32 deep")
+    if isinstance(obj, torch.Tensor):
+        if type(obj) not in (torch.Tensor, torch.nn.Parameter):
+            raise NotCrossable(f"a {type(obj).__name__} argument")
+        leaves.append(obj)
+        return obj.detach()
+    if isinstance(obj, _SCALARS) and type(obj) in _SCALARS:
+        return obj
+    if type(obj) in (tuple, torch.Size):
+        return tuple(_encode(x, leaves, depth + 1) for x in obj)
+    if type(obj) is list:
+        return [_encode(x, leaves, depth + 1) for x in obj]
+    if type(obj) is dict and all(type(k) in (str, int) for k in obj):
+        return {k: _encode(v, leaves, depth + 1) for k, v in obj.items()}
+    raise NotCrossable(f"a {type(obj).__name__} argument")
+
+
+def _accepted(obj: Any, where: str = "the return value", depth: int = 0) -> Any:
+    """What came back, if it is what may come back: plain tensors, numbers, None, tuples, lists, str-keyed dicts."""
+    if depth > 32:
+        raise ReturnRefused(f"{where} is nested more than 32 deep")
+    if type(obj) is torch.Tensor:
+        return obj
+    if type(obj) is torch.nn.Parameter:
+        return obj.detach()
+    if obj is None or type(obj) in (bool, int, float):
+        return obj
+    if type(obj) is tuple:
+        return tuple(_accepted(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(obj))
+    if type(obj) is list:
+        return [_accepted(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(obj)]
+    if type(obj) is dict and all(type(k) is str for k in obj):
+        return {k: _accepted(v, f"{where}[{k!r}]", depth + 1) for k, v in obj.items()}
+    raise ReturnRefused(f"{where} is a {type(obj).__name__}: only tensors, numbers, None, and tuples, lists and "
+                        "dicts of them cross to the checks")
+
+
+def _substitute(obj: Any, new: dict[int, torch.Tensor], counter: list) -> Any:
+    """`obj` with its i-th tensor (walk order) replaced by new[i] where given."""
+    if isinstance(obj, torch.Tensor):
+        i = counter[0]
+        counter[0] += 1
+        return new.get(i, obj)
+    if isinstance(obj, tuple):
+        return tuple(_substitute(x, new, counter) for x in obj)
+    if isinstance(obj, list):
+        return [_substitute(x, new, counter) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _substitute(v, new, counter) for k, v in obj.items()}
+    return obj
+
+
+def _pack(obj: Any) -> bytes:
+    try:
+        return pack(obj)
+    except Refused as why:
+        raise NotCrossable(str(why)) from None
+
+
+class _Link:
+    """One call's graph on the other side: what `_Cross.backward` asks about."""
+
+    def __init__(self, conn: "Connection", cid: str, fn: str, outputs: list[torch.Tensor]):
+        self.conn, self.cid, self.fn, self.outputs = conn, cid, fn, outputs
+
+
+class _Cross(torch.autograd.Function):
+    """Outputs computed in the candidate's process, joined to this process's graph: backward is the candidate's
+    vector-Jacobian product of the same call (once differentiable)."""
+
+    @staticmethod
+    def forward(ctx, link: _Link, *inputs: torch.Tensor):
+        ctx.link = link
+        ctx.inputs = [(t.shape, t.dtype, t.device) for t in inputs]
+        ctx.set_materialize_grads(False)
+        return tuple(link.outputs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        link = ctx.link
+        got = link.conn.vjp(link.cid, link.fn, [None if g is None else g.detach() for g in grads])
+        if not isinstance(got, list) or len(got) != len(ctx.inputs):
+            raise ReturnRefused(f"{link.fn}: the candidate's vector-Jacobian product is not one gradient per input")
+        out = []
+        for g, (shape, dtype, device) in zip(got, ctx.inputs):
+            if g is not None and (not isinstance(g, torch.Tensor) or g.shape != shape):
+                raise ReturnRefused(f"{link.fn}: the candidate's gradient for an input of shape {list(shape)} has "
+                                    f"shape {list(getattr(g, 'shape', []))}")
+            out.append(None if g is None else g.to(device=device, dtype=dtype))
+        return (None, *out)
+
+
+class Remote:
+    """A candidate function, called across the boundary (same call signature; a generator function's calls
+    return a RemoteIterator)."""
+
+    def __init__(self, conn: "Connection", name: str):
+        self.conn, self.name = conn, name
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.conn.call(self.name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<candidate function {self.name}>"
+
+
+class RemoteIterator:
+    """The generator a candidate function returned, advanced in the candidate's process."""
+
+    def __init__(self, conn: "Connection", cid: str, fn: str, leaves: list[torch.Tensor]):
+        self.conn, self.cid, self.fn, self.leaves = conn, cid, fn, leaves
+        self.k = itertools.count()
+
+    def __iter__(self) -> "RemoteIterator":
+        return self
+
+    def __next__(self) -> Any:
+        k = next(self.k)
+        head = {"op": "next", "id": self.cid, "k": k, "grad_mode": torch.is_grad_enabled()}
+        return self.conn._answer(self.conn.request(head), self.fn, self.leaves, f"{self.cid}.{k}")
+
+
+class Connection:
+    """The supervisor's end of one candidate process's pipes: load the candidate, call it, ask for VJPs."""
+
+    def __init__(self, proc: subprocess.Popen, wfd: int, rfd: int, log, kill: Callable[[], None],
+                 describe_exit: Callable[[int], str] | None = None):
+        self.proc, self._w, self._r, self.log = proc, wfd, rfd, log
+        self._kill = kill
+        self._describe_exit = describe_exit
+        self._buf = bytearray()
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self.lost: str | None = None  # why the process is gone, once it is
+        self.deadline: float | None = None  # an absolute end for every wait, where one is set
+        self.deadline_s: float | None = None  # how long any one wait for the candidate may take
+        self.not_crossable: str | None = None  # set when a call's argument could not cross
+        self.refused: str | None = None  # set when a return value was refused
+        self.ready = False  # the call loop said it has imported torch
+        self.closed = False
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    def _send(self, head: dict, data: bytes = b"") -> None:
+        msg = json.dumps(dict(head, n=len(data))).encode() + b"\n" + data
+        view = memoryview(msg)
+        try:
+            while view:
+                n = os.write(self._w, view[:1 << 20])
+                view = view[n:]
+        except OSError as exc:
+            raise WorkerLost(f"could not write to the candidate's process: {exc.strerror}") from None
+
+    def _fill(self, want: int, end: float | None) -> None:
+        while len(self._buf) < want:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                raise WorkerLost("deadline")
+            ready, _, _ = select.select([self._r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self._r, 1 << 20)
+            if not chunk:
+                raise WorkerLost(self._death())
+            self._buf += chunk
+
+    def _recv(self, end: float | None) -> tuple[dict, bytes]:
+        while b"\n" not in self._buf:
+            if len(self._buf) > MAX_HEADER:
+                raise WorkerLost("the candidate's process sent a header that is too long")
+            self._fill(len(self._buf) + 1, end)
+        i = self._buf.index(b"\n")
+        try:
+            head = json.loads(bytes(self._buf[:i]))
+        except ValueError:
+            raise WorkerLost("the candidate's process sent something that is not a JSON header") from None
+        if not isinstance(head, dict) or not isinstance(head.get("n", 0), int) or not 0 <= head.get("n", 0) <= \
+                MAX_PAYLOAD:
+            raise WorkerLost("the candidate's process sent a malformed header")
+        n = head.get("n", 0)
+        del self._buf[:i + 1]
+        self._fill(n, end)
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return head, data
+
+    def _death(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "the candidate's process closed its pipe"
+        how = self._describe_exit(code) if self._describe_exit else _exit_text(code)
+        tail = self.tail()
+        return f"the candidate's process {how}" + (f" (last output: {tail})" if tail else "")
+
+    def tail(self) -> str:
+        try:
+            self.log.seek(0)
+            lines = [ln for ln in self.log.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except (OSError, ValueError):
+            return ""
+        return _printable(lines[-1].strip() if lines else "", 300)
+
+    def request(self, head: dict, data: bytes = b"", timeout: float | None = None) -> tuple[dict, bytes]:
+        """Send one request and wait for its answer, by the call's deadline (or `timeout`)."""
+        with self._lock:
+            if self.lost:
+                raise CandidateLost(self.lost)
+            # each wait for the candidate has the call's deadline: the candidate's time, not the checks' here
+            wait = timeout if timeout is not None else self.deadline_s
+            end = time.monotonic() + wait if wait is not None else None
+            if self.deadline is not None:
+                end = self.deadline if end is None else min(end, self.deadline)
+            try:
+                self._send(head, data)
+                return self._recv(end)
+            except WorkerLost as exc:
+                why = str(exc)
+                if why == "deadline":
+                    why = (f"the call ran past its deadline of {self.deadline_s or timeout or 0:g} s and the "
+                           "candidate's process was killed")
+                self.lose(why)
+                raise CandidateLost(why) from None
+            except BaseException:  # an interrupt or an alarm mid-call: the process is out of step, it goes
+                self.lose("interrupted mid-call")
+                raise
+
+    def lose(self, why: str) -> None:
+        if self.lost is None:
+            self.lost = why
+        self.kill()
+
+    def kill(self) -> None:
+        if not self.closed:
+            self._kill()
+
+    # -- the candidate ----------------------------------------------------------------------------
+
+    def load(self, init: dict, startup_s: float) -> dict:
+        """Send the candidate's init; the `loaded` or `load_error` answer."""
+        return self._init(init, startup_s)[0]
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until the process has imported torch (a spare's imports), or it died, or `timeout` passed."""
+        with self._lock:
+            if self.ready:
+                return True
+            try:
+                head, _ = self._recv(time.monotonic() + timeout)
+            except WorkerLost as exc:
+                if str(exc) != "deadline":
+                    self.lose(str(exc))
+                return False
+            if head.get("op") != "ready":
+                self.lose("the candidate's process did not start the call loop")
+                return False
+            self.ready = True
+            return True
+
+    def _init(self, init: dict, startup_s: float) -> tuple[dict, bytes]:
+        end = time.monotonic() + startup_s
+        with self._lock:
+            try:
+                if not self.ready:
+                    head, _ = self._recv(end)
+                    if head.get("op") != "ready":
+                        raise WorkerLost("the candidate's process did not start the call loop")
+                    self.ready = True
+                self._send(dict(init, op="init"))
+                return self._recv(end)
+            except WorkerLost as exc:
+                why = str(exc) if str(exc) != "deadline" else f"no answer within {startup_s:g} s"
+                self.lose(why)
+                raise WorkerLost(why) from None
+
+    def call(self, fn: str, args: tuple, kwargs: dict) -> Any:
+        grad_mode = torch.is_grad_enabled()
+        leaves: list[torch.Tensor] = []
+        try:
+            payload = _encode((tuple(args), dict(kwargs)), leaves)
+        except NotCrossable as why:
+            self.not_crossable = self.not_crossable or f"{fn}: {why} does not cross to the candidate's process"
+            raise
+        need = [i for i, t in enumerate(leaves) if grad_mode and t.requires_grad]
+        cid = str(next(self._ids))
+        head = {"op": "call", "id": cid, "fn": fn, "grad": need, "grad_mode": grad_mode}
+        return self._answer(self.request(head, _pack(payload)), fn, [leaves[i] for i in need], cid)
+
+    def _answer(self, reply: tuple[dict, bytes], fn: str, grad_inputs: list[torch.Tensor], cid: str) -> Any:
+        head, data = reply
+        op = head.get("op")
+        if op == "raised":
+            exc = exception_from(head)
+            if head.get("stub") is True and isinstance(exc, NotImplementedError):
+                unimplemented.noted(fn, getattr(exc, "candidate_where", "") or "?")
+            raise exc
+        if op == "refused":
+            self.refused = self.refused or _printable(head.get("message"), 400)
+            raise ReturnRefused(self.refused)
+        if op == "iter":
+            return RemoteIterator(self, cid, fn, grad_inputs)
+        if op != "ok":
+            self.lose(f"the candidate's process answered {_printable(op, 40)!r} to a call")
+            raise CandidateLost(self.lost)
+        try:
+            out, outs = unpack(data)
+        except Malformed as why:  # whatever it sent, it is not this format
+            self.refused = self.refused or f"{fn}: the return value is not a payload of tensors ({why})"
+            raise ReturnRefused(self.refused) from None
+        try:
+            out = _accepted(out)
+        except ReturnRefused as why:
+            self.refused = self.refused or f"{fn}: {why}"
+            raise ReturnRefused(self.refused) from None
+        diff = head.get("diff") or []
+        if not grad_inputs or not diff:
+            return out
+        if not isinstance(diff, list) or not all(isinstance(j, int) and 0 <= j < len(outs) for j in diff) or \
+                len(set(diff)) != len(diff):
+            self.lose(f"{fn}: the candidate's process named outputs it did not return")
+            raise CandidateLost(self.lost)
+        pick = [j for j in diff if outs[j].is_floating_point() or outs[j].is_complex()]
+        if not pick:
+            return out
+        joined = _Cross.apply(_Link(self, cid, fn, [outs[j] for j in pick]), *grad_inputs)
+        return _substitute(out, dict(zip(pick, joined)), [0])
+
+    def vjp(self, cid: str, fn: str, grads: list) -> Any:
+        head, data = self.request({"op": "vjp", "id": cid}, _pack(grads))
+        if head.get("op") == "raised":
+            raise exception_from(head)
+        if head.get("op") != "ok":
+            raise ReturnRefused(f"{fn}: the candidate's process did not answer the vector-Jacobian call")
+        try:
+            return _accepted(unpack(data)[0], "the gradient")
+        except (Malformed, ReturnRefused) as exc:
+            raise ReturnRefused(f"{fn}: the candidate's gradient is not a list of tensors ({exc})") from None
+
+    def reset(self) -> None:
+        """Between check calls: the candidate drops every graph and generator it kept."""
+        with self._lock:
+            if self.lost is None:
+                try:
+                    self._send({"op": "reset"})
+                except WorkerLost as exc:
+                    self.lose(str(exc))
+
+    def close(self, kill: bool = False) -> None:
+        if self.closed:
+            return
+        if not kill and self.lost is None and self.proc.poll() is None:
+            try:
+                self._send({"op": "stop"})
+                self.proc.wait(timeout=5)
+            except (WorkerLost, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+        self.closed = True
+        for fd in (self._w, self._r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            self.log.close()
+        except OSError:
+            pass
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def pipes() -> tuple[int, int, int, int]:
+    """(child reads, we write, we read, child writes)."""
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    return to_r, to_w, from_r, from_w
+
+
+def spawn(argv_for: Callable[[int, int], list[str]], env: dict[str, str],
+          describe_exit: Callable[[int], str] | None = None) -> Connection:
+    """Start a candidate process (the call loop, bare or inside a sandbox) and connect to it."""
+    to_r, to_w, from_r, from_w = pipes()
+    log = tempfile.TemporaryFile()
+    try:
+        proc = subprocess.Popen(argv_for(to_r, from_w), pass_fds=(to_r, from_w), env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)  # its own group: killed whole, no Ctrl-C
+    finally:
+        os.close(to_r)
+        os.close(from_w)
+
+    def kill() -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the candidate's own children too
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    return Connection(proc, to_w, from_r, log, kill, describe_exit)
+
+
+def plain(device: str = "cpu") -> Connection:
+    """An unsandboxed candidate process (`--no-sandbox`): the call loop in isolated mode, the allow-listed
+    environment; the same boundary, without bubblewrap."""
+    del device
+    return spawn(lambda r, w: [sys.executable, "-I", str(LOOP), str(r), str(w)], worker_env())
+
+
+def implementation(conn: Connection, name: str, names: list[str]):
+    """An engine Implementation whose functions are the candidate's, called across the boundary."""
+    from engine.spec.registry import Implementation
+
+    return Implementation(name, **{n: Remote(conn, n) for n in names})
+
+
+Connection.implementation = implementation  # type: ignore[attr-defined] - what engine/run/isolation.py calls
+
+
+__all__ = ["CandidateLost", "Connection", "NotCrossable", "Remote", "RemoteIterator", "ReturnRefused",
+           "exception_from", "implementation", "plain", "spawn"]
