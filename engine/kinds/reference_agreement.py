@@ -25,12 +25,24 @@ class ReferenceAgreement(Kind):
                                      "required": ["function", "args", "reference", "prefix"],
                                      "properties": {"function": NAME, "args": CALL["args"], "kwargs": CALL["kwargs"],
                                                     "output": CALL["output"], "reference": {"type": "string"},
-                                                    "prefix": {"type": "string", "pattern": "^[a-z][a-z0-9]*_$"}}}}}
+                                                    "prefix": {"type": "string", "pattern": "^[a-z][a-z0-9]*_$"}}}},
+                  "keys_agree": {"type": "object", "additionalProperties": False,
+                                 "required": ["output", "reference", "keys"],
+                                 "description": "a dict the call also returns (e.g. its metrics) against a "
+                                 "reference dict on the same arguments, key by key; NaN in the reference marks a "
+                                 "key it does not define for that case (a count at a tie with a bound)",
+                                 "properties": {"output": {"type": "integer", "minimum": 0},
+                                                "reference": {"type": "string"},
+                                                "keys": {"type": "array", "items": {"type": "string"},
+                                                         "minItems": 1, "maxItems": 32}}}}
     required = CALL_REQUIRED + ["reference"]
     metrics = {"max_abs_err": "largest |got - want|", "max_rel_err": "largest |got - want| / |want|",
                "max_scaled_err": "largest |got - want| / max |want|", "grad_max_rel_err":
                "largest gradient error / max |want gradient|", "undefined_nonfinite":
-               "non-finite outputs where the reference is undefined", "compared": "entries compared", "cases": "cases"}
+               "non-finite outputs where the reference is undefined", "compared": "entries compared", "cases": "cases",
+               "keys_max_abs_err": "keys_agree: largest |got - want| over the keys", "keys_max_rel_err":
+               "keys_agree: largest |got - want| / max(|want|, 1)", "keys_missing":
+               "keys_agree: keys absent from the returned dict or not numbers"}
 
     def measure(self, impl, ctx, params):
         import torch
@@ -50,7 +62,8 @@ class ReferenceAgreement(Kind):
             for name in wrt:
                 t[name].requires_grad_(True)
             with torch.set_grad_enabled(bool(wrt)):
-                out = calls.call(impl, params, t)
+                whole = calls.call(impl, params, t, output=None, whole=True)
+            out = calls.select(whole, params.get("output"))
             ref_out = calls.reference(params, t, ctx=ctx)
             extra = ref_out if isinstance(ref_out, dict) else {}
             want = calls.as64(extra["value"] if extra else calls.select(ref_out, params.get("output")))
@@ -86,12 +99,46 @@ class ReferenceAgreement(Kind):
                 m[pre + "max_abs_err"], w[pre + "max_abs_err"] = calls.worst(e2)
                 m[pre + "max_rel_err"], w[pre + "max_rel_err"] = calls.worst(
                     e2 / torch.where(ok2, want2.abs(), torch.ones_like(want2)).clamp_min(1e-300))
+            if params.get("keys_agree"):
+                _keys_agree(params, t, whole, m, w)
             for k, v in (extra.get("counts") or {}).items():
                 m[k] = int(v)
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
-                if k in ("undefined_nonfinite", "compared") or k in (extra.get("counts") or {}):
+                if k in ("undefined_nonfinite", "compared", "keys_missing") or k in (extra.get("counts") or {}):
                     agg[k] = agg.get(k, 0) + v
                 else:
                     agg[k] = max(agg.get(k, 0.0), v)
         return {**agg, "cases": n}
+
+
+def _keys_agree(params, t, whole, m, w) -> None:
+    """Compare the dict the call returned at keys_agree.output with the reference dict, key by key."""
+    import math
+
+    from engine.kinds import calls
+
+    spec = params["keys_agree"]
+    got = whole[spec["output"]] if isinstance(whole, (tuple, list)) and len(whole) > spec["output"] else None
+    want = calls.reference({**params, "reference": spec["reference"]}, t)
+    worst_abs, worst_rel, missing, where = 0.0, 0.0, 0, None
+    for key in spec["keys"]:
+        ref = float(want[key])
+        if math.isnan(ref):
+            continue
+        value = got.get(key) if isinstance(got, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            missing += 1
+            where = where or f"key {key}"
+            continue
+        err = abs(float(value) - ref) if math.isfinite(float(value)) or float(value) != ref else 0.0
+        if math.isnan(err):
+            err = math.inf
+        rel = err / max(abs(ref), 1.0)
+        if err > worst_abs:
+            worst_abs = err
+        if rel > worst_rel:
+            worst_rel, where = rel, f"key {key}: got {float(value)!r}, want {ref!r}"
+    m["keys_max_abs_err"], m["keys_max_rel_err"], m["keys_missing"] = worst_abs, worst_rel, missing
+    if where:
+        w["keys_max_rel_err"] = where

@@ -50,6 +50,31 @@ def loss_and_grad(logp, old, adv, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=
     return math.fsum(loss_terms), grad, near, math.fsum(abs_terms)
 
 
+def metrics(logp, old, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=10.0, margin=1e-6) -> dict:
+    """The loss's metrics from the same loop, over non-empty responses; a count is NaN (undefined) where some s_i
+    lies within `margin` (relative) of the boundary that decides it."""
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    nan = math.nan
+    seqs, below, above, clamped, tie_clip, tie_clamp = [], 0, 0, 0, False, False
+    for lrow, orow, mrow in zip(logp, old, mask):
+        d = [l - o for l, o, v in zip(lrow, orow, mrow) if v]
+        if not d:
+            continue
+        x = math.fsum(d) / len(d)
+        tie_clamp = tie_clamp or abs(x - clamp) <= margin * clamp
+        clamped += x > clamp
+        s = math.exp(min(x, clamp))
+        seqs.append(s)
+        tie_clip = tie_clip or abs(s - lo) <= margin or abs(s - hi) <= margin
+        below += s < lo
+        above += s > hi
+    rows = len(seqs)
+    return {"tokens": sum(1 for row in mask for v in row if v), "rows": rows, "seq_ratio_min": min(seqs),
+            "seq_ratio_max": max(seqs), "clip_fraction": nan if tie_clip else (below + above) / rows,
+            "clip_low_fraction": nan if tie_clip else below / rows,
+            "clip_high_fraction": nan if tie_clip else above / rows, "clamped_rows": nan if tie_clamp else clamped}
+
+
 # --- the same loops, registered for the generic kinds (engine/kinds) ------------------------------------------
 
 
@@ -73,6 +98,12 @@ def _register() -> None:
     def loss_tensor(*args, **kwargs):
         """The GSPO loss as a float64 scalar tensor (either form: the loop takes per-token advantages)."""
         return torch.tensor(run(*args, **kwargs)[0], dtype=torch.float64)
+
+    @registry.reference("gspo.loss_metrics")
+    def metrics_dict(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, log_ratio_clamp=10.0, **_):
+        """The metrics gspo_loss returns beside the loss (the same in both forms)."""
+        lp, op, _, m = lists(logp, old_logp, advantages, mask)
+        return metrics(lp, op, m, clip_low=clip_low, clip_high=clip_high, clamp=log_ratio_clamp)
 
     @registry.reference("gspo.loss_grad")
     def loss_grad_tensor(*args, **kwargs):
