@@ -203,3 +203,70 @@ def test_kinds_json_lists_schemas_and_users():
     assert len(kinds) >= 10 and all({"name", "description", "parameters", "used_by"} <= set(k) for k in kinds.values())
     assert kinds["reference_agreement"]["parameters"]["properties"]["reference"]
     assert "tapo-trajectory/prefix_ratio_forward" in kinds["reference_agreement"]["used_by"]
+
+
+def test_reference_agreement_keys_agree_fails_on_a_wrong_metric():
+    if "test_kinds.loss_metrics" not in registry._REGISTRY.references:
+        registry.reference("test_kinds.loss_metrics")(lambda x, y, adv, mask: {"tokens": float(mask.sum()),
+                                                                               "undefined": float("nan")})
+    if "test_kinds.loss" not in registry._REGISTRY.references:
+        registry.reference("test_kinds.loss")(lambda x, y, adv, mask: _loss(x, y, adv, mask)[0])
+    params = {"function": "f", "args": ["x", "y", "adv", "mask"], "inputs": INPUTS, "output": 0,
+              "reference": "test_kinds.loss",
+              "keys_agree": {"output": 1, "reference": "test_kinds.loss_metrics", "keys": ["tokens", "undefined"]}}
+    good, _ = measure("reference_agreement", {"f": _loss}, params)
+    assert good["keys_max_abs_err"] == 0.0 and good["keys_missing"] == 0
+
+    def off_by_one(x, y, adv, mask):
+        loss, met = _loss(x, y, adv, mask)
+        return loss, {"tokens": met["tokens"] + 1}
+
+    bad, c = measure("reference_agreement", {"f": off_by_one}, params)
+    assert bad["keys_max_abs_err"] == 1.0 and "tokens" in c.case_log[0]["where"]["keys_max_rel_err"]
+    gone, _ = measure("reference_agreement", {"f": lambda *a: (_loss(*a)[0], {})}, params)
+    assert gone["keys_missing"] == 6
+
+
+PAIRED = {"run": "test_kinds.paired", "method_arm": "method", "control_arm": "control"}
+
+
+def _paired_impl(name="ok", **defect):
+    from methods.common import paired
+
+    impl = registry.Implementation("toy", f=lambda x: x)
+    return paired.plant(impl, name, **defect) if defect else impl
+
+
+def _paired_run(impl, c):
+    """Two arms of a tiny run: two draws and one update each, through the shared sampler and the arm record."""
+    from methods.common import TinyGRUPolicy, paired, sample
+
+    for arm in paired.arms(c, ("method", "control"), method="method"):
+        policy = paired.arm_policy(impl, lambda: TinyGRUPolicy.seeded(c.seed))
+        opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+        g = paired.stream(c, impl, 5)
+        for _ in range(2):
+            ro = sample(policy, torch.full((3, 2), 4), 4, g)
+            logits, _, _ = policy(ro.responses)
+            opt.zero_grad()
+            logits.logsumexp(-1).sum().backward()
+            opt.step()
+
+
+@pytest.mark.parametrize("defect, metric", [(None, None),
+                                            ({"control_fresh": False}, "initial_weights_differ"),
+                                            ({"control_stream_shift": 1}, "stream_draws_differ"),
+                                            ({"seeded_stream": False}, "other_seed_same_stream")])
+def test_paired_control_good_and_each_planted_defect(defect, metric):
+    from engine.kinds.paired_control import _RUNS, paired_run
+
+    if "test_kinds.paired" not in _RUNS:
+        paired_run("test_kinds.paired")(_paired_run)
+    if defect is None:
+        out = get_kind("paired_control").measure(_paired_impl(), ctx(params=PAIRED), PAIRED)
+        assert out["arms"] == 2 and out["draws_compared"] == 2 and out["method_updates"] == 2
+        assert all(out[k] == 0 for k in ("initial_weights_differ", "updates_before_first_draw", "stream_draws_differ",
+                                         "first_draw_tokens_differ", "updates_differ", "other_seed_same_stream"))
+        return
+    out = get_kind("paired_control").measure(_paired_impl("bad", **defect), ctx(params=PAIRED), PAIRED)
+    assert out[metric] >= 1

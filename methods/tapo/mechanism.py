@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import torch
 
+from engine.kinds.paired_control import paired_run
 from engine.spec import registry
+from methods.common import paired
 from methods.common.grpo import group_advantages, grpo_token_loss
 from methods.common.policy import make_policy
 from methods.common.rollout import sample
@@ -37,6 +39,7 @@ from methods.common.tasks import TargetTokenTask
 from methods.tapo.record import ARMS, RunRecord
 
 
+@paired_run("tapo.mechanism")
 @registry.check("tapo.mechanism")
 def mechanism(impl, ctx) -> dict:
     p = ctx.params
@@ -57,11 +60,12 @@ def mechanism(impl, ctx) -> dict:
     val_prompts = task.prompts(n_val, ctx.generator(102)).to(ctx.device)
 
     rec = RunRecord(ctx, impl, eps_min, eps_max, group_size)
-    for arm in ARMS:
-        policy = make_policy(ctx)  # the tiny GRU, or the run's --policy (e.g. a checkpoint)
+    for arm in paired.arms(ctx, ARMS, method="tapo"):  # each arm's draws and updates logged (paired_control)
+        # the tiny GRU, or the run's --policy (e.g. a checkpoint): the same seeded weights for both arms
+        policy = paired.arm_policy(impl, lambda: make_policy(ctx))
         opt = torch.optim.Adam(policy.parameters(), lr=lr)
         rec.start_arm(arm, policy)
-        sampling = ctx.generator(103)  # the same sampling stream for both arms
+        sampling = paired.stream(ctx, impl, 103)  # the same sampling stream for both arms
         for gi in range(groups):
             prompt = train_prompts[gi : gi + 1].expand(group_size, -1)
             rec.start_group()

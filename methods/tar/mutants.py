@@ -349,3 +349,12 @@ def encoder_empty_nan():
         return torch.where(m, h, torch.zeros_like(h)).sum(1) / m.sum(1)
 
     return IMPL.replace("tar.encoder_empty_nan", trajectory_embeddings=embeddings)
+
+
+# --- pairing defects of the mechanism run (methods/common/paired.py) -------------------------------------
+
+from methods.common.paired import defect  # noqa: E402
+
+registry.mutant("tar.control_trained_weights", base="tar")(defect(IMPL, "tar.control_trained_weights"))
+registry.mutant("tar.control_other_stream", base="tar")(defect(IMPL, "tar.control_other_stream"))
+registry.mutant("tar.same_stream_every_seed", base="tar")(defect(IMPL, "tar.same_stream_every_seed"))
