@@ -252,3 +252,24 @@ def group_size_unchecked():
         return L.group_advantages(rewards, max(int(group_size), 1), eps, mask=mask)
 
     return IMPL.replace("grpo.group_size_unchecked", group_advantages=group_advantages)
+
+
+# --- the shared sampler -------------------------------------------------------------------------------------------
+
+
+@registry.mutant("grpo.mask_drops_eos", base="grpo")
+def mask_drops_eos():
+    """The response mask stops before the EOS token: the last valid token gets no old log-prob and no gradient."""
+    def response_mask(responses, eos_id=1):
+        return torch.cumsum((responses == eos_id).to(torch.int32), dim=1) == 0
+
+    return IMPL.replace("grpo.mask_drops_eos", response_mask=response_mask)
+
+
+@registry.mutant("grpo.behaviour_logprobs_at_t1", base="grpo")
+def behaviour_logprobs_at_t1():
+    """Behaviour log-probs taken at temperature 1 whatever the sampling temperature (TRL #4159)."""
+    from methods.grpo.sampler import behaviour_logprobs
+
+    return IMPL.replace("grpo.behaviour_logprobs_at_t1",
+                        behaviour_logprobs=lambda logits, tokens, temperature=1.0: behaviour_logprobs(logits, tokens))

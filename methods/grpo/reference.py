@@ -143,6 +143,31 @@ def metrics(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None
             "kl": math.fsum(kl) / n if beta else 0.0}
 
 
+def response_mask(responses, eos_id: int = 1) -> list[list[float]]:
+    """1.0 up to and including each row's first EOS, 0.0 after it."""
+    out = []
+    for row in responses:
+        seen, mrow = False, []
+        for tok in row:
+            mrow.append(0.0 if seen else 1.0)
+            seen = seen or tok == eos_id
+        out.append(mrow)
+    return out
+
+
+def behaviour_logprobs(logits, tokens, temperature: float = 1.0) -> list[list[float]]:
+    """log softmax(logits / temperature) at each token, with a max-shifted log-sum-exp."""
+    out = []
+    for lrow, trow in zip(logits, tokens):
+        orow = []
+        for dist, tok in zip(lrow, trow):
+            z = [v / temperature for v in dist]
+            top = max(z)
+            orow.append(z[tok] - top - math.log(math.fsum(math.exp(v - top) for v in z)))
+        out.append(orow)
+    return out
+
+
 # --- the same loops, registered for the generic kinds (engine/kinds) ------------------------------------------
 
 
@@ -178,6 +203,14 @@ def _register() -> None:
         ref = None if ref_logp is None else torch.where(mask.to(torch.bool), ref_logp, 0.0).tolist()
         return metrics(lp, op, a, m, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ref=ref,
                        beta=beta, clamp=log_ratio_clamp)
+
+    @registry.reference("grpo.response_mask")
+    def mask_tensor(responses, eos_id=1):
+        return torch.tensor(response_mask(responses.tolist(), eos_id), dtype=torch.float64)
+
+    @registry.reference("grpo.behaviour_logprobs")
+    def behaviour_tensor(logits, tokens, temperature=1.0):
+        return torch.tensor(behaviour_logprobs(logits.tolist(), tokens.tolist(), temperature), dtype=torch.float64)
 
     @registry.reference("grpo.loss_grad")
     def loss_grad_tensor(*args, **kwargs):
