@@ -159,9 +159,21 @@ def test_refusal_good_and_planted_bug():
     p = {**CALL, "mask": "mask", "refuse": [{"arg": "x", "fill": "nan", "at": "first_valid", "match": "finite"}],
          "accept": [{"arg": "x", "fill": 1.0e30}]}
     good, _ = measure("refusal", {"f": _checked}, p)
-    assert good == {"refused": 1, "not_refused": 0, "accepted": 1, "wrongly_refused": 0, "cases": 2}
+    assert good == {"refused": 1, "not_refused": 0, "accepted": 1, "wrongly_refused": 0, "accepted_differs": 0,
+                    "cases": 2}
     bad, c = measure("refusal", {"f": lambda x, y, m: x}, p)
     assert bad["not_refused"] == 1 and "refuse" in c.case_log[0]["argument"]
+
+
+def test_refusal_same_accepts_a_float_mask_only_with_the_same_result():
+    p = {**CALL, "accept": [{"arg": "mask", "cast": "float", "same": True}]}
+    good, _ = measure("refusal", {"f": lambda x, y, m: _masked_double(x, y, m.bool())}, p)
+    assert good["accepted"] == 1 and good["accepted_differs"] == 0
+    def upside_down(x, y, m):  # a bool mask read right, a 0/1 float mask upside down
+        return _masked_double(x, y, m if m.dtype == torch.bool else m == 0)
+
+    bad, c = measure("refusal", {"f": upside_down}, p)
+    assert bad["accepted_differs"] == 1 and "accepted with another result" in c.case_log[0]["argument"]
 
 
 def test_closed_form_good_and_planted_bug():

@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.kinds.paired_control import paired_run
-from methods.common import paired
 from methods.common.grpo import group_advantages, grpo_token_loss
 from methods.common.policy import make_policy as build_policy, param_l2_change, snapshot, state_copy
-from methods.common.rollout import sample, sequence_logprobs
+from methods.common import paired, sample, sequence_logprobs
 from methods.common.tasks import FIRST_CONTENT
 
 VOCAB = 32
@@ -224,6 +222,9 @@ def trace(impl, ctx, observe=None) -> Trace:
             **_weight_stats(w, mask),
         )
     return Trace(updates=kept)
+
+
+from engine.kinds.paired_control import paired_run  # noqa: E402  (below: the lines above keep their numbers)
 
 
 def grpo_control(impl, ctx) -> None:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kinds.paired_control import paired_run
 from methods.common import TargetTokenTask, group_advantages, grpo_token_loss, make_policy, paired, sample, sequence_logprobs, snapshot
 from methods.tar.audit import RunAudit
 
@@ -108,8 +107,7 @@ def run(impl, ctx) -> dict:
     device = ctx.device
     task = TargetTokenTask(vocab_size=cfg["vocab_size"])
     # the tiny GRU, or the run's --policy (e.g. a checkpoint)
-    policy = paired.arm_policy(impl, lambda: make_policy(ctx, vocab_size=cfg["vocab_size"],
-                                                         hidden_size=cfg["hidden_size"]))
+    policy = paired.arm_policy(impl, lambda: make_policy(ctx, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"]))
     base = snapshot(policy)
     audit = RunAudit(ctx, task, policy, base)
 
@@ -139,6 +137,9 @@ def run(impl, ctx) -> dict:
         total.backward()
         ctx.meter.optimizer_step(opt)
     return {"updates": ctx.meter.updates, **audit.measurements()}
+
+
+from engine.kinds.paired_control import paired_run  # noqa: E402  (below: the lines above keep their numbers)
 
 
 def grpo_control(impl, ctx) -> None:
