@@ -204,6 +204,13 @@ def _register() -> None:
         return metrics(lp, op, a, m, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ref=ref,
                        beta=beta, clamp=log_ratio_clamp)
 
+    @registry.reference("grpo.loss_grads")
+    def loss_grads(logp, old_logp, advantages, mask, **kwargs):
+        """(d loss / d logp, d loss / d old_logp, d loss / d advantages): the behaviour log-probs and the
+        advantages are constants of the loss, so their gradients are exactly 0."""
+        return [loss_grad_tensor(logp, old_logp, advantages, mask, **kwargs), torch.zeros_like(old_logp,
+                dtype=torch.float64), torch.zeros_like(advantages, dtype=torch.float64)]
+
     @registry.reference("grpo.response_mask")
     def mask_tensor(responses, eos_id=1):
         return torch.tensor(response_mask(responses.tolist(), eos_id), dtype=torch.float64)
