@@ -211,6 +211,12 @@ def _register() -> None:
         return [loss_grad_tensor(logp, old_logp, advantages, mask, **kwargs), torch.zeros_like(old_logp,
                 dtype=torch.float64), torch.zeros_like(advantages, dtype=torch.float64)]
 
+    @registry.reference("grpo.loss_grads_kl")
+    def loss_grads_kl(logp, old_logp, advantages, mask, **kwargs):
+        """loss_grads and d loss / d ref_logp = 0: the reference policy's log-probs are a constant of the loss."""
+        return [*loss_grads(logp, old_logp, advantages, mask, **kwargs),
+                torch.zeros_like(kwargs["ref_logp"], dtype=torch.float64)]
+
     @registry.reference("grpo.response_mask")
     def mask_tensor(responses, eos_id=1):
         return torch.tensor(response_mask(responses.tolist(), eos_id), dtype=torch.float64)

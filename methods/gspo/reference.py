@@ -112,6 +112,12 @@ def _register() -> None:
         g = torch.tensor(grad, dtype=torch.float64)
         return torch.where(torch.tensor(near), torch.full_like(g, math.nan), g)
 
+    @registry.reference("gspo.loss_grads")
+    def loss_grads(logp, old_logp, advantages, mask, **kwargs):
+        """(d loss / d logp, d / d old_logp = 0, d / d advantages = 0): the last two are constants of the loss."""
+        return [loss_grad_tensor(logp, old_logp, advantages, mask, **kwargs),
+                torch.zeros_like(old_logp, dtype=torch.float64), torch.zeros_like(advantages, dtype=torch.float64)]
+
     @registry.reference("gspo.sequence_ratio")
     def ratio_tensor(logp, old_logp, mask, *, log_ratio_clamp=10.0):
         m = mask.to(torch.bool)
