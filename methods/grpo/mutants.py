@@ -225,24 +225,34 @@ def adv_one_pass_variance():
 # --- precision and refusals -----------------------------------------------------------------------------------------
 
 
+def in_input_dtype(loss_fn):
+    """`loss_fn` with the loss handed back in the input's dtype: a bfloat16/float16 call rounds it (GSPO's too)."""
+    def loss(logp, *args, **kwargs):
+        value, metrics = loss_fn(logp, *args, **kwargs)
+        return value.to(logp.dtype), metrics
+
+    return loss
+
+
+def clip_clamped(loss_fn, clip_low: float, clip_high: float):
+    """`loss_fn` with out-of-range clip bounds clamped into range instead of refused (GSPO's too)."""
+    def loss(*args, clip_low=clip_low, clip_high=clip_high, **kwargs):
+        return loss_fn(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
+                       **kwargs)
+
+    return loss
+
+
 @registry.mutant("grpo.loss_in_input_dtype", base="grpo")
 def loss_in_input_dtype():
     """The loss handed back in the input's dtype: a bfloat16/float16 call rounds the loss to 8/11 bits."""
-    def grpo_loss(logp, *args, **kwargs):
-        loss, metrics = L.grpo_loss(logp, *args, **kwargs)
-        return loss.to(logp.dtype), metrics
-
-    return IMPL.replace("grpo.loss_in_input_dtype", grpo_loss=grpo_loss)
+    return IMPL.replace("grpo.loss_in_input_dtype", grpo_loss=in_input_dtype(L.grpo_loss))
 
 
 @registry.mutant("grpo.clip_unchecked", base="grpo")
 def clip_unchecked():
     """Out-of-range clip bounds are silently clamped into range instead of refused."""
-    def grpo_loss(*args, clip_low=0.2, clip_high=0.2, **kwargs):
-        return L.grpo_loss(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
-                           **kwargs)
-
-    return IMPL.replace("grpo.clip_unchecked", grpo_loss=grpo_loss)
+    return IMPL.replace("grpo.clip_unchecked", grpo_loss=clip_clamped(L.grpo_loss, 0.2, 0.2))
 
 
 @registry.mutant("grpo.group_size_unchecked", base="grpo")
