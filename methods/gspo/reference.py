@@ -124,6 +124,24 @@ def _register() -> None:
         return torch.tensor(sequence_ratio(torch.where(m, logp, 0.0).tolist(), torch.where(m, old_logp, 0.0).tolist(),
                                            m.tolist(), log_ratio_clamp), dtype=torch.float64)
 
+    @registry.reference("gspo.sequence_ratio_grad")
+    def ratio_grad_tensor(logp, old_logp, mask, *, log_ratio_clamp=10.0):
+        """d sum_i s_i / d logp: s_i / |y_i| at row i's valid tokens, 0 where the clamp binds (NaN within 1e-9 of
+        it), at masked slots and on empty rows (s = 1 is a constant there)."""
+        m = mask.to(torch.bool)
+        s = sequence_ratio(torch.where(m, logp, 0.0).tolist(), torch.where(m, old_logp, 0.0).tolist(), m.tolist(),
+                           log_ratio_clamp)
+        g = torch.zeros(logp.shape, dtype=torch.float64)
+        for i, (row, si) in enumerate(zip(m.tolist(), s)):
+            n = sum(row)
+            if not n:
+                continue
+            x = math.fsum(float(logp[i, t]) - float(old_logp[i, t]) for t in range(len(row)) if row[t]) / n
+            value = math.nan if abs(x - log_ratio_clamp) <= 1e-9 * log_ratio_clamp else \
+                0.0 if x > log_ratio_clamp else si / n
+            g[i] = torch.where(m[i], torch.tensor(value, dtype=torch.float64), torch.zeros((), dtype=torch.float64))
+        return g
+
     @registry.reference("family.tapo_ratio_at_end")
     def tapo_ratio_at_end(logp, old_logp, mask, **_):
         """TAPO's prefix ratio R~_T (methods/tapo) at each response's last valid token: GSPO's s_i. NaN for an
