@@ -213,6 +213,11 @@ def test_grpo_mutants_are_told_apart(name):
         responses = torch.tensor([[5, 1, 0, 0], [3, 4, 6, 2]])
         assert impl.response_mask(responses, 1).tolist() != [[True, True, False, False], [True] * 4]
         return
+    if name == "grpo.sampler_unchecked":
+        impl.response_mask(torch.tensor([[5.0, 1.0]]), 1)  # the method refuses float ids (TypeError)
+        with pytest.raises(TypeError):
+            REG.implementations["grpo"].response_mask(torch.tensor([[5.0, 1.0]]), 1)
+        return
     if name == "grpo.behaviour_logprobs_at_t1":
         logits, tokens = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0)), torch.tensor([[0, 1, 2]] * 2)
         want = torch.tensor(gref.behaviour_logprobs(logits.tolist(), tokens.tolist(), 0.7))

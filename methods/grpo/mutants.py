@@ -283,3 +283,16 @@ def behaviour_logprobs_at_t1():
 
     return IMPL.replace("grpo.behaviour_logprobs_at_t1",
                         behaviour_logprobs=lambda logits, tokens, temperature=1.0: behaviour_logprobs(logits, tokens))
+
+
+@registry.mutant("grpo.sampler_unchecked", base="grpo")
+def sampler_unchecked():
+    """The sampler's functions take anything: float or bool token ids, a temperature of 0 or below."""
+    def response_mask(responses, eos_id=1):
+        eos = (responses == eos_id).to(torch.int32)
+        return (torch.cumsum(eos, dim=1) - eos) == 0
+
+    def behaviour_logprobs(logits, tokens, temperature=1.0):
+        return torch.log_softmax(logits.double() / float(temperature), dim=-1).gather(-1, tokens[..., None].long())[..., 0]
+
+    return IMPL.replace("grpo.sampler_unchecked", response_mask=response_mask, behaviour_logprobs=behaviour_logprobs)
