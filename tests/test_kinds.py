@@ -235,8 +235,8 @@ def test_reference_agreement_keys_agree_fails_on_a_wrong_metric():
 
     bad, c = measure("reference_agreement", {"f": off_by_one}, params)
     assert bad["keys_max_abs_err"] == 1.0 and "tokens" in c.case_log[0]["where"]["keys_max_rel_err"]
-    gone, _ = measure("reference_agreement", {"f": lambda *a: (_loss(*a)[0], {})}, params)
-    assert gone["keys_missing"] == 6
+    gone, c = measure("reference_agreement", {"f": lambda *a: (_loss(*a)[0], {})}, params)
+    assert gone["keys_missing"] == 6 and "keys_missing" in c.not_measured  # partial, never passed
 
 
 PAIRED = {"run": "test_kinds.paired", "method_arm": "method", "control_arm": "control"}

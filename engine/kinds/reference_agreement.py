@@ -100,7 +100,7 @@ class ReferenceAgreement(Kind):
                 m[pre + "max_rel_err"], w[pre + "max_rel_err"] = calls.worst(
                     e2 / torch.where(ok2, want2.abs(), torch.ones_like(want2)).clamp_min(1e-300))
             if params.get("keys_agree"):
-                _keys_agree(params, t, whole, m, w)
+                _keys_agree(ctx, params, t, whole, m, w)
             for k, v in (extra.get("counts") or {}).items():
                 m[k] = int(v)
             calls.log_case(ctx, case, drawn, m, w)
@@ -112,8 +112,10 @@ class ReferenceAgreement(Kind):
         return {**agg, "cases": n}
 
 
-def _keys_agree(params, t, whole, m, w) -> None:
-    """Compare the dict the call returned at keys_agree.output with the reference dict, key by key."""
+def _keys_agree(ctx, params, t, whole, m, w) -> None:
+    """Compare the dict the call returned at keys_agree.output with the reference dict, key by key. A key the result
+    lacks (a framework loss reports its own metrics) makes keys_missing not applicable, never passed: the contract
+    is then partial."""
     import math
 
     from engine.kinds import calls
@@ -129,7 +131,7 @@ def _keys_agree(params, t, whole, m, w) -> None:
         value = got.get(key) if isinstance(got, dict) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             missing += 1
-            where = where or f"key {key}"
+            ctx.not_applicable(f"the result has no number under {key!r}", "keys_missing")
             continue
         err = abs(float(value) - ref) if math.isfinite(float(value)) or float(value) != ref else 0.0
         if math.isnan(err):
