@@ -213,6 +213,12 @@ def test_grpo_mutants_are_told_apart(name):
         responses = torch.tensor([[5, 1, 0, 0], [3, 4, 6, 2]])
         assert impl.response_mask(responses, 1).tolist() != [[True, True, False, False], [True] * 4]
         return
+    if name == "grpo.old_logp_not_detached":
+        logp, old, adv, mask = batch(0, junk=False)
+        old = old.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(impl.grpo_loss(logp, old, adv, mask)[0], old)
+        assert g.abs().max() > 0  # the method passes old_logp no gradient
+        return
     if name == "grpo.sampler_unchecked":
         impl.response_mask(torch.tensor([[5.0, 1.0]]), 1)  # the method refuses float ids (TypeError)
         with pytest.raises(TypeError):
@@ -256,6 +262,11 @@ def test_gspo_mutants_are_told_apart(name):
     impl = REG.get_mutant(name).factory()
     logp, old, adv, mask = batch(2, drift=2e-3)
     form = "token" if name.startswith("gspo.token_") else "sequence"
+    if name == "gspo.old_logp_not_detached":
+        old = old.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(impl.gspo_loss(logp, old, adv, mask)[0], old)
+        assert g.abs().max() > 0  # the method passes old_logp no gradient
+        return
     if name == "gspo.no_ratio_guard":
         logp[0, mask[0]] = old[0, mask[0]] + 100.0
         adv[0] = -1.0

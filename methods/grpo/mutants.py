@@ -296,3 +296,10 @@ def sampler_unchecked():
         return torch.log_softmax(logits.double() / float(temperature), dim=-1).gather(-1, tokens[..., None].long())[..., 0]
 
     return IMPL.replace("grpo.sampler_unchecked", response_mask=response_mask, behaviour_logprobs=behaviour_logprobs)
+
+
+@registry.mutant("grpo.old_logp_not_detached", base="grpo")
+def old_logp_not_detached():
+    """The log-ratio without old_logp.detach(): a behaviour log-prob that requires grad receives one."""
+    return _loss("grpo.old_logp_not_detached",
+                 ratio_fn=lambda logp, old, m, cdt: torch.where(m, logp.to(cdt) - old.to(cdt), torch.zeros((), dtype=cdt)))

@@ -211,10 +211,15 @@ def _register() -> None:
         return [loss_grad_tensor(logp, old_logp, advantages, mask, **kwargs), torch.zeros_like(old_logp,
                 dtype=torch.float64), torch.zeros_like(advantages, dtype=torch.float64)]
 
+    @registry.reference("family.zero_grads")
+    def zero_grads(logp, old_logp, advantages, mask, **_):
+        """d loss / d old_logp and d loss / d advantages: 0, both are constants of the loss."""
+        return [torch.zeros_like(old_logp, dtype=torch.float64), torch.zeros_like(advantages, dtype=torch.float64)]
+
     @registry.reference("grpo.loss_grads_kl")
     def loss_grads_kl(logp, old_logp, advantages, mask, **kwargs):
-        """loss_grads and d loss / d ref_logp = 0: the reference policy's log-probs are a constant of the loss."""
-        return [*loss_grads(logp, old_logp, advantages, mask, **kwargs),
+        """d loss / d logp and d loss / d ref_logp = 0: the reference policy's log-probs are a constant of the loss."""
+        return [loss_grad_tensor(logp, old_logp, advantages, mask, **kwargs),
                 torch.zeros_like(kwargs["ref_logp"], dtype=torch.float64)]
 
     @registry.reference("grpo.response_mask")

@@ -126,3 +126,14 @@ def loss_in_input_dtype():
 def clip_unchecked():
     """Out-of-range clip bounds are silently clamped into range instead of refused."""
     return IMPL.replace("gspo.clip_unchecked", gspo_loss=clip_clamped(L.gspo_loss, 3e-4, 4e-4))
+
+
+@registry.mutant("gspo.old_logp_not_detached", base="gspo")
+def old_logp_not_detached():
+    """The sequence log-ratio without old_logp.detach(): a behaviour log-prob that requires grad receives one."""
+    def log_ratio(logp, old_logp, m, cdt):
+        lr = torch.where(m, logp.to(cdt) - old_logp.to(cdt), torch.zeros((), dtype=cdt))
+        n_row = m.sum(dim=-1)
+        return lr.sum(dim=-1) / n_row.clamp_min(1).to(cdt), n_row
+
+    return _built("gspo.old_logp_not_detached", log_ratio_fn=log_ratio)
