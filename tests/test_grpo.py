@@ -209,6 +209,26 @@ def test_guard_mutants_are_told_apart(name):
 @pytest.mark.parametrize("name", sorted(n for n, e in REG.mutants.items() if e.base == "grpo" and n not in GUARDS))
 def test_grpo_mutants_are_told_apart(name):
     impl = REG.get_mutant(name).factory()
+    if name == "grpo.mask_drops_eos":
+        responses = torch.tensor([[5, 1, 0, 0], [3, 4, 6, 2]])
+        assert impl.response_mask(responses, 1).tolist() != [[True, True, False, False], [True] * 4]
+        return
+    if name == "grpo.old_logp_not_detached":
+        logp, old, adv, mask = batch(0, junk=False)
+        old = old.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(impl.grpo_loss(logp, old, adv, mask)[0], old)
+        assert g.abs().max() > 0  # the method passes old_logp no gradient
+        return
+    if name == "grpo.sampler_unchecked":
+        impl.response_mask(torch.tensor([[5.0, 1.0]]), 1)  # the method refuses float ids (TypeError)
+        with pytest.raises(TypeError):
+            REG.implementations["grpo"].response_mask(torch.tensor([[5.0, 1.0]]), 1)
+        return
+    if name == "grpo.behaviour_logprobs_at_t1":
+        logits, tokens = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0)), torch.tensor([[0, 1, 2]] * 2)
+        want = torch.tensor(gref.behaviour_logprobs(logits.tolist(), tokens.tolist(), 0.7))
+        assert (impl.behaviour_logprobs(logits, tokens, 0.7) - want).abs().max() > 1e-3
+        return
     if "adv_" in name:
         g = torch.Generator().manual_seed(0)
         r = torch.rand(8, generator=g, dtype=torch.float64)
@@ -242,8 +262,31 @@ def test_gspo_mutants_are_told_apart(name):
     impl = REG.get_mutant(name).factory()
     logp, old, adv, mask = batch(2, drift=2e-3)
     form = "token" if name.startswith("gspo.token_") else "sequence"
+    if name == "gspo.old_logp_not_detached":
+        old = old.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(impl.gspo_loss(logp, old, adv, mask)[0], old)
+        assert g.abs().max() > 0  # the method passes old_logp no gradient
+        return
     if name == "gspo.no_ratio_guard":
         logp[0, mask[0]] = old[0, mask[0]] + 100.0
         adv[0] = -1.0
     lerr, gerr, grad, _ = compare(impl.gspo_loss, lambda *a: sref.loss_and_grad(*a), logp, old, adv, mask, form=form)
     assert not (lerr < 1e-9 and gerr < 1e-9 and bool(torch.isfinite(grad).all()))
+
+
+def test_sampler_mask_and_behaviour_logprobs_at_the_sampling_temperature():
+    """The shared sampler's rollout: the mask ends at the first EOS inclusive; the behaviour log-probs equal a
+    re-scoring of the sampled tokens by the sampling policy at the sampling temperature (not at 1)."""
+    from methods.common import TinyGRUPolicy, sample, sequence_logprobs
+    from methods.common.tasks import EOS
+
+    policy = TinyGRUPolicy.seeded(3)
+    ro = sample(policy, torch.full((16, 3), 4), 10, torch.Generator().manual_seed(5), temperature=0.7)
+    for row, mrow in zip(ro.responses.tolist(), ro.mask.tolist()):
+        end = row.index(EOS) + 1 if EOS in row else len(row)
+        assert mrow == [True] * end + [False] * (len(row) - end)
+    assert (ro.responses == EOS).any() and ro.mask.all(dim=1).any()  # both kinds of rows occur
+    at = {t: sequence_logprobs(policy, ro.prompts, ro.responses, temperature=t)[0] for t in (0.7, 1.0)}
+    assert torch.where(ro.mask, at[0.7] - ro.old_logp, 0.0).abs().max() < 1e-5
+    assert torch.where(ro.mask, at[1.0] - ro.old_logp, 0.0).abs().max() > 1e-2
+

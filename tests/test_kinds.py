@@ -159,7 +159,8 @@ def test_refusal_good_and_planted_bug():
     p = {**CALL, "mask": "mask", "refuse": [{"arg": "x", "fill": "nan", "at": "first_valid", "match": "finite"}],
          "accept": [{"arg": "x", "fill": 1.0e30}]}
     good, _ = measure("refusal", {"f": _checked}, p)
-    assert good == {"refused": 1, "not_refused": 0, "accepted": 1, "wrongly_refused": 0, "cases": 2}
+    assert good == {"refused": 1, "not_refused": 0, "accepted": 1, "wrongly_refused": 0, "accepted_differs": 0,
+                    "cases": 2}
     bad, c = measure("refusal", {"f": lambda x, y, m: x}, p)
     assert bad["not_refused"] == 1 and "refuse" in c.case_log[0]["argument"]
 
@@ -198,6 +199,17 @@ def test_a_call_the_implementation_lacks_is_recorded_as_skipped():
     out, c = measure("masked_junk", {"f": _masked_double}, p)
     assert out["value_max_abs_diff"] == 0 and c.skipped_calls == {"g": "no g in the implementation"}
     assert c.not_measured["value_max_abs_diff"] == "no g in the implementation"
+
+
+def test_refusal_same_accepts_a_float_mask_only_with_the_same_result():
+    p = {**CALL, "accept": [{"arg": "mask", "cast": "float", "same": True}]}
+    good, _ = measure("refusal", {"f": lambda x, y, m: _masked_double(x, y, m.bool())}, p)
+    assert good["accepted"] == 1 and good["accepted_differs"] == 0
+    def upside_down(x, y, m):  # a bool mask read right, a 0/1 float mask upside down
+        return _masked_double(x, y, m if m.dtype == torch.bool else m == 0)
+
+    bad, c = measure("refusal", {"f": upside_down}, p)
+    assert bad["accepted_differs"] == 1 and "accepted with another result" in c.case_log[0]["argument"]
 
 
 def test_closed_form_good_and_planted_bug():
@@ -349,3 +361,70 @@ def test_kinds_text_fits_80_columns_whatever_the_terminal(columns, monkeypatch):
     names = [line for line in r.stdout.splitlines() if line and not line.startswith(" ")]
     assert names == list(all_kinds())
     assert any(line.startswith("    ") for line in r.stdout.splitlines())  # a continuation, not a cut
+
+
+def test_reference_agreement_keys_agree_fails_on_a_wrong_metric():
+    if "test_kinds.loss_metrics" not in registry._REGISTRY.references:
+        registry.reference("test_kinds.loss_metrics")(lambda x, y, adv, mask: {"tokens": float(mask.sum()),
+                                                                               "undefined": float("nan")})
+    if "test_kinds.loss" not in registry._REGISTRY.references:
+        registry.reference("test_kinds.loss")(lambda x, y, adv, mask: _loss(x, y, adv, mask)[0])
+    params = {"function": "f", "args": ["x", "y", "adv", "mask"], "inputs": INPUTS, "output": 0,
+              "reference": "test_kinds.loss",
+              "keys_agree": {"output": 1, "reference": "test_kinds.loss_metrics", "keys": ["tokens", "undefined"]}}
+    good, _ = measure("reference_agreement", {"f": _loss}, params)
+    assert good["keys_max_abs_err"] == 0.0 and good["keys_missing"] == 0
+
+    def off_by_one(x, y, adv, mask):
+        loss, met = _loss(x, y, adv, mask)
+        return loss, {"tokens": met["tokens"] + 1}
+
+    bad, c = measure("reference_agreement", {"f": off_by_one}, params)
+    assert bad["keys_max_abs_err"] == 1.0 and "tokens" in c.case_log[0]["where"]["keys_max_rel_err"]
+    gone, c = measure("reference_agreement", {"f": lambda *a: (_loss(*a)[0], {})}, params)
+    assert gone["keys_missing"] == 6 and "keys_missing" in c.not_measured  # partial, never passed
+
+
+PAIRED = {"run": "test_kinds.paired", "method_arm": "method", "control_arm": "control"}
+
+
+def _paired_impl(name="ok", **defect):
+    from methods.common import paired
+
+    impl = registry.Implementation("toy", f=lambda x: x)
+    return paired.plant(impl, name, **defect) if defect else impl
+
+
+def _paired_run(impl, c):
+    """Two arms of a tiny run: two draws and one update each, through the shared sampler and the arm record."""
+    from methods.common import TinyGRUPolicy, paired, sample
+
+    for arm in paired.arms(c, ("method", "control"), method="method"):
+        policy = paired.arm_policy(impl, lambda: TinyGRUPolicy.seeded(c.seed))
+        opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+        g = paired.stream(c, impl, 5)
+        for _ in range(2):
+            ro = sample(policy, torch.full((3, 2), 4), 4, g)
+            logits, _, _ = policy(ro.responses)
+            opt.zero_grad()
+            logits.logsumexp(-1).sum().backward()
+            opt.step()
+
+
+@pytest.mark.parametrize("defect, metric", [(None, None),
+                                            ({"control_fresh": False}, "initial_weights_differ"),
+                                            ({"control_stream_shift": 1}, "stream_draws_differ"),
+                                            ({"seeded_stream": False}, "other_seed_same_stream")])
+def test_paired_control_good_and_each_planted_defect(defect, metric):
+    from engine.kinds.paired_control import _RUNS, paired_run
+
+    if "test_kinds.paired" not in _RUNS:
+        paired_run("test_kinds.paired")(_paired_run)
+    if defect is None:
+        out = get_kind("paired_control").measure(_paired_impl(), ctx(params=PAIRED), PAIRED)
+        assert out["arms"] == 2 and out["draws_compared"] == 2 and out["method_updates"] == 2
+        assert all(out[k] == 0 for k in ("initial_weights_differ", "updates_before_first_draw", "stream_draws_differ",
+                                         "first_draw_tokens_differ", "updates_differ", "other_seed_same_stream"))
+        return
+    out = get_kind("paired_control").measure(_paired_impl("bad", **defect), ctx(params=PAIRED), PAIRED)
+    assert out[metric] >= 1

@@ -58,11 +58,13 @@ def select(out: Any, index: Any) -> Any:
 
 
 def call(impl: Any, params: dict, tensors: dict[str, Any], function: str | None = None,
-         output: Any = "__params__") -> Any:
-    """Call the declared interface function on `tensors`; return the declared output."""
+         output: Any = "__params__", whole: bool = False) -> Any:
+    """Call the declared interface function on `tensors`; return the declared output (`whole`: the whole result)."""
     fn = getattr(impl, function or params["function"])
     args, kwargs = bind(params, tensors)
     out = fn(*args, **kwargs)
+    if whole:
+        return out
     return select(out, params.get("output") if output == "__params__" else output)
 
 
@@ -114,7 +116,9 @@ def log_case(ctx: Any, case: int, drawn: dict[str, Any], metrics: dict[str, Any]
 
 
 def grad_of(value: torch.Tensor, wrt: list[torch.Tensor]) -> list[torch.Tensor]:
-    """d sum(value) / d each of `wrt` (zeros where it does not depend on one)."""
+    """d sum(value) / d each of `wrt` (zeros where it does not depend on one, or on none of them)."""
+    if not value.requires_grad:
+        return [torch.zeros_like(w) for w in wrt]
     gs = torch.autograd.grad(value.sum(), wrt, allow_unused=True)
     return [torch.zeros_like(w) if g is None else g for g, w in zip(gs, wrt)]
 

@@ -18,6 +18,7 @@ class ClosedForm(Kind):
             "properties": {"args": {"type": "array"}, "kwargs": {"type": "object"}, "expected": {},
                            "note": {"type": "string"}, "bool_args": {"type": "array", "items": {"type": "integer"}},
                            "tensor_args": {"type": "array", "items": {"type": "integer"}},
+                           "bool_kwargs": {"type": "array", "items": {"type": "string"}},
                            "device_kwargs": {"type": "boolean"}}}},
     }
     required = ["function", "examples"]
@@ -48,6 +49,8 @@ class ClosedForm(Kind):
                 else:
                     args.append(a)
             kwargs = dict(ex.get("kwargs") or {})
+            for name in ex.get("bool_kwargs", []):  # keyword tensors given as lists (a mask)
+                kwargs[name] = torch.tensor(kwargs[name], dtype=torch.bool, device=ctx.device)
             if ex.get("device_kwargs"):
                 kwargs.update(dtype=ctx.dtype, device=ctx.device)
             got = calls.as64(calls.select(getattr(impl, params["function"])(*args, **kwargs), params.get("output")))

@@ -32,7 +32,16 @@ class ReferenceAgreement(Kind):
                                                     "output": CALL["output"], "reference": {"type": "string"},
                                                     "key": {"type": "string", "description": "a key of the "
                                                             "selected output (a metrics dict) to compare"},
-                                                    "prefix": {"type": "string", "pattern": "^[a-z][a-z0-9]*_$"}}}}}
+                                                    "prefix": {"type": "string", "pattern": "^[a-z][a-z0-9]*_$"}}}},
+                  "keys_agree": {"type": "object", "additionalProperties": False,
+                                 "required": ["output", "reference", "keys"],
+                                 "description": "a dict the call also returns (e.g. its metrics) against a "
+                                 "reference dict on the same arguments, key by key; NaN in the reference marks a "
+                                 "key it does not define for that case (a count at a tie with a bound)",
+                                 "properties": {"output": {"type": "integer", "minimum": 0},
+                                                "reference": {"type": "string"},
+                                                "keys": {"type": "array", "items": {"type": "string"},
+                                                         "minItems": 1, "maxItems": 32}}}}
     required = CALL_REQUIRED + ["reference"]
     metrics = {"max_abs_err": "largest |got - want|", "max_rel_err": "largest |got - want| / |want|",
                "max_scaled_err": "largest |got - want| / max |want|", "grad_max_rel_err":
@@ -40,7 +49,10 @@ class ReferenceAgreement(Kind):
                "shape_mismatches": "outputs whose shape is not the reference's (an error of inf)",
                "dtype_mismatches": "outputs of another dtype than result_dtype declares",
                "out_of_bounds": "outputs outside `bounds`", "undefined_nonfinite":
-               "non-finite outputs where the reference is undefined", "compared": "entries compared", "cases": "cases"}
+               "non-finite outputs where the reference is undefined", "compared": "entries compared", "cases": "cases",
+               "keys_max_abs_err": "keys_agree: largest |got - want| over the keys", "keys_max_rel_err":
+               "keys_agree: largest |got - want| / max(|want|, 1)", "keys_missing":
+               "keys_agree: keys absent from the returned dict or not numbers"}
 
     def measure(self, impl, ctx, params):
         import torch
@@ -55,7 +67,7 @@ class ReferenceAgreement(Kind):
             agg["grad_max_rel_err"] = agg["grad_max_abs_err"] = 0.0
         names = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                  "float64": torch.float64}
-        summed = {"undefined_nonfinite", "compared", "shape_mismatches", "dtype_mismatches", "out_of_bounds"}
+        summed = {"undefined_nonfinite", "compared", "shape_mismatches", "dtype_mismatches", "out_of_bounds", "keys_missing"}
         n = 0
         for case, drawn, _ in calls.cases(ctx, params):
             n += 1
@@ -63,7 +75,8 @@ class ReferenceAgreement(Kind):
             for name in wrt:
                 t[name].requires_grad_(True)
             with torch.set_grad_enabled(bool(wrt)):
-                out = calls.call(impl, params, t)
+                whole = calls.call(impl, params, t, output=None, whole=True)
+            out = calls.select(whole, params.get("output"))
             ref_out = calls.reference(params, t, ctx=ctx)
             extra = ref_out if isinstance(ref_out, dict) else {}
             want = calls.as64(extra["value"] if extra else calls.select(ref_out, params.get("output")))
@@ -115,6 +128,8 @@ class ReferenceAgreement(Kind):
                 m[pre + "max_abs_err"], w[pre + "max_abs_err"] = calls.worst(e2)
                 m[pre + "max_rel_err"], w[pre + "max_rel_err"] = calls.worst(
                     e2 / torch.where(ok2, want2.abs(), torch.ones_like(want2)).clamp_min(1e-300))
+            if params.get("keys_agree"):
+                _keys_agree(ctx, params, t, whole, m, w)
             for k, v in (extra.get("counts") or {}).items():
                 m[k] = int(v)
             calls.log_case(ctx, case, drawn, m, w)
@@ -124,3 +139,37 @@ class ReferenceAgreement(Kind):
                 else:
                     agg[k] = max(agg.get(k, 0.0), v)
         return {**agg, "cases": n}
+
+
+def _keys_agree(ctx, params, t, whole, m, w) -> None:
+    """Compare the dict the call returned at keys_agree.output with the reference dict, key by key. A key the result
+    lacks (a framework loss reports its own metrics) makes keys_missing not applicable, never passed: the contract
+    is then partial."""
+    import math
+
+    from engine.kinds import calls
+
+    spec = params["keys_agree"]
+    got = whole[spec["output"]] if isinstance(whole, (tuple, list)) and len(whole) > spec["output"] else None
+    want = calls.reference({**params, "reference": spec["reference"]}, t)
+    worst_abs, worst_rel, missing, where = 0.0, 0.0, 0, None
+    for key in spec["keys"]:
+        ref = float(want[key])
+        if math.isnan(ref):
+            continue
+        value = got.get(key) if isinstance(got, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            missing += 1
+            ctx.not_applicable(f"the result has no number under {key!r}", "keys_missing")
+            continue
+        err = abs(float(value) - ref) if math.isfinite(float(value)) or float(value) != ref else 0.0
+        if math.isnan(err):
+            err = math.inf
+        rel = err / max(abs(ref), 1.0)
+        if err > worst_abs:
+            worst_abs = err
+        if rel > worst_rel:
+            worst_rel, where = rel, f"key {key}: got {float(value)!r}, want {ref!r}"
+    m["keys_max_abs_err"], m["keys_max_rel_err"], m["keys_missing"] = worst_abs, worst_rel, missing
+    if where:
+        w["keys_max_rel_err"] = where

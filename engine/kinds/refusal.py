@@ -25,6 +25,8 @@ MUTATION = {
         "raises": {"enum": ["ValueError", "TypeError", "RuntimeError", "any"]},
         "match": {"type": "string", "description": "a word the message must contain (case-insensitive)"},
         "note": {"type": "string"},
+        "same": {"type": "boolean", "description": "accepted, the declared output must equal the unmutated "
+                 "call's bit for bit (a 0/1 float mask means the bool mask)"},
     },
 }
 
@@ -40,7 +42,9 @@ class Refusal(Kind):
                   "accept": {"type": "array", "items": {"oneOf": [MUTATION, {"type": "array", "items": MUTATION}]}}}
     required = CALL_REQUIRED
     metrics = {"refused": "mutations refused as declared", "not_refused": "mutations that were not",
-               "accepted": "edge inputs accepted", "wrongly_refused": "edge inputs refused", "cases": "rows"}
+               "accepted": "edge inputs accepted", "wrongly_refused": "edge inputs refused",
+               "accepted_differs": "accepted edge inputs marked `same` whose output differs from the unmutated "
+               "call's", "cases": "rows"}
 
     def measure(self, impl, ctx, params):
         import torch
@@ -54,7 +58,19 @@ class Refusal(Kind):
         drawn, _ = inputs_mod.draw(params["inputs"], ctx.seed, 0, ctx)
         base = calls.cast_all(ctx, drawn)
         mask = drawn.get(params.get("mask") or "mask")
-        counts = {"refused": 0, "not_refused": 0, "accepted": 0, "wrongly_refused": 0}
+        counts = {"refused": 0, "not_refused": 0, "accepted": 0, "wrongly_refused": 0, "accepted_differs": 0}
+        unmutated = []
+
+        def same_as_unmutated(out) -> bool:
+            if not unmutated:
+                with torch.no_grad():
+                    unmutated.append(calls.select(calls.call(impl, params, dict(base), output=None),
+                                                  params.get("output")))
+            want, got = unmutated[0], calls.select(out, params.get("output"))
+            if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
+                return want.shape == got.shape and want.dtype == got.dtype and bool(
+                    torch.equal(torch.nan_to_num(want.detach()), torch.nan_to_num(got.detach())))
+            return want == got
 
         def mutate(muts):
             t = dict(base)
@@ -137,6 +153,9 @@ class Refusal(Kind):
                     ok = outcome == "accepted"
                     counts["accepted" if ok else "wrongly_refused"] += 1
                     metric = "wrongly_refused"
+                    if ok and first.get("same") and not same_as_unmutated(out):
+                        ok, outcome, metric = False, "accepted with another result", "accepted_differs"
+                        counts["accepted_differs"] += 1
                 log = getattr(ctx, "case_log", None)
                 if log is not None:
                     log.append({"seed": ctx.seed, "case": row, "shapes": {k: list(v.shape) for k, v in t.items()

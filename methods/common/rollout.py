@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from methods.common import paired
 from methods.common.tasks import EOS, PAD
+from methods.grpo.sampler import behaviour_logprobs, response_mask
 
 
 @dataclass
@@ -39,23 +41,28 @@ def sample(
     step_logits = logits[:, -1]
     tokens, logps = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    alive = []
+    record = paired.drawing(generator)  # inside a mechanism run's arm: this draw is logged for paired_control
+    uniforms = []
     for _ in range(max_new_tokens):
         logp = F.log_softmax(step_logits.double() / temperature, dim=-1)
         # Draw on the CPU generator so a seed gives the same samples on every device.
-        u = torch.rand(B, 1, generator=generator, dtype=torch.float64).to(device)
+        u = torch.rand(B, 1, generator=generator, dtype=torch.float64)
+        if record is not None:
+            uniforms.append(u)
+        u = u.to(device)
         cdf = logp.exp().cumsum(-1)
         tok = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_max(logp.shape[-1] - 1).squeeze(-1)
-        alive.append(~done)
         tok = torch.where(done, torch.full_like(tok, PAD), tok)
         tokens.append(tok)
-        logps.append(logp.gather(-1, tok[:, None]).squeeze(-1).float())
+        logps.append(behaviour_logprobs(step_logits[:, None], tok[:, None], temperature)[:, 0].float())
         done = done | (tok == EOS)
         logits, _, state = policy(tok[:, None], state)
         step_logits = logits[:, -1]
     responses = torch.stack(tokens, 1)
-    mask = torch.stack(alive, 1)
+    mask = response_mask(responses, EOS)
     old_logp = torch.where(mask, torch.stack(logps, 1), torch.zeros_like(mask, dtype=torch.float32))
+    if record is not None:
+        paired.log_draw(record, policy, uniforms, responses, mask)
     return Rollout(prompts=prompts, responses=responses, mask=mask, old_logp=old_logp)
 
 

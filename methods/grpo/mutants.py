@@ -225,24 +225,34 @@ def adv_one_pass_variance():
 # --- precision and refusals -----------------------------------------------------------------------------------------
 
 
+def in_input_dtype(loss_fn):
+    """`loss_fn` with the loss handed back in the input's dtype: a bfloat16/float16 call rounds it (GSPO's too)."""
+    def loss(logp, *args, **kwargs):
+        value, metrics = loss_fn(logp, *args, **kwargs)
+        return value.to(logp.dtype), metrics
+
+    return loss
+
+
+def clip_clamped(loss_fn, clip_low: float, clip_high: float):
+    """`loss_fn` with out-of-range clip bounds clamped into range instead of refused (GSPO's too)."""
+    def loss(*args, clip_low=clip_low, clip_high=clip_high, **kwargs):
+        return loss_fn(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
+                       **kwargs)
+
+    return loss
+
+
 @registry.mutant("grpo.loss_in_input_dtype", base="grpo")
 def loss_in_input_dtype():
     """The loss handed back in the input's dtype: a bfloat16/float16 call rounds the loss to 8/11 bits."""
-    def grpo_loss(logp, *args, **kwargs):
-        loss, metrics = L.grpo_loss(logp, *args, **kwargs)
-        return loss.to(logp.dtype), metrics
-
-    return IMPL.replace("grpo.loss_in_input_dtype", grpo_loss=grpo_loss)
+    return IMPL.replace("grpo.loss_in_input_dtype", grpo_loss=in_input_dtype(L.grpo_loss))
 
 
 @registry.mutant("grpo.clip_unchecked", base="grpo")
 def clip_unchecked():
     """Out-of-range clip bounds are silently clamped into range instead of refused."""
-    def grpo_loss(*args, clip_low=0.2, clip_high=0.2, **kwargs):
-        return L.grpo_loss(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
-                           **kwargs)
-
-    return IMPL.replace("grpo.clip_unchecked", grpo_loss=grpo_loss)
+    return IMPL.replace("grpo.clip_unchecked", grpo_loss=clip_clamped(L.grpo_loss, 0.2, 0.2))
 
 
 @registry.mutant("grpo.group_size_unchecked", base="grpo")
@@ -252,3 +262,44 @@ def group_size_unchecked():
         return L.group_advantages(rewards, max(int(group_size), 1), eps, mask=mask)
 
     return IMPL.replace("grpo.group_size_unchecked", group_advantages=group_advantages)
+
+
+# --- the shared sampler -------------------------------------------------------------------------------------------
+
+
+@registry.mutant("grpo.mask_drops_eos", base="grpo")
+def mask_drops_eos():
+    """The response mask stops before the EOS token: the last valid token gets no old log-prob and no gradient."""
+    def response_mask(responses, eos_id=1):
+        return torch.cumsum((responses == eos_id).to(torch.int32), dim=1) == 0
+
+    return IMPL.replace("grpo.mask_drops_eos", response_mask=response_mask)
+
+
+@registry.mutant("grpo.behaviour_logprobs_at_t1", base="grpo")
+def behaviour_logprobs_at_t1():
+    """Behaviour log-probs taken at temperature 1 whatever the sampling temperature (TRL #4159)."""
+    from methods.grpo.sampler import behaviour_logprobs
+
+    return IMPL.replace("grpo.behaviour_logprobs_at_t1",
+                        behaviour_logprobs=lambda logits, tokens, temperature=1.0: behaviour_logprobs(logits, tokens))
+
+
+@registry.mutant("grpo.sampler_unchecked", base="grpo")
+def sampler_unchecked():
+    """The sampler's functions take anything: float or bool token ids, a temperature of 0 or below."""
+    def response_mask(responses, eos_id=1):
+        eos = (responses == eos_id).to(torch.int32)
+        return (torch.cumsum(eos, dim=1) - eos) == 0
+
+    def behaviour_logprobs(logits, tokens, temperature=1.0):
+        return torch.log_softmax(logits.double() / float(temperature), dim=-1).gather(-1, tokens[..., None].long())[..., 0]
+
+    return IMPL.replace("grpo.sampler_unchecked", response_mask=response_mask, behaviour_logprobs=behaviour_logprobs)
+
+
+@registry.mutant("grpo.old_logp_not_detached", base="grpo")
+def old_logp_not_detached():
+    """The log-ratio without old_logp.detach(): a behaviour log-prob that requires grad receives one."""
+    return _loss("grpo.old_logp_not_detached",
+                 ratio_fn=lambda logp, old, m, cdt: torch.where(m, logp.to(cdt) - old.to(cdt), torch.zeros((), dtype=cdt)))

@@ -105,6 +105,69 @@ def loss_and_grad(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, dual_cli
     return loss, grad, near, scale
 
 
+def metrics(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None, ref=None, beta=0.0,
+            clamp=20.0, margin=1e-5) -> dict:
+    """The loss's metrics from the same loop: counts over valid tokens, each NaN (undefined) where a token lies
+    within `margin` (relative) of the boundary that decides it, so float32 rounding cannot flip a count."""
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    nan = math.nan
+    ratios, kl = [], []
+    below = above = dual = clamped = 0
+    tie_clip = tie_dual = tie_clamp = False
+    rows = 0
+    for b, (lrow, orow, arow, mrow) in enumerate(zip(logp, old, adv, mask)):
+        rows += any(mrow)
+        for t, (l, o, a, v) in enumerate(zip(lrow, orow, arow, mrow)):
+            if not v:
+                continue
+            x = l - o
+            tie_clamp = tie_clamp or abs(abs(x) - clamp) <= margin * clamp
+            clamped += abs(x) > clamp
+            r = math.exp(max(-clamp, min(clamp, x)))
+            ratios.append(r)
+            tie_clip = tie_clip or abs(r - lo) <= margin * lo or abs(r - hi) <= margin * hi
+            below += r < lo
+            above += r > hi
+            if dual_clip is not None and a < 0:
+                term, cap = max(-r * a, -min(max(r, lo), hi) * a), -dual_clip * a
+                tie_dual = tie_dual or abs(term - cap) <= margin * cap
+                dual += term > cap
+            if beta:
+                d = ref[b][t] - l
+                kl.append(math.exp(d) - d - 1.0)
+    n = len(ratios)
+    return {"tokens": n, "rows": rows, "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "clip_fraction": nan if tie_clip else (below + above) / n,
+            "clip_low_fraction": nan if tie_clip else below / n, "clip_high_fraction": nan if tie_clip else above / n,
+            "dual_clip_fraction": nan if tie_dual else dual / n, "clamped_tokens": nan if tie_clamp else clamped,
+            "kl": math.fsum(kl) / n if beta else 0.0}
+
+
+def response_mask(responses, eos_id: int = 1) -> list[list[float]]:
+    """1.0 up to and including each row's first EOS, 0.0 after it."""
+    out = []
+    for row in responses:
+        seen, mrow = False, []
+        for tok in row:
+            mrow.append(0.0 if seen else 1.0)
+            seen = seen or tok == eos_id
+        out.append(mrow)
+    return out
+
+
+def behaviour_logprobs(logits, tokens, temperature: float = 1.0) -> list[list[float]]:
+    """log softmax(logits / temperature) at each token, with a max-shifted log-sum-exp."""
+    out = []
+    for lrow, trow in zip(logits, tokens):
+        orow = []
+        for dist, tok in zip(lrow, trow):
+            z = [v / temperature for v in dist]
+            top = max(z)
+            orow.append(z[tok] - top - math.log(math.fsum(math.exp(v - top) for v in z)))
+        out.append(orow)
+    return out
+
+
 # --- the same loops, registered for the generic kinds (engine/kinds) ------------------------------------------
 
 
@@ -131,6 +194,41 @@ def _register() -> None:
     def loss_tensor(*args, **kwargs):
         """The GRPO loss as a float64 scalar tensor."""
         return torch.tensor(run(*args, **kwargs)[0], dtype=torch.float64)
+
+    @registry.reference("grpo.loss_metrics")
+    def metrics_dict(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None,
+                     ref_logp=None, beta=0.0, log_ratio_clamp=20.0, **_):
+        """The metrics grpo_loss returns beside the loss (the aggregation mode changes none of them)."""
+        lp, op, a, m = lists(logp, old_logp, advantages, mask)
+        ref = None if ref_logp is None else torch.where(mask.to(torch.bool), ref_logp, 0.0).tolist()
+        return metrics(lp, op, a, m, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, ref=ref,
+                       beta=beta, clamp=log_ratio_clamp)
+
+    @registry.reference("grpo.loss_grads")
+    def loss_grads(logp, old_logp, advantages, mask, **kwargs):
+        """(d loss / d logp, d loss / d old_logp, d loss / d advantages): the behaviour log-probs and the
+        advantages are constants of the loss, so their gradients are exactly 0."""
+        return [loss_grad_tensor(logp, old_logp, advantages, mask, **kwargs), torch.zeros_like(old_logp,
+                dtype=torch.float64), torch.zeros_like(advantages, dtype=torch.float64)]
+
+    @registry.reference("family.zero_grads")
+    def zero_grads(logp, old_logp, advantages, mask, **_):
+        """d loss / d old_logp and d loss / d advantages: 0, both are constants of the loss."""
+        return [torch.zeros_like(old_logp, dtype=torch.float64), torch.zeros_like(advantages, dtype=torch.float64)]
+
+    @registry.reference("grpo.loss_grads_kl")
+    def loss_grads_kl(logp, old_logp, advantages, mask, **kwargs):
+        """d loss / d logp and d loss / d ref_logp = 0: the reference policy's log-probs are a constant of the loss."""
+        return [loss_grad_tensor(logp, old_logp, advantages, mask, **kwargs),
+                torch.zeros_like(kwargs["ref_logp"], dtype=torch.float64)]
+
+    @registry.reference("grpo.response_mask")
+    def mask_tensor(responses, eos_id=1):
+        return torch.tensor(response_mask(responses.tolist(), eos_id), dtype=torch.float64)
+
+    @registry.reference("grpo.behaviour_logprobs")
+    def behaviour_tensor(logits, tokens, temperature=1.0):
+        return torch.tensor(behaviour_logprobs(logits.tolist(), tokens.tolist(), temperature), dtype=torch.float64)
 
     @registry.reference("grpo.loss_grad")
     def loss_grad_tensor(*args, **kwargs):

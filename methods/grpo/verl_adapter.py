@@ -26,6 +26,9 @@ from engine.spec import registry
 
 VERL_CLAMP = 20.0
 NO_DUAL = 1.0e10
+# the rollout's mask and behaviour log-probs are made by a framework's sampler, not by its loss
+NO_SAMPLER = {f: "the framework's rollout sampler is not reachable through its loss"
+              for f in ("response_mask", "behaviour_logprobs")}
 NO_ADVANTAGES = ("a verl policy loss is only the loss; verl's group advantage is a separate estimator "
                  "(compute_grpo_outcome_advantage), not part of the loss under check")
 
@@ -76,7 +79,7 @@ def from_verl_policy_loss(fn) -> registry.Adapted:
     return registry.Adapted(
         functions={"grpo_loss": grpo_loss},
         own=["grpo_loss"],
-        absent={"group_advantages": NO_ADVANTAGES},
+        absent={"group_advantages": NO_ADVANTAGES, **NO_SAMPLER},
         notes=["clip_low -> clip_ratio_low; clip_high -> clip_ratio, clip_ratio_high; dual_clip -> clip_ratio_c "
                f"(None -> {NO_DUAL:g}, never binding); agg -> loss_agg_mode; norm_length -> loss_scale_factor; "
                "beta, ref_logp -> verl's kl_penalty('low_var_kl') + agg_loss, as verl's actor adds it; [B] "

@@ -7,6 +7,7 @@ import torch
 
 from engine.spec import registry
 from methods.grpo.loss import clipped_surrogate
+from methods.grpo.mutants import clip_clamped, in_input_dtype
 from methods.gspo import loss as L
 from methods.gspo.impl import IMPL
 
@@ -118,18 +119,21 @@ def empty_rows_counted():
 @registry.mutant("gspo.loss_in_input_dtype", base="gspo")
 def loss_in_input_dtype():
     """The loss handed back in the input's dtype: a bfloat16/float16 call rounds the loss."""
-    def gspo_loss(logp, *args, **kwargs):
-        loss, metrics = L.gspo_loss(logp, *args, **kwargs)
-        return loss.to(logp.dtype), metrics
-
-    return IMPL.replace("gspo.loss_in_input_dtype", gspo_loss=gspo_loss)
+    return IMPL.replace("gspo.loss_in_input_dtype", gspo_loss=in_input_dtype(L.gspo_loss))
 
 
 @registry.mutant("gspo.clip_unchecked", base="gspo")
 def clip_unchecked():
     """Out-of-range clip bounds are silently clamped into range instead of refused."""
-    def gspo_loss(*args, clip_low=3e-4, clip_high=4e-4, **kwargs):
-        return L.gspo_loss(*args, clip_low=min(max(float(clip_low), 0.0), 0.99), clip_high=max(float(clip_high), 0.0),
-                           **kwargs)
+    return IMPL.replace("gspo.clip_unchecked", gspo_loss=clip_clamped(L.gspo_loss, 3e-4, 4e-4))
 
-    return IMPL.replace("gspo.clip_unchecked", gspo_loss=gspo_loss)
+
+@registry.mutant("gspo.old_logp_not_detached", base="gspo")
+def old_logp_not_detached():
+    """The sequence log-ratio without old_logp.detach(): a behaviour log-prob that requires grad receives one."""
+    def log_ratio(logp, old_logp, m, cdt):
+        lr = torch.where(m, logp.to(cdt) - old_logp.to(cdt), torch.zeros((), dtype=cdt))
+        n_row = m.sum(dim=-1)
+        return lr.sum(dim=-1) / n_row.clamp_min(1).to(cdt), n_row
+
+    return _built("gspo.old_logp_not_detached", log_ratio_fn=log_ratio)

@@ -50,6 +50,31 @@ def loss_and_grad(logp, old, adv, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=
     return math.fsum(loss_terms), grad, near, math.fsum(abs_terms)
 
 
+def metrics(logp, old, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=10.0, margin=1e-6) -> dict:
+    """The loss's metrics from the same loop, over non-empty responses; a count is NaN (undefined) where some s_i
+    lies within `margin` (relative) of the boundary that decides it."""
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    nan = math.nan
+    seqs, below, above, clamped, tie_clip, tie_clamp = [], 0, 0, 0, False, False
+    for lrow, orow, mrow in zip(logp, old, mask):
+        d = [l - o for l, o, v in zip(lrow, orow, mrow) if v]
+        if not d:
+            continue
+        x = math.fsum(d) / len(d)
+        tie_clamp = tie_clamp or abs(x - clamp) <= margin * clamp
+        clamped += x > clamp
+        s = math.exp(min(x, clamp))
+        seqs.append(s)
+        tie_clip = tie_clip or abs(s - lo) <= margin or abs(s - hi) <= margin
+        below += s < lo
+        above += s > hi
+    rows = len(seqs)
+    return {"tokens": sum(1 for row in mask for v in row if v), "rows": rows, "seq_ratio_min": min(seqs),
+            "seq_ratio_max": max(seqs), "clip_fraction": nan if tie_clip else (below + above) / rows,
+            "clip_low_fraction": nan if tie_clip else below / rows,
+            "clip_high_fraction": nan if tie_clip else above / rows, "clamped_rows": nan if tie_clamp else clamped}
+
+
 # --- the same loops, registered for the generic kinds (engine/kinds) ------------------------------------------
 
 
@@ -74,6 +99,12 @@ def _register() -> None:
         """The GSPO loss as a float64 scalar tensor (either form: the loop takes per-token advantages)."""
         return torch.tensor(run(*args, **kwargs)[0], dtype=torch.float64)
 
+    @registry.reference("gspo.loss_metrics")
+    def metrics_dict(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, log_ratio_clamp=10.0, **_):
+        """The metrics gspo_loss returns beside the loss (the same in both forms)."""
+        lp, op, _, m = lists(logp, old_logp, advantages, mask)
+        return metrics(lp, op, m, clip_low=clip_low, clip_high=clip_high, clamp=log_ratio_clamp)
+
     @registry.reference("gspo.loss_grad")
     def loss_grad_tensor(*args, **kwargs):
         """d loss / d logp [B, L]; NaN where s_i is within 1e-9 of a bound or the clamp, 0 at masked slots."""
@@ -81,11 +112,35 @@ def _register() -> None:
         g = torch.tensor(grad, dtype=torch.float64)
         return torch.where(torch.tensor(near), torch.full_like(g, math.nan), g)
 
+    @registry.reference("gspo.loss_grads")
+    def loss_grads(logp, old_logp, advantages, mask, **kwargs):
+        """(d loss / d logp, d / d old_logp = 0, d / d advantages = 0): the last two are constants of the loss."""
+        return [loss_grad_tensor(logp, old_logp, advantages, mask, **kwargs),
+                torch.zeros_like(old_logp, dtype=torch.float64), torch.zeros_like(advantages, dtype=torch.float64)]
+
     @registry.reference("gspo.sequence_ratio")
     def ratio_tensor(logp, old_logp, mask, *, log_ratio_clamp=10.0):
         m = mask.to(torch.bool)
         return torch.tensor(sequence_ratio(torch.where(m, logp, 0.0).tolist(), torch.where(m, old_logp, 0.0).tolist(),
                                            m.tolist(), log_ratio_clamp), dtype=torch.float64)
+
+    @registry.reference("gspo.sequence_ratio_grad")
+    def ratio_grad_tensor(logp, old_logp, mask, *, log_ratio_clamp=10.0):
+        """d sum_i s_i / d logp: s_i / |y_i| at row i's valid tokens, 0 where the clamp binds (NaN within 1e-9 of
+        it), at masked slots and on empty rows (s = 1 is a constant there)."""
+        m = mask.to(torch.bool)
+        s = sequence_ratio(torch.where(m, logp, 0.0).tolist(), torch.where(m, old_logp, 0.0).tolist(), m.tolist(),
+                           log_ratio_clamp)
+        g = torch.zeros(logp.shape, dtype=torch.float64)
+        for i, (row, si) in enumerate(zip(m.tolist(), s)):
+            n = sum(row)
+            if not n:
+                continue
+            x = math.fsum(float(logp[i, t]) - float(old_logp[i, t]) for t in range(len(row)) if row[t]) / n
+            value = math.nan if abs(x - log_ratio_clamp) <= 1e-9 * log_ratio_clamp else \
+                0.0 if x > log_ratio_clamp else si / n
+            g[i] = torch.where(m[i], torch.tensor(value, dtype=torch.float64), torch.zeros((), dtype=torch.float64))
+        return g
 
     @registry.reference("family.tapo_ratio_at_end")
     def tapo_ratio_at_end(logp, old_logp, mask, **_):

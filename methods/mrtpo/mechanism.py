@@ -22,7 +22,7 @@ import torch
 
 from methods.common.grpo import group_advantages, grpo_token_loss
 from methods.common.policy import make_policy as build_policy, param_l2_change, snapshot, state_copy
-from methods.common.rollout import sample, sequence_logprobs
+from methods.common import paired, sample, sequence_logprobs
 from methods.common.tasks import FIRST_CONTENT
 
 VOCAB = 32
@@ -165,11 +165,11 @@ def trace(impl, ctx, observe=None) -> Trace:
     eps = float(p.get("eps", 1e-6))
     device = ctx.device
 
-    student = make_policy(ctx)
+    student = paired.arm_policy(impl, lambda: make_policy(ctx))
     if observe is not None:
         observe(student)
     opt = torch.optim.Adam(student.parameters(), lr=lr)
-    g = ctx.generator(7)
+    g = paired.stream(ctx, impl, 7)  # prompts and sampling; the GRPO control draws the same stream
     kept: list[Update] = []
     for step in range(updates):
         prompts = make_prompts(n_prompts, g).repeat_interleave(group, dim=0).to(device)
@@ -222,3 +222,33 @@ def trace(impl, ctx, observe=None) -> Trace:
             **_weight_stats(w, mask),
         )
     return Trace(updates=kept)
+
+
+from engine.kinds.paired_control import paired_run  # noqa: E402  (below: the lines above keep their numbers)
+
+
+def grpo_control(impl, ctx) -> None:
+    """The GRPO control arm of the run: the same seeded student, prompts, sampling stream and number of updates as
+    `trace`, trained on GRPO group advantages of the summed verifier rewards (no replay, no credit weights)."""
+    p = ctx.params
+    updates, n_prompts, group = int(p.get("updates", 3)), int(p.get("prompts", 4)), int(p.get("group_size", 8))
+    student = paired.arm_policy(impl, lambda: make_policy(ctx))
+    opt = torch.optim.Adam(student.parameters(), lr=float(p.get("lr", 1e-2)))
+    g = paired.stream(ctx, impl, 7)
+    for _ in range(updates):
+        prompts = make_prompts(n_prompts, g).repeat_interleave(group, dim=0).to(ctx.device)
+        roll = sample(student, prompts, int(p.get("max_new_tokens", 8)), g)
+        ctx.meter.add_tokens(roll.n_tokens)
+        adv = group_advantages(verify(prompts, roll.responses, roll.mask).sum(0), group)
+        logp, _ = sequence_logprobs(student, prompts, roll.responses)
+        loss, _ = grpo_token_loss(logp, roll.old_logp, adv.to(logp.dtype), roll.mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        ctx.meter.optimizer_step(opt)
+
+
+@paired_run("mrtpo.mechanism")
+def paired_arms(impl, ctx) -> None:
+    """The MRTPO arm (`trace`) and its GRPO control, each under the arm record (paired_control)."""
+    for arm in paired.arms(ctx, ("mrtpo", "grpo-control"), method="mrtpo"):
+        (trace if arm == "mrtpo" else grpo_control)(impl, ctx)

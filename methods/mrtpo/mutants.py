@@ -461,3 +461,12 @@ def student_context_padded():
 def js_rows_one_by_one():
     js = _js_blocked("rows_one_by_one")
     return IMPL.replace("mrtpo.js_rows_one_by_one", js_distance=js, credit_weights=_weights_variant("none", js=js))
+
+
+# --- pairing defects of the mechanism run (methods/common/paired.py) -------------------------------------
+
+from methods.common.paired import defect  # noqa: E402
+
+registry.mutant("mrtpo.control_trained_weights", base="mrtpo")(defect(IMPL, "mrtpo.control_trained_weights"))
+registry.mutant("mrtpo.control_other_stream", base="mrtpo")(defect(IMPL, "mrtpo.control_other_stream"))
+registry.mutant("mrtpo.same_stream_every_seed", base="mrtpo")(defect(IMPL, "mrtpo.same_stream_every_seed"))

@@ -31,7 +31,7 @@ import torch
 
 from engine.spec import registry
 from methods.common.grpo import group_advantages, grpo_token_loss
-from methods.common.policy import make_policy
+from methods.common import make_policy, paired
 from methods.common.rollout import sample
 from methods.common.tasks import TargetTokenTask
 from methods.tapo.record import ARMS, RunRecord
@@ -57,11 +57,11 @@ def mechanism(impl, ctx) -> dict:
     val_prompts = task.prompts(n_val, ctx.generator(102)).to(ctx.device)
 
     rec = RunRecord(ctx, impl, eps_min, eps_max, group_size)
-    for arm in ARMS:
-        policy = make_policy(ctx)  # the tiny GRU, or the run's --policy (e.g. a checkpoint)
+    for arm in paired.arms(ctx, ARMS, method="tapo"):  # each arm's draws and updates logged (paired_control)
+        policy = paired.arm_policy(impl, lambda: make_policy(ctx))  # the tiny GRU (or --policy), alike per arm
         opt = torch.optim.Adam(policy.parameters(), lr=lr)
         rec.start_arm(arm, policy)
-        sampling = ctx.generator(103)  # the same sampling stream for both arms
+        sampling = paired.stream(ctx, impl, 103)  # the same sampling stream for both arms
         for gi in range(groups):
             prompt = train_prompts[gi : gi + 1].expand(group_size, -1)
             rec.start_group()
@@ -92,3 +92,8 @@ def mechanism(impl, ctx) -> dict:
         rec.validate(arm, policy, task, val_prompts, val_samples, max_new)
     rec.comparisons(groups, inner, n_val, val_samples)
     return rec.measurements()
+
+
+from engine.kinds.paired_control import paired_run  # noqa: E402  (below: the lines above keep their numbers)
+
+paired_run("tapo.mechanism")(mechanism)

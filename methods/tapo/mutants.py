@@ -306,3 +306,12 @@ def fused_empty_rows_count():
     return _fused_mutant("tapo.fused_empty_rows_count", [(
         "_fused_tapo_loss", "a = torch.where(has_tok, advantages.detach().to(cdt), zero)", "a = advantages.detach().to(cdt)",
     )])
+
+
+# --- pairing defects of the mechanism run (methods/common/paired.py) -------------------------------------
+
+from methods.common.paired import defect  # noqa: E402
+
+registry.mutant("tapo.control_trained_weights", base="tapo")(defect(IMPL, "tapo.control_trained_weights"))
+registry.mutant("tapo.control_other_stream", base="tapo")(defect(IMPL, "tapo.control_other_stream"))
+registry.mutant("tapo.same_stream_every_seed", base="tapo")(defect(IMPL, "tapo.same_stream_every_seed"))

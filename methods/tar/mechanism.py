@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.common import TargetTokenTask, group_advantages, grpo_token_loss, make_policy, sample, sequence_logprobs, snapshot
+from methods.common import TargetTokenTask, group_advantages, grpo_token_loss, make_policy, paired, sample, sequence_logprobs, snapshot
 from methods.tar.audit import RunAudit
 
 SETTINGS = ("updates", "prompts_per_step", "group_size", "base_samples", "bank_k", "max_new_tokens", "vocab_size",
@@ -107,7 +107,7 @@ def run(impl, ctx) -> dict:
     device = ctx.device
     task = TargetTokenTask(vocab_size=cfg["vocab_size"])
     # the tiny GRU, or the run's --policy (e.g. a checkpoint)
-    policy = make_policy(ctx, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"])
+    policy = paired.arm_policy(impl, lambda: make_policy(ctx, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"]))
     base = snapshot(policy)
     audit = RunAudit(ctx, task, policy, base)
 
@@ -117,7 +117,7 @@ def run(impl, ctx) -> dict:
     audit.bank(bank, source)
 
     opt = torch.optim.Adam(policy.parameters(), lr=cfg["lr"])
-    gen = ctx.generator(3)
+    gen = paired.stream(ctx, impl, 3)  # the GRPO control draws the same stream
     for step in range(cfg["updates"]):
         idx = torch.arange(step * cfg["prompts_per_step"], (step + 1) * cfg["prompts_per_step"], device=device)
         gp = prompts[idx].repeat_interleave(cfg["group_size"], dim=0)
@@ -137,3 +137,36 @@ def run(impl, ctx) -> dict:
         total.backward()
         ctx.meter.optimizer_step(opt)
     return {"updates": ctx.meter.updates, **audit.measurements()}
+
+
+from engine.kinds.paired_control import paired_run  # noqa: E402  (below: the lines above keep their numbers)
+
+
+def grpo_control(impl, ctx) -> None:
+    """The GRPO control arm of the run: the same seeded policy, prompts, sampling stream and number of updates as
+    `run`, trained on GRPO alone (no KL to the base, no replay)."""
+    cfg = settings(ctx.params)
+    task = TargetTokenTask(vocab_size=cfg["vocab_size"])
+    policy = paired.arm_policy(impl, lambda: make_policy(ctx, vocab_size=cfg["vocab_size"],
+                                                         hidden_size=cfg["hidden_size"]))
+    prompts = task.prompts(cfg["updates"] * cfg["prompts_per_step"], ctx.generator(1)).to(ctx.device)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg["lr"])
+    gen = paired.stream(ctx, impl, 3)
+    for step in range(cfg["updates"]):
+        gp = prompts[step * cfg["prompts_per_step"]:(step + 1) * cfg["prompts_per_step"]]
+        gp = gp.repeat_interleave(cfg["group_size"], dim=0)
+        roll = sample(policy, gp, cfg["max_new_tokens"], gen)
+        ctx.meter.add_tokens(roll.n_tokens)
+        adv = group_advantages(task.verify(gp, roll.responses, roll.mask), cfg["group_size"])
+        logp, _ = sequence_logprobs(policy, roll.prompts, roll.responses)
+        loss, _ = grpo_token_loss(logp, roll.old_logp, adv, roll.mask)
+        opt.zero_grad()
+        loss.backward()
+        ctx.meter.optimizer_step(opt)
+
+
+@paired_run("tar.mechanism")
+def paired_arms(impl, ctx) -> None:
+    """The TAR arm (`run`) and its GRPO control, each under the arm record (paired_control)."""
+    for arm in paired.arms(ctx, ("tar", "grpo-control"), method="tar"):
+        (run if arm == "tar" else grpo_control)(impl, ctx)

@@ -278,3 +278,12 @@ def replay_whole_bank():
         return torch.arange(bank_prompts.numel(), device=bank_prompts.device)
 
     return IMPL.replace("tar.replay_whole_bank", replay_rows=rows)
+
+
+# --- pairing defects of the mechanism run (methods/common/paired.py) -------------------------------------
+
+from methods.common.paired import defect  # noqa: E402
+
+registry.mutant("tar.control_trained_weights", base="tar")(defect(IMPL, "tar.control_trained_weights"))
+registry.mutant("tar.control_other_stream", base="tar")(defect(IMPL, "tar.control_other_stream"))
+registry.mutant("tar.same_stream_every_seed", base="tar")(defect(IMPL, "tar.same_stream_every_seed"))

@@ -9,11 +9,11 @@ The attributes the adapter sets are TRL's private state, so the project pins the
 
 from __future__ import annotations
 
-import importlib.machinery
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EnvironmentProblem, UsageError
+from engine.errors import UsageError
+from engine.run.adapters import package
 
 FRAMEWORK = "trl"
 DISTRIBUTION = "trl"
@@ -33,26 +33,11 @@ def parse(raw: str, rest: str) -> dict:
 
 def core_file() -> tuple[Path, Path]:
     """(import root, trl/trainer/grpo_trainer.py), found without importing trl."""
-    from engine.run.impl_loader import search_path
-
-    spec = importlib.machinery.PathFinder.find_spec("trl", search_path())
-    if spec is None or not spec.submodule_search_locations:
-        raise EnvironmentProblem(f"--impl trl:...: trl is not installed here; install it with {INSTALL}")
-    pkg = Path(list(spec.submodule_search_locations)[0]).resolve()
-    core = pkg.joinpath(*CORE)
-    if not core.is_file():
-        raise EnvironmentProblem(f"--impl trl:...: this trl has no {'/'.join(CORE)}; the project pins trl {PINNED}: "
-                                 f"{INSTALL}")
-    return pkg.parent, core
+    return package.core_file("trl", CORE, INSTALL, f"the project pins trl {PINNED}")
 
 
 def version() -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return None
+    return package.version(DISTRIBUTION)
 
 
 def resolve(name: str) -> tuple[Any, dict]:

@@ -14,12 +14,12 @@ without importing verl; only the worker imports it (engine/run/isolation.py).
 
 from __future__ import annotations
 
-import importlib.machinery
 import re
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EnvironmentProblem, UsageError
+from engine.errors import UsageError
+from engine.run.adapters import package
 
 FRAMEWORK = "verl"
 DISTRIBUTION = "verl"
@@ -51,27 +51,12 @@ def parse(raw: str, rest: str) -> dict:
 
 
 def core_file() -> tuple[Path, Path]:
-    """(import root, verl/trainer/ppo/core_algos.py), found on the worker's search path without importing verl."""
-    from engine.run.impl_loader import search_path
-
-    spec = importlib.machinery.PathFinder.find_spec("verl", search_path())
-    if spec is None or not spec.submodule_search_locations:
-        raise EnvironmentProblem(f"--impl verl:...: verl is not installed here; install it with {INSTALL}")
-    pkg = Path(list(spec.submodule_search_locations)[0]).resolve()
-    core = pkg.joinpath(*CORE)
-    if not core.is_file():
-        raise EnvironmentProblem(f"--impl verl:...: this verl has no {'/'.join(CORE)}; the project pins the verl "
-                                 f"it was tested with: {INSTALL}")
-    return pkg.parent, core
+    """(import root, verl/trainer/ppo/core_algos.py), found without importing verl."""
+    return package.core_file("verl", CORE, INSTALL, "the project pins the verl it was tested with")
 
 
 def version() -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return None
+    return package.version(DISTRIBUTION)
 
 
 # --- in the worker only -----------------------------------------------------------------------------

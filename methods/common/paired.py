@@ -1,0 +1,193 @@
+"""How a mechanism run pairs its method arm with its GRPO control, and the record the paired_control kind reads.
+
+Every mechanism run builds each arm's policy with `arm_policy`, takes each arm's sampling stream from `stream`
+and runs each arm inside `arm(ctx, name)`. Inside an arm the shared sampler (methods/common/rollout.sample) logs
+every draw from the arm's stream: a hash of the uniforms it consumed and of the tokens it sampled, and, at the
+arm's first draw, a hash of the sampling policy's weights and the optimiser steps taken before it. Optimiser
+steps are counted by a post-step hook for the arm's duration. The record is what happened, taken in one place,
+so a run cannot pair its arms wrongly without the record showing it.
+
+`Pairing` holds the run's pairing decisions. The method's code never changes them; a mutant plants a defect
+through them (`plant`), so the engine's mutant machinery can show that the paired_control kind kills it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from engine.kinds.paired_control import StopRun
+
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("paired_arm", default=None)
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """The pairing decisions of a mechanism run; the defaults are the correct ones."""
+
+    control_fresh: bool = True  # the control builds its policy from the seed, as the method arm did
+    control_stream_shift: int = 0  # added to the control's stream offset (0: the method arm's stream)
+    seeded_stream: bool = True  # the stream is seeded from the run seed (False: one stream for every seed)
+
+
+def pairing(impl: Any) -> Pairing:
+    return getattr(impl, "pairing", None) or Pairing()
+
+
+def plant(impl: Any, name: str, **defect: Any) -> Any:
+    """A copy of `impl` named `name` whose mechanism runs pair their arms with `defect` (a mutant)."""
+    mutated = impl.replace(name)
+    object.__setattr__(mutated, "pairing", Pairing(**defect))
+    return mutated
+
+
+def digest(*tensors: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:32]
+
+
+def weights_digest(policy: torch.nn.Module) -> str:
+    named = sorted([*policy.named_parameters(), *policy.named_buffers()], key=lambda kv: kv[0])
+    h = hashlib.sha256()
+    for name, t in named:
+        h.update(name.encode())
+        h.update(digest(t).encode())
+    return h.hexdigest()[:32]
+
+
+@dataclass
+class ArmRecord:
+    """One arm of one run: what its first draw sampled from, every draw from its stream, its optimiser steps."""
+
+    control: bool
+    stream: torch.Generator | None = None
+    policy: torch.nn.Module | None = None  # the last policy that drew from the stream
+    initial_weights: str | None = None
+    updates_before_first_draw: int | None = None
+    draws: list = field(default_factory=list)  # (uniforms digest, tokens digest)
+    updates: int = 0
+
+    def plain(self) -> dict:
+        return {"initial_weights": self.initial_weights, "updates_before_first_draw": self.updates_before_first_draw,
+                "draws": [list(d) for d in self.draws], "updates": self.updates}
+
+
+@dataclass
+class RunRecord:
+    arms: dict = field(default_factory=dict)
+    stop_after_draws: int | None = None  # a probe: StopRun once an arm has drawn this often
+
+    def plain(self) -> dict:
+        return {name: a.plain() for name, a in self.arms.items()}
+
+
+def record_of(ctx: Any) -> RunRecord:
+    """The run's arm record, kept on its context (the paired_control kind reads it after the run)."""
+    rec = ctx.__dict__.get("paired_record")
+    if rec is None:
+        rec = RunRecord(stop_after_draws=ctx.__dict__.get("paired_stop_after_draws"))
+        ctx.__dict__["paired_record"] = rec
+    return rec
+
+
+@contextmanager
+def arm(ctx: Any, name: str, control: bool = False):
+    """Run one arm under the record: its draws from its stream and its optimiser steps are logged."""
+    rec = record_of(ctx)
+    entry = ArmRecord(control=control)
+    rec.arms[name] = entry
+
+    def stepped(_opt, _args, _kwargs):
+        entry.updates += 1
+
+    handle = register_optimizer_step_post_hook(stepped)
+    token = _ACTIVE.set((rec, entry))
+    try:
+        yield entry
+    finally:
+        _ACTIVE.reset(token)
+        handle.remove()
+
+
+def arms(ctx: Any, names: tuple[str, ...], method: str):
+    """`for name in arms(ctx, ("tapo", "grpo-control"), method="tapo")`: each loop body runs inside its arm."""
+    for name in names:
+        with arm(ctx, name, control=name != method):
+            yield name
+
+
+def _active() -> tuple[RunRecord, ArmRecord] | tuple[None, None]:
+    return _ACTIVE.get() or (None, None)
+
+
+def arm_policy(impl: Any, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """The policy the current arm starts from: `build()` (seeded from the run), for the control too."""
+    rec, entry = _active()
+    if entry is not None and entry.control and not pairing(impl).control_fresh:
+        trained = [a.policy for a in rec.arms.values() if not a.control and a.policy is not None]
+        if trained:
+            return trained[-1]
+    return build()
+
+
+def stream(ctx: Any, impl: Any, offset: int) -> torch.Generator:
+    """The current arm's sampling stream: `ctx.generator(offset)`, the same for both arms of a run."""
+    p = pairing(impl)
+    _, entry = _active()
+    if entry is not None and entry.control:
+        offset += p.control_stream_shift
+    g = ctx.generator(offset) if p.seeded_stream else torch.Generator(device="cpu").manual_seed(offset)
+    if entry is not None:
+        entry.stream = g
+    return g
+
+
+def drawing(generator: torch.Generator) -> ArmRecord | None:
+    """The arm record to log a draw from `generator` into: the active arm's, when it is that arm's stream."""
+    _, entry = _active()
+    return entry if entry is not None and entry.stream is generator else None
+
+
+def log_draw(entry: ArmRecord, policy: torch.nn.Module, uniforms: list[torch.Tensor], responses: torch.Tensor,
+             mask: torch.Tensor) -> None:
+    if entry.initial_weights is None:
+        entry.initial_weights = weights_digest(policy)
+        entry.updates_before_first_draw = entry.updates
+    entry.policy = policy
+    entry.draws.append((digest(torch.cat(uniforms, 1)) if uniforms else "", digest(responses, mask)))
+    rec, _ = _active()
+    if rec is not None and rec.stop_after_draws is not None and len(entry.draws) >= rec.stop_after_draws:
+        raise StopRun
+
+
+DEFECTS = {
+    "control_trained_weights": ({"control_fresh": False},
+                                "The control arm starts from the method arm's trained weights, not the seeded ones."),
+    "control_other_stream": ({"control_stream_shift": 1},
+                             "The control arm samples from another random stream than the method arm."),
+    "same_stream_every_seed": ({"seeded_stream": False},
+                               "Every seed draws the same sampling stream (the stream ignores the run seed)."),
+}
+
+
+def defect(impl: Any, name: str) -> Callable[[], Any]:
+    """The mutant factory of `name` = METHOD.DEFECT (one of DEFECTS), planted through `Pairing` in `impl`'s runs;
+    register it with a literal name (`registry.mutant("tapo.control_other_stream", base="tapo")(defect(...))`)
+    so `contracts validate` finds it without importing anything."""
+    fields, doc = DEFECTS[name.rsplit(".", 1)[1]]
+
+    def factory():
+        return plant(impl, name, **fields)
+
+    factory.__doc__ = doc
+    return factory

@@ -1,0 +1,49 @@
+"""Each bug a reviewer plants in the GRPO control, its pairing or the shared sampler makes `contracts check` of the
+method concerned exit 1, naming the failed contract and its case.
+
+Each bug is a registered mutant (the spec names it and the contract that kills it); it is planted by standing it in
+for the method's registered implementation, so the unmodified CLI checks it as it would the method.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import engine.cli as cli
+from engine.spec import registry
+
+# (method spec, implementation name, mutant, the contract that must fail)
+BUGS = [
+    ("grpo", "grpo", "grpo.clip_no_upper", "loss_reference"),
+    ("grpo", "grpo", "grpo.per_response_mean", "loss_reference"),
+    ("grpo", "grpo", "grpo.adv_not_std_normalised", "advantages_reference"),
+    ("grpo", "grpo", "grpo.adv_batch_normalised", "advantages_reference"),
+    ("grpo", "grpo", "grpo.mask_drops_eos", "sampler_mask"),
+    ("grpo", "grpo", "grpo.behaviour_logprobs_at_t1", "behaviour_logprobs_temperature"),
+    *[(spec, impl, f"{impl}.{defect}", "paired_control")
+      for spec, impl in (("tapo-trajectory", "tapo"), ("mrtpo", "mrtpo"), ("tar-adaptive-replay", "tar"))
+      for defect in ("control_trained_weights", "control_other_stream", "same_stream_every_seed")],
+]
+
+
+@pytest.mark.parametrize("spec, impl, mutant, contract", BUGS, ids=[b[2] for b in BUGS])
+def test_planted_bug_fails_check(spec, impl, mutant, contract, tmp_path, monkeypatch):
+    reg = registry.load()
+    entry = next(m for m in reg.mutants.values() if m.name == mutant)
+    monkeypatch.setitem(registry._REGISTRY.implementations, impl, entry.factory())
+    out = CliRunner().invoke(cli.app, ["check", spec, "--device", "cpu", "--seeds", "42", "--only", contract,
+                                       "--no-mutants", "--receipts", str(tmp_path), "--json"])
+    assert out.exit_code == 1, (mutant, out.output[-2000:])
+    (run,) = json.loads(out.stdout)["runs"]
+    failed = [r for r in run["results"] if r["status"] == "failed"]
+    assert run["status"] == "failed" and failed and {r["contract"] for r in failed} == {contract}
+    assert all("first failing case: seed 42 case" in r["message"] for r in failed), failed[0]["message"]
+
+
+def test_unplanted_control_passes(tmp_path):
+    out = CliRunner().invoke(cli.app, ["check", "tapo-trajectory", "--device", "cpu", "--seeds", "42", "--only",
+                                       "paired_control", "--no-mutants", "--receipts", str(tmp_path), "--json"])
+    assert out.exit_code == 0, out.output[-2000:]
