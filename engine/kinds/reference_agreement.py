@@ -11,7 +11,9 @@ class ReferenceAgreement(Kind):
     description = ("The declared output, and optionally its gradient w.r.t. named arguments, agree with a float64 "
                    "reference on the declared inputs; NaN in the reference marks a position it does not define. A "
                    "reference may return a dict: value, scale (what max_scaled_err divides by, e.g. mean |term| "
-                   "of a loss that can cancel), grad (one tensor per grad_wrt), counts (named counts, summed).")
+                   "of a loss that can cancel), grad (one tensor per grad_wrt), counts (named counts, summed), "
+                   "scalars ({key: want}: the number the call reports under that key of its dict output "
+                   "`metrics_output`, compared as KEY_abs_err).")
     parameters = {**CALL,
                   "reference": {**NAME, "pattern": "^[a-z][a-z0-9_.-]{0,63}$",
                                 "description": "registered float64 reference, same arguments as the call"},
@@ -19,6 +21,8 @@ class ReferenceAgreement(Kind):
                                "description": "arguments whose gradient of sum(output) is compared"},
                   "grad_reference": {"type": "string", "description": "reference returning those gradients"},
                   "reference_gets_dtype": {"type": "boolean", "description": "pass dtype= (under test) to it"},
+                  "metrics_output": {"type": "integer", "minimum": 0,
+                                     "description": "index of the call's dict of reported numbers (for scalars)"},
                   "also": {"type": "array", "maxItems": 8, "description": "more calls on the same inputs, each "
                            "against its reference; their metrics are named prefix + metric (value only)",
                            "items": {"type": "object", "additionalProperties": False,
@@ -50,7 +54,8 @@ class ReferenceAgreement(Kind):
             for name in wrt:
                 t[name].requires_grad_(True)
             with torch.set_grad_enabled(bool(wrt)):
-                out = calls.call(impl, params, t)
+                full = calls.call(impl, params, t, output="__raw__")
+            out = calls.select(full, params.get("output"))
             ref_out = calls.reference(params, t, ctx=ctx)
             extra = ref_out if isinstance(ref_out, dict) else {}
             want = calls.as64(extra["value"] if extra else calls.select(ref_out, params.get("output")))
@@ -88,6 +93,11 @@ class ReferenceAgreement(Kind):
                     e2 / torch.where(ok2, want2.abs(), torch.ones_like(want2)).clamp_min(1e-300))
             for k, v in (extra.get("counts") or {}).items():
                 m[k] = int(v)
+            if extra.get("scalars"):
+                reported = full[params["metrics_output"]]
+                for k, v in extra["scalars"].items():
+                    got_k = float(reported[k]) if k in reported else float("nan")
+                    m[k + "_abs_err"] = abs(got_k - float(v)) if got_k == got_k else float("inf")
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
                 if k in ("undefined_nonfinite", "compared") or k in (extra.get("counts") or {}):

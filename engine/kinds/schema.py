@@ -7,7 +7,7 @@ from typing import Any
 INPUTS: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["tensors"],
+    "anyOf": [{"required": ["tensors"]}, {"required": ["generator"]}],
     "properties": {
         "dims": {"type": "object", "additionalProperties": {
             "oneOf": [{"type": "integer", "minimum": 0},

@@ -63,8 +63,7 @@ def _js_blocked(defect: str):
     """js_distance's block loop with one defect in the path the default implementation runs:
     "column_tail_dropped": the column loop stops at the last whole block (V // cols * cols), so a partial
     last column block of a long row is never summed; "float32_accumulation": per-row sums accumulate in
-    float32 instead of float64; "fewer_blocks": inputs are cut into 8 blocks instead of 16, so the scratch
-    is twice the documented block; "rows_one_by_one": one row a block, whatever fits (a loop over rows)."""
+    float32 instead of float64; "rows_one_by_one": one row a block, whatever fits (a loop over rows)."""
 
     def js_distance(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
         cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
@@ -77,9 +76,6 @@ def _js_blocked(defect: str):
         rows_per_block, cols = credit.js_block_shape(n, V, chunk_elems)
         if defect == "rows_one_by_one":  # DEFECT: one row a block: a Python loop over rows
             rows_per_block = 1
-        if defect == "fewer_blocks":  # DEFECT: cut into 8 blocks, not 16: twice the scratch
-            block = max(1, min(int(chunk_elems), max(credit._MIN_BLOCK, -(-n * V // 8))))
-            rows_per_block, cols = max(1, block // V), min(V, block)
         col_end = V // cols * cols if defect == "column_tail_dropped" else V  # DEFECT (the other)
         upcast_a, upcast_b = logp_a.dtype != cdt, logp_b.dtype != cdt
         ws = credit._Workspace(rows_per_block * cols, cdt, logp_a.device, upcast_a or upcast_b)
@@ -104,8 +100,9 @@ def _js_blocked(defect: str):
 
 def _from_logits_variant(defect: str):
     """credit_weights_from_logits with one defect: "last_block_dropped": the loop over blocks of valid
-    rows stops at the last whole block, so the rows of a partial last block keep q = 0; "block_doubled":
-    each block holds twice block_elems elements per context (the same weights, twice the memory)."""
+    rows stops at the last whole block, so the rows of a partial last block keep q = 0; "whole_softmax":
+    every valid row of every context normalised at once (the same weights, K + 1 whole log-softmaxes);
+    "rows_one_by_one": one row a block, whatever fits (a Python loop over rows)."""
 
     def credit_weights_from_logits(logits_all, logits_loo, mask, beta, empty_block=None,
                                    chunk_elems=credit.DEFAULT_CHUNK_ELEMS, block_elems=credit.LOGITS_BLOCK_ELEMS):
@@ -122,8 +119,10 @@ def _from_logits_variant(defect: str):
         q = torch.zeros(K, B * T, dtype=cdt, device=device)
         live = [k for k, lk in enumerate(loo) if lk is not None]
         step = max(1, int(block_elems) // V)
-        if defect == "block_doubled":  # DEFECT: twice block_elems per block
-            step *= 2
+        if defect == "whole_softmax":  # DEFECT: every valid row in one block
+            step = max(1, valid.numel())
+        if defect == "rows_one_by_one":  # DEFECT: one row a block
+            step = 1
         stop = valid.numel() // step * step if defect == "last_block_dropped" else valid.numel()  # DEFECT
         with torch.no_grad():
             for start in range(0, stop, step):
@@ -430,15 +429,15 @@ def logits_last_block_dropped():
                         credit_weights_from_logits=_from_logits_variant("last_block_dropped"))
 
 
-@registry.mutant("mrtpo.js_fewer_blocks", base="mrtpo")
-def js_fewer_blocks():
-    js = _js_blocked("fewer_blocks")
-    return IMPL.replace("mrtpo.js_fewer_blocks", js_distance=js, credit_weights=_weights_variant("none", js=js))
+@registry.mutant("mrtpo.logits_whole_softmax", base="mrtpo")
+def logits_whole_softmax():
+    return IMPL.replace("mrtpo.logits_whole_softmax", credit_weights_from_logits=_from_logits_variant("whole_softmax"))
 
 
-@registry.mutant("mrtpo.logits_block_doubled", base="mrtpo")
-def logits_block_doubled():
-    return IMPL.replace("mrtpo.logits_block_doubled", credit_weights_from_logits=_from_logits_variant("block_doubled"))
+@registry.mutant("mrtpo.logits_rows_one_by_one", base="mrtpo")
+def logits_rows_one_by_one():
+    return IMPL.replace("mrtpo.logits_rows_one_by_one",
+                        credit_weights_from_logits=_from_logits_variant("rows_one_by_one"))
 
 
 @registry.mutant("mrtpo.weights_unchecked", base="mrtpo")
