@@ -78,6 +78,24 @@ def test_reference_agreement_good_and_planted_bug():
     assert cases and {"seed", "case", "shapes", "where"} <= set(cases[0]) and cases[0]["seed"] == 42
 
 
+def test_reference_agreement_compares_reported_scalars():
+    """A reference dict's `scalars` are compared with the numbers the call reports (its dict output): a call that
+    reports a wrong token count fails."""
+    if "test_kinds.double_scalars" not in registry._REGISTRY.references:
+        registry.reference("test_kinds.double_scalars")(
+            lambda x, y, mask: {"value": _ref_double(x, y, mask), "scalars": {"tokens": int(mask.sum())}})
+    p = {**CALL, "reference": "test_kinds.double_scalars", "output": 0, "metrics_output": 1}
+
+    def good(x, y, mask):
+        return _masked_double(x, y, mask), {"tokens": int(mask.sum())}
+
+    def bad(x, y, mask):  # the planted bug: padding counted
+        return _masked_double(x, y, mask), {"tokens": mask.numel()}
+
+    assert measure("reference_agreement", {"f": good}, p)[0]["tokens_abs_err"] == 0
+    assert measure("reference_agreement", {"f": bad}, p)[0]["tokens_abs_err"] > 0
+
+
 def test_only_case_runs_one_case():
     out, c = measure("reference_agreement", {"f": _masked_double}, {**CALL, "reference": "test_kinds.double"}, only=2)
     assert out["cases"] == 1 and [e["case"] for e in c.case_log] == [2]
