@@ -16,7 +16,7 @@ import torch
 from engine.spec import registry
 from methods.mrtpo.cases import PAIR_KINDS, credit_batch, logp_pair, response_mask, to_lists
 from methods.mrtpo.mechanism_checks import PAGE_STUDENT_L2, measured_run
-from methods.mrtpo.reference import beta_schedule_ref, gdpo_uniform_ref, mrtpo_advantages_ref
+from methods.mrtpo.reference import gdpo_uniform_ref, mrtpo_advantages_ref
 from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
 
 
@@ -110,38 +110,6 @@ def js_properties(impl, ctx):
         "max_q": hi if math.isfinite(hi) else NAN,
         "different_min_q": different_min if math.isfinite(different_min) else NAN,
         "nonfinite": nonfinite,
-    }
-
-
-# --------------------------------------------------------------------------- schedule
-
-
-@registry.check("mrtpo.beta_schedule")
-def beta_schedule(impl, ctx):
-    """Smoothstep warm-up vs exact rationals: values, endpoints, monotonicity, flat start."""
-    W = float(ctx.params.get("warmup_steps", 10))
-    bmax = float(ctx.params.get("beta_max", 0.7))
-    steps = [i / 4.0 for i in range(-8, int(4 * (W + 3)) + 1)]
-    err = 0.0
-    vals = []
-    for s in steps:
-        v = impl.beta_schedule(s, W, bmax)
-        vals.append(v)
-        err = _worst(err, abs(v - beta_schedule_ref(s, W, bmax)))
-    for s in (-1.0, -0.5, 0.0, 1.0, 5.0):  # no warm-up at all (still 0 before the start)
-        err = _worst(err, abs(impl.beta_schedule(s, 0, bmax) - beta_schedule_ref(s, 0, bmax)))
-    for w in (1.0, 0.5):  # warm-ups of at most one step: still the smoothstep
-        for s in (0.0, 0.25, 0.5, 1.0, 2.0):
-            err = _worst(err, abs(impl.beta_schedule(s, w, bmax) - beta_schedule_ref(s, w, bmax)))
-    monotone = all(b >= a for a, b in zip(vals, vals[1:]))
-    h = 1e-3 * W
-    return {
-        "max_abs_err": err,
-        "start": impl.beta_schedule(0.0, W, bmax),
-        "end_err": abs(impl.beta_schedule(W, W, bmax) - bmax),
-        "monotone": monotone,
-        # smoothstep has zero slope at the start: beta(h)/(beta_max h/W) ~ 3h/W; linear gives 1
-        "start_slope_ratio": impl.beta_schedule(h, W, bmax) / (bmax * h / W),
     }
 
 
