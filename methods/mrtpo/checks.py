@@ -14,7 +14,7 @@ import math
 import torch
 
 from engine.spec import registry
-from methods.mrtpo.cases import PAIR_KINDS, credit_batch, logp_pair, response_mask, to_lists
+from methods.mrtpo.cases import PAIR_KINDS, conserved_weights, credit_batch, logp_pair, response_mask, to_lists
 from methods.mrtpo.mechanism_checks import PAGE_STUDENT_L2, measured_run
 from methods.mrtpo.reference import gdpo_uniform_ref, mrtpo_advantages_ref
 from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
@@ -208,14 +208,6 @@ def beta_zero(impl, ctx):
 # --------------------------------------------------------------------------- advantages
 
 
-def _conserved_weights(g, K: int, B: int, T: int, mask: torch.Tensor, spread: float) -> torch.Tensor:
-    """Positive weights with mean 1 over each response's valid tokens (0 on padding)."""
-    raw = torch.exp(spread * torch.randn(K, B, T, generator=g, dtype=torch.float64))
-    raw = torch.where(mask[None], raw, 0.0)
-    mean = raw.sum(-1, keepdim=True) / mask.sum(-1).clamp_min(1)[None, :, None]
-    return torch.where(mask[None], raw / mean.clamp_min(1e-300), 0.0)
-
-
 @registry.check("mrtpo.second_moment_cap")
 def second_moment_cap(impl, ctx):
     """Appendix D: sum (s D)^2 <= sum T U^2; s = 1 when that already holds; equality when the cap binds."""
@@ -227,7 +219,7 @@ def second_moment_cap(impl, ctx):
         K, B, T = _randint(g, 2, 3), _randint(g, 2, 6), _randint(g, 2, 8)
         mask = response_mask(g, B, T, allow_empty=False)
         bind = i % 2 == 0
-        w = _conserved_weights(g, K, B, T, mask, spread=3.0 if bind else 0.02)
+        w = conserved_weights(g, K, B, T, mask, spread=3.0 if bind else 0.02)
         radv = torch.randn(K, B, generator=g, dtype=torch.float64)
         if bind:  # rewards that mostly cancel: small U, large redistribution
             radv[-1] = -radv[:-1].sum(0) + 0.05 * torch.randn(B, generator=g, dtype=torch.float64)
@@ -279,7 +271,7 @@ def sign_symmetry(impl, ctx):
     for i in range(ctx.cases):
         K, B, T = _randint(g, 2, 3), _randint(g, 2, 6), _randint(g, 1, 8)
         mask = response_mask(g, B, T)
-        w = _on(ctx, _conserved_weights(g, K, B, T, mask, spread=1.0 + 2.0 * _rand(g)))
+        w = _on(ctx, conserved_weights(g, K, B, T, mask, spread=1.0 + 2.0 * _rand(g)))
         radv = _on(ctx, torch.randn(K, B, generator=g, dtype=torch.float64))
         m = mask.to(ctx.device)
         A_pos, _ = impl.mrtpo_advantages(radv, w, m, eps)

@@ -179,7 +179,7 @@ def _register() -> None:
 
     from engine.kinds.inputs import generator
     from engine.spec import registry
-    from methods.mrtpo.cases import PAIR_KINDS, credit_batch, logp_pair, response_mask
+    from methods.mrtpo.cases import PAIR_KINDS, conserved_weights, credit_batch, logp_pair, response_mask
 
     @registry.reference("mrtpo.js_distance")
     def js_rows(logp_a, logp_b, chunk_elems=None):
@@ -240,11 +240,7 @@ def _register() -> None:
         tokens, 0 on padding); odd cases spread the weights widely (the cap binds), even ones barely."""
         K, B, T = _int(g, 1, 3), _int(g, 2, 6), _int(g, 1, 8)
         mask = response_mask(g, B, T)
-        spread = 3.0 if case % 2 else 0.05
-        raw = torch.exp(spread * torch.randn(K, B, T, generator=g, dtype=torch.float64))
-        raw = torch.where(mask[None], raw, 0.0)
-        mean = raw.sum(-1, keepdim=True) / mask.sum(-1).clamp_min(1)[None, :, None]
-        w = torch.where(mask[None], raw / mean.clamp_min(1e-300), 0.0)
+        w = conserved_weights(g, K, B, T, mask, spread=3.0 if case % 2 else 0.05)
         radv = torch.randn(K, B, generator=g, dtype=torch.float64)
         return {"radv": radv, "weights": w, "mask": mask, "__dims__": {"K": K, "B": B, "T": T}}
 
