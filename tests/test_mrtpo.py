@@ -367,6 +367,30 @@ def test_mutant_copies_are_faithful_but_for_their_defect():
         assert torch.equal(a1, a2) and m1 == m2
 
 
+def test_declared_generators_cover_the_regimes_their_contracts_claim():
+    """The kind contracts' MRTPO generators draw what the descriptions promise, on every budget seed: every pair
+    regime for js_reference, and for weights_reference empty responses, empty blocks, identical distributions and
+    beta at 0, 1 and in between; advantages_reference's batches let the cap bind and not bind."""
+    from engine.kinds import inputs as inputs_mod
+
+    spec = {c["id"]: c for c in _spec()["contracts"]}
+    for seed in (42, 43, 44):
+        drawn = [inputs_mod.draw(spec["weights_reference"]["params"]["inputs"], seed, i)[0] for i in range(8)]
+        assert any(not bool(d["mask"].any(1).all()) for d in drawn)  # a response without a valid token
+        assert any(bool(d["empty"].any()) for d in drawn)
+        assert any(bool((d["logp_loo"] == d["logp_all"]).all(-1).all(-1).all(-1).any()) for d in drawn)
+        betas = {d["beta"] for d in drawn}
+        assert {0.0, 1.0} & betas and any(0 < b < 1 for b in betas)
+        pairs = [inputs_mod.draw(spec["js_reference"]["params"]["inputs"], seed, i)[0] for i in range(12)]
+        assert all(p["logp_a"].shape == p["logp_b"].shape and p["logp_a"].shape[0] == 4 for p in pairs)
+        assert any(bool(torch.isinf(p["logp_b"]).any()) for p in pairs)  # exact zeros and disjoint supports
+        adv = [inputs_mod.draw(spec["advantages_reference"]["params"]["inputs"], seed, i)[0] for i in range(12)]
+        for a in adv:
+            valid = a["mask"].any(1)
+            means = a["weights"].sum(-1)[:, valid] / a["mask"].sum(1)[valid]
+            assert torch.allclose(means, torch.ones_like(means))  # conserved weights
+
+
 def test_static_and_runtime_registries_agree():
     reg = registry.load()
     static = registry.static_names()

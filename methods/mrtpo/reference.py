@@ -220,16 +220,19 @@ def _register() -> None:
 
     @generator("mrtpo.credit_batch")
     def batch(g, case, ctx, inputs):
-        """A credit_weights batch: K rewards of mixed regimes, responses with padding (and empty ones), empty
-        blocks, a reward whose block changes nothing (identical distributions), beta 0, 1 or in between."""
+        """A credit_weights batch: K rewards of mixed regimes, responses with padding (an empty one every other
+        case), empty blocks, a reward whose block changes nothing (identical distributions) every third case, beta
+        0 (case 3 of eight), 1 (case 6) or random."""
         K, B, T, V = _int(g, 1, 3), _int(g, 1, 4), _int(g, 1, 6), _int(g, 2, 24)
         logp_all, logp_loo = credit_batch(g, K, B, T, V)
         mask = response_mask(g, B, T)
+        if case % 2 and B > 1:  # a response without a valid token in every other case
+            mask[-1] = False
         empty = torch.rand(K, B, generator=g) < 0.2
-        if K > 1 and float(torch.rand((), generator=g)) < 0.3:
+        if case % 3 == 2:  # a reward whose block changes nothing: identical distributions (qbar = 0)
             logp_loo[_int(g, 0, K - 1)] = logp_all.clone()
-        u = float(torch.rand((), generator=g, dtype=torch.float64))
-        beta = 0.0 if u < 0.1 else (1.0 if u < 0.2 else float(torch.rand((), generator=g, dtype=torch.float64)))
+        # the ends of [0, 1] in two cases of every eight, a random beta otherwise
+        beta = {3: 0.0, 6: 1.0}.get(case % 8, float(torch.rand((), generator=g, dtype=torch.float64)))
         return {"logp_all": logp_all, "logp_loo": logp_loo, "mask": mask, "empty": empty, "beta": beta,
                 "__dims__": {"K": K, "B": B, "T": T, "V": V}}
 
