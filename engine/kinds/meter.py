@@ -1,4 +1,4 @@
-"""Peak bytes of tensor storage created inside a block of code, on any device, and ATen operations dispatched.
+"""Peak bytes of tensor storage created inside a block of code, on any device, and the ATen operations dispatched.
 
 CPU torch has no allocator statistics, so this counts at the ATen level: a
 TorchDispatchMode sees every op, notes each output whose storage it has not
@@ -19,13 +19,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 class AllocationMeter(TorchDispatchMode):
-    """`with AllocationMeter() as meter: ...` then read `meter.peak_bytes`."""
+    """`with AllocationMeter() as meter: ...` then read `meter.peak_bytes` (and `meter.ops`)."""
 
     def __init__(self):
         super().__init__()
         self.current_bytes = 0
         self.peak_bytes = 0
         self.allocations = 0
+        self.ops = 0  # ATen operations dispatched (a Python loop over rows shows as many more)
         self._live: dict[int, list[int]] = {}  # storage pointer -> [nbytes, tracked tensors alive]
         self._external: set[int] = set()
 
@@ -45,6 +46,7 @@ class AllocationMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ops += 1
         for t in tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 ptr, _ = self._ptr(t)
@@ -67,15 +69,3 @@ class AllocationMeter(TorchDispatchMode):
             weakref.finalize(t, self._release, ptr)
         return out
 
-
-class OpCount(TorchDispatchMode):
-    """`with OpCount() as c: ...` then read `c.ops`: ATen operations dispatched (a Python loop over rows shows as
-    many more)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
