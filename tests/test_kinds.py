@@ -78,6 +78,24 @@ def test_reference_agreement_good_and_planted_bug():
     assert cases and {"seed", "case", "shapes", "where"} <= set(cases[0]) and cases[0]["seed"] == 42
 
 
+def test_reference_agreement_compares_reported_scalars():
+    """A reference dict's `scalars` are compared with the numbers the call reports (its dict output): a call that
+    reports a wrong token count fails."""
+    if "test_kinds.double_scalars" not in registry._REGISTRY.references:
+        registry.reference("test_kinds.double_scalars")(
+            lambda x, y, mask: {"value": _ref_double(x, y, mask), "scalars": {"tokens": int(mask.sum())}})
+    p = {**CALL, "reference": "test_kinds.double_scalars", "output": 0, "metrics_output": 1}
+
+    def good(x, y, mask):
+        return _masked_double(x, y, mask), {"tokens": int(mask.sum())}
+
+    def bad(x, y, mask):  # the planted bug: padding counted
+        return _masked_double(x, y, mask), {"tokens": mask.numel()}
+
+    assert measure("reference_agreement", {"f": good}, p)[0]["tokens_abs_err"] == 0
+    assert measure("reference_agreement", {"f": bad}, p)[0]["tokens_abs_err"] > 0
+
+
 def test_only_case_runs_one_case():
     out, c = measure("reference_agreement", {"f": _masked_double}, {**CALL, "reference": "test_kinds.double"}, only=2)
     assert out["cases"] == 1 and [e["case"] for e in c.case_log] == [2]
@@ -219,9 +237,28 @@ def test_closed_form_good_and_planted_bug():
     assert measure("closed_form", {"f": lambda x, y, m: 2 * x}, p)[0]["max_abs_err"] == 4.0
 
 
-def test_budget_reports_time_and_declares_memory_not_applicable_on_cpu():
-    out, c = measure("budget", {"f": _masked_double}, {**CALL, "repeats": 1})
-    assert out["ns_per_element"] > 0 and "peak_memory_ratio" in c.not_measured
+def test_budget_measures_memory_against_the_unit_and_fails_on_a_planted_bug():
+    """Peak extra memory is counted on the CPU too, against one tensor of the declared input's shape; a call that
+    keeps more [B, L] temporaries (planted copies) is over the budget, a Python loop over
+    rows shows as operations that grow with the rows."""
+    inputs = {"tensors": {"x": {"cycle": [{"shape": [2, 64]}, {"shape": [64, 64]}]},
+                          "y": {"cycle": [{"shape": [2, 64]}, {"shape": [64, 64]}]},
+                          "mask": {"cycle": [{"shape": [2, 64], "layout": "full"}, {"shape": [64, 64], "layout": "full"}]}}}
+    p = {"function": "f", "args": ["x", "y", "mask"], "inputs": inputs, "repeats": 1,
+         "unit": {"input": "x", "dtype": "float64"}}
+
+    def copies(x, y, mask):  # the planted bug: whole temporaries kept alive together
+        a, b, c = x * 2, y * 3, x * y
+        return torch.where(mask, a + b + c, torch.zeros_like(x))
+
+    def rows(x, y, mask):  # the planted bug: one row at a time
+        return torch.stack([torch.where(mask[i], 2 * x[i], 0.0) for i in range(x.shape[0])])
+
+    good, c = measure("budget", {"f": _masked_double}, p, cases=2)
+    assert good["ns_per_element"] > 0 and "peak_memory_ratio" not in c.not_measured
+    assert 0 < good["peak_memory_ratio"] <= 3.0 and good["ops_growth"] == 1.0
+    assert measure("budget", {"f": copies}, p, cases=2)[0]["peak_memory_ratio"] > 3.0
+    assert measure("budget", {"f": rows}, p, cases=2)[0]["ops_growth"] > 10
 
 
 def test_validate_names_bad_kind_params(tmp_path):

@@ -20,7 +20,7 @@ from methods.common.grpo import grpo_token_loss
 from methods.mrtpo import mutants as mrtpo_mutants
 from methods.mrtpo.credit import beta_schedule, credit_weights, js_distance, mrtpo_advantages
 from methods.mrtpo.impl import IMPL
-from methods.mrtpo.memory import AllocationMeter
+from engine.kinds.meter import AllocationMeter
 from methods.mrtpo.reference import js_distance_ref, mrtpo_advantages_ref
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -340,6 +340,8 @@ def test_allocation_meter_counts_storage():
 
 
 def test_js_memory_is_fixed_at_150k_vocabulary():
+    """One block of scratch whatever the rows: 8 rows (one row cut into column blocks) and 64 rows both stay
+    under one [N, V] float32 tensor, the page's budget (assumption memory)."""
     g = torch.Generator().manual_seed(8)
     for rows in (8, 64):
         a = logp(torch.randn(rows, 150_000, generator=g))
@@ -363,6 +365,30 @@ def test_mutant_copies_are_faithful_but_for_their_defect():
         a1, m1 = mrtpo_mutants._advantages_variant("none")(A, same_w, mask, 1e-6)
         a2, m2 = mrtpo_advantages(A, same_w, mask, 1e-6)
         assert torch.equal(a1, a2) and m1 == m2
+
+
+def test_declared_generators_cover_the_regimes_their_contracts_claim():
+    """The kind contracts' MRTPO generators draw what the descriptions promise, on every budget seed: every pair
+    regime for js_reference, and for weights_reference empty responses, empty blocks, identical distributions and
+    beta at 0, 1 and in between; advantages_reference's batches let the cap bind and not bind."""
+    from engine.kinds import inputs as inputs_mod
+
+    spec = {c["id"]: c for c in _spec()["contracts"]}
+    for seed in (42, 43, 44):
+        drawn = [inputs_mod.draw(spec["weights_reference"]["params"]["inputs"], seed, i)[0] for i in range(8)]
+        assert any(not bool(d["mask"].any(1).all()) for d in drawn)  # a response without a valid token
+        assert any(bool(d["empty"].any()) for d in drawn)
+        assert any(bool((d["logp_loo"] == d["logp_all"]).all(-1).all(-1).all(-1).any()) for d in drawn)
+        betas = {d["beta"] for d in drawn}
+        assert {0.0, 1.0} & betas and any(0 < b < 1 for b in betas)
+        pairs = [inputs_mod.draw(spec["js_reference"]["params"]["inputs"], seed, i)[0] for i in range(12)]
+        assert all(p["logp_a"].shape == p["logp_b"].shape and p["logp_a"].shape[0] == 4 for p in pairs)
+        assert any(bool(torch.isinf(p["logp_b"]).any()) for p in pairs)  # exact zeros and disjoint supports
+        adv = [inputs_mod.draw(spec["advantages_reference"]["params"]["inputs"], seed, i)[0] for i in range(12)]
+        for a in adv:
+            valid = a["mask"].any(1)
+            means = a["weights"].sum(-1)[:, valid] / a["mask"].sum(1)[valid]
+            assert torch.allclose(means, torch.ones_like(means))  # conserved weights
 
 
 def test_static_and_runtime_registries_agree():
@@ -399,8 +425,14 @@ MUTANTS = [m["id"] for m in _spec()["mutants"]]
 
 
 def test_every_check_is_in_the_spec():
-    used = {c["check"] for c in _spec()["contracts"]}
-    assert used == {n for n in registry.load().checks if n.startswith("mrtpo.")}
+    """Each bespoke check serves a contract with a reason; every other contract is measured by a generic kind."""
+    contracts = _spec()["contracts"]
+    bespoke = {c["id"]: c["check"] for c in contracts if not c["check"].startswith("kind:")}
+    assert set(bespoke.values()) == {n for n in registry.load().checks if n.startswith("mrtpo.")}
+    assert {c["id"] for c in contracts if c["check"] == "kind:budget"} >= {"js_memory", "logits_memory"}
+    assert all(c.get("tier") in ("math", "budget") for c in contracts)
+    assert {c["id"] for c in contracts if c["tier"] == "budget"} == {
+        c["id"] for c in contracts if c["check"] == "kind:budget"}
     assert {m["mutant"] for m in _spec()["mutants"]} == {n for n in registry.load().mutants if n.startswith("mrtpo.")}
 
 

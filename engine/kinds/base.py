@@ -11,7 +11,7 @@ from engine.errors import LookupFailure
 _KINDS: dict[str, "Kind"] = {}
 _LOADED = False
 # Modules of this package that hold no kind.
-_NOT_KINDS = {"base", "inputs", "calls", "schema"}
+_NOT_KINDS = {"base", "inputs", "calls", "schema", "meter"}
 
 NAME = {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,63}$"}
 NUMBER = {"type": "number"}

@@ -1,20 +1,29 @@
-"""budget: peak extra memory and wall time of a call, as a multiple of the size of its inputs."""
+"""budget: peak extra memory, ATen operations and wall time of a call, against the size of the problem."""
 
 from __future__ import annotations
 
 from engine.kinds.base import CALL, CALL_REQUIRED, NAME, Kind, kind
 
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
 
 @kind
 class Budget(Kind):
     name = "budget"
-    description = ("Peak extra device memory of the call (and of its backward, with `grad_wrt`) as a multiple of "
-                   "the bytes of its tensor inputs (CUDA only: elsewhere recorded as not applicable), and its wall "
-                   "time per input element.")
+    description = ("Peak extra memory of the call (and of its backward, with `grad_wrt`) as a multiple of the "
+                   "problem size: the bytes of one tensor shaped like input `unit.input` in `unit.dtype` (e.g. one "
+                   "[N, V] float32 logits tensor), or of all tensor inputs without `unit`. Counted at the ATen level "
+                   "(tensor storage created and not yet freed) on every device, and by the allocator on CUDA (the "
+                   "larger counts). Also the ATen operations dispatched (their growth across the declared cases "
+                   "shows a Python loop over rows) and the best wall time per input element.")
     parameters = {**CALL, "grad_wrt": {"type": "array", "items": NAME},
-                  "repeats": {"type": "integer", "minimum": 1, "maximum": 100}}
+                  "repeats": {"type": "integer", "minimum": 1, "maximum": 100},
+                  "unit": {"type": "object", "additionalProperties": False, "required": ["input", "dtype"],
+                           "properties": {"input": NAME, "dtype": {"enum": sorted(DTYPE_BYTES)}},
+                           "description": "the problem size: one tensor of this input's shape in this dtype"}}
     required = CALL_REQUIRED
-    metrics = {"peak_memory_ratio": "peak extra bytes / input bytes (cuda)", "ns_per_element":
+    metrics = {"peak_memory_ratio": "peak extra bytes / bytes of the unit (or of the inputs)",
+               "ops_growth": "most ATen operations of a case / fewest of a case", "ns_per_element":
                "best wall time per input element", "input_bytes": "bytes of the inputs", "cases": "cases"}
 
     def measure(self, impl, ctx, params):
@@ -23,40 +32,47 @@ class Budget(Kind):
         import torch
 
         from engine.kinds import calls
+        from engine.kinds.meter import AllocationMeter
 
         wrt = list(params.get("grad_wrt") or [])
         cuda = ctx.device.type == "cuda"
+        unit = params.get("unit")
         peak_ratio, ns, size, n = 0.0, 0.0, 0, 0
+        ops: list[int] = []
         for case, drawn, _ in calls.cases(ctx, params):
             n += 1
             t = calls.cast_all(ctx, drawn)
+            del drawn  # the float64 draws are not the call's memory
             for k in wrt:
                 t[k].requires_grad_(True)
-            nbytes = sum(v.numel() * v.element_size() for v in t.values() if isinstance(v, torch.Tensor))
-            elements = sum(v.numel() for v in t.values() if isinstance(v, torch.Tensor))
-            best = float("inf")
+            tensors = [v for v in t.values() if isinstance(v, torch.Tensor)]
+            nbytes = sum(v.numel() * v.element_size() for v in tensors)
+            denom = t[unit["input"]].numel() * DTYPE_BYTES[unit["dtype"]] if unit else nbytes
+            elements = sum(v.numel() for v in tensors)
+            best, case_peak = float("inf"), 0
             for _ in range(int(params.get("repeats", 3))):
                 if cuda:
                     torch.cuda.synchronize(ctx.device)
                     torch.cuda.reset_peak_memory_stats(ctx.device)
                     before = torch.cuda.memory_allocated(ctx.device)
                 start = time.perf_counter()
-                out = calls.call(impl, params, t)
-                if wrt:
-                    calls.grad_of(out, [t[k] for k in wrt])
+                with AllocationMeter() as meter:
+                    out = calls.call(impl, params, t)
+                    if wrt:
+                        calls.grad_of(out, [t[k] for k in wrt])
+                    del out
                 if cuda:
                     torch.cuda.synchronize(ctx.device)
-                    peak_ratio = max(peak_ratio, (torch.cuda.max_memory_allocated(ctx.device) - before) / nbytes)
                 best = min(best, time.perf_counter() - start)
-                del out
-            m = {"ns_per_element": best * 1e9 / max(elements, 1)}
-            if cuda:
-                m["peak_memory_ratio"] = peak_ratio
-            calls.log_case(ctx, case, drawn, m)
-            ns, size = max(ns, m["ns_per_element"]), max(size, nbytes)
-        if not cuda:
-            ctx.not_applicable("peak memory is measured on CUDA devices only", "peak_memory_ratio")
-        out = {"ns_per_element": ns, "input_bytes": size, "cases": n}
-        if cuda:
-            out["peak_memory_ratio"] = peak_ratio
-        return out
+                peak = meter.peak_bytes
+                if cuda:
+                    peak = max(peak, torch.cuda.max_memory_allocated(ctx.device) - before)
+                case_peak = max(case_peak, peak)
+            ops.append(meter.ops)  # the last repeat's: one call, as the memory
+            m = {"peak_memory_ratio": case_peak / max(denom, 1), "ops": meter.ops,
+                 "ns_per_element": best * 1e9 / max(elements, 1)}
+            calls.log_case(ctx, case, t, m)
+            peak_ratio, ns, size = max(peak_ratio, m["peak_memory_ratio"]), max(ns, m["ns_per_element"]), \
+                max(size, nbytes)
+        return {"peak_memory_ratio": peak_ratio, "ops_growth": max(ops) / max(min(ops), 1) if ops else 0.0,
+                "ns_per_element": ns, "input_bytes": size, "cases": n}

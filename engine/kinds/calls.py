@@ -59,11 +59,12 @@ def select(out: Any, index: Any) -> Any:
 
 def call(impl: Any, params: dict, tensors: dict[str, Any], function: str | None = None,
          output: Any = "__params__", whole: bool = False) -> Any:
-    """Call the declared interface function on `tensors`; return the declared output (`whole`: the whole result)."""
+    """Call the declared interface function on `tensors`; return the declared output (`whole` or
+    `output="__raw__"`: the whole result)."""
     fn = getattr(impl, function or params["function"])
     args, kwargs = bind(params, tensors)
     out = fn(*args, **kwargs)
-    if whole:
+    if whole or output == "__raw__":
         return out
     return select(out, params.get("output") if output == "__params__" else output)
 

@@ -11,7 +11,9 @@ class ReferenceAgreement(Kind):
     description = ("The declared output, and optionally its gradient w.r.t. named arguments, agree with a float64 "
                    "reference on the declared inputs; NaN in the reference marks a position it does not define. A "
                    "reference may return a dict: value, scale (what max_scaled_err divides by, e.g. mean |term| "
-                   "of a loss that can cancel), grad (one tensor per grad_wrt), counts (named counts, summed).")
+                   "of a loss that can cancel), grad (one tensor per grad_wrt), counts (named counts, summed), "
+                   "scalars ({key: want}: the number the call reports under that key of its dict output "
+                   "`metrics_output`, compared as KEY_abs_err).")
     parameters = {**CALL,
                   "reference": {**NAME, "pattern": "^[a-z][a-z0-9_.-]{0,63}$",
                                 "description": "registered float64 reference, same arguments as the call"},
@@ -24,6 +26,8 @@ class ReferenceAgreement(Kind):
                       "description": "dtype under test -> dtype the output must have (dtype_mismatches)"},
                   "bounds": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "number"},
                              "description": "[low, high]: outputs outside are counted (out_of_bounds)"},
+                  "metrics_output": {"type": "integer", "minimum": 0,
+                                     "description": "index of the call's dict of reported numbers (for scalars)"},
                   "also": {"type": "array", "maxItems": 8, "description": "more calls on the same inputs, each "
                            "against its reference; their metrics are named prefix + metric (value only)",
                            "items": {"type": "object", "additionalProperties": False,
@@ -77,6 +81,7 @@ class ReferenceAgreement(Kind):
             with torch.set_grad_enabled(bool(wrt)):
                 whole = calls.call(impl, params, t, output=None, whole=True)
             out = calls.select(whole, params.get("output"))
+            full = whole
             ref_out = calls.reference(params, t, ctx=ctx)
             extra = ref_out if isinstance(ref_out, dict) else {}
             want = calls.as64(extra["value"] if extra else calls.select(ref_out, params.get("output")))
@@ -132,6 +137,11 @@ class ReferenceAgreement(Kind):
                 _keys_agree(ctx, params, t, whole, m, w)
             for k, v in (extra.get("counts") or {}).items():
                 m[k] = int(v)
+            if extra.get("scalars"):
+                reported = full[params["metrics_output"]]
+                for k, v in extra["scalars"].items():
+                    got_k = float(reported[k]) if k in reported else float("nan")
+                    m[k + "_abs_err"] = abs(got_k - float(v)) if got_k == got_k else float("inf")
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
                 if k in summed or k in (extra.get("counts") or {}):

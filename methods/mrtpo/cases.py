@@ -96,5 +96,13 @@ def credit_batch(g: torch.Generator, K: int, B: int, T: int, V: int, kinds=PAIR_
     return logp_all, torch.stack(loo, 0)
 
 
+def conserved_weights(g, K: int, B: int, T: int, mask: torch.Tensor, spread: float) -> torch.Tensor:
+    """Positive weights with mean 1 over each response's valid tokens (0 on padding)."""
+    raw = torch.exp(spread * torch.randn(K, B, T, generator=g, dtype=torch.float64))
+    raw = torch.where(mask[None], raw, 0.0)
+    mean = raw.sum(-1, keepdim=True) / mask.sum(-1).clamp_min(1)[None, :, None]
+    return torch.where(mask[None], raw / mean.clamp_min(1e-300), 0.0)
+
+
 def to_lists(*tensors: torch.Tensor):
     return [t.detach().double().cpu().tolist() for t in tensors]

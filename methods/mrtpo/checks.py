@@ -10,22 +10,13 @@ rounding) with the per-scalar decimal code in reference.py.
 from __future__ import annotations
 
 import math
-import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.spec import registry
-from methods.mrtpo.cases import PAIR_KINDS, credit_batch, logp_pair, response_mask, to_lists
+from methods.mrtpo.cases import PAIR_KINDS, conserved_weights, credit_batch, logp_pair, response_mask, to_lists
 from methods.mrtpo.mechanism_checks import PAGE_STUDENT_L2, measured_run
-from methods.mrtpo.memory import AllocationMeter
-from methods.mrtpo.reference import (
-    beta_schedule_ref,
-    credit_weights_ref,
-    gdpo_uniform_ref,
-    js_distance_ref,
-    mrtpo_advantages_ref,
-)
+from methods.mrtpo.reference import gdpo_uniform_ref, mrtpo_advantages_ref
 from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
 
 
@@ -75,28 +66,6 @@ def _random_case(ctx, g, max_k=3, min_b=2, max_b=4, max_t=6, max_v=24):
 # --------------------------------------------------------------------------- JS distance
 
 
-@registry.check("mrtpo.js_reference")
-def js_reference(impl, ctx):
-    """js_distance vs the per-scalar decimal reference, on every kind of distribution pair."""
-    g = ctx.generator(101)
-    rows = int(ctx.params.get("rows", 4))
-    max_abs = max_rel = 0.0
-    n = 0
-    for i in range(ctx.cases):
-        kind = PAIR_KINDS[i % len(PAIR_KINDS)]
-        a, b = logp_pair(g, rows, _randint(g, 2, 40), kind)
-        a, b = _on(ctx, a), _on(ctx, b)
-        q = impl.js_distance(a, b).double().cpu().tolist()
-        la, lb = to_lists(a, b)
-        for r in range(rows):
-            ref = js_distance_ref(la[r], lb[r])
-            err = abs(q[r] - ref)
-            rel = err / ref if ref > 0 else (0.0 if err == 0 else math.inf)
-            max_abs, max_rel = _worst(max_abs, err), _worst(max_rel, rel)
-            n += 1
-    return {"max_abs_err": max_abs, "max_rel_err": max_rel, "rows": n}
-
-
 @registry.check("mrtpo.js_properties")
 def js_properties(impl, ctx):
     """Symmetry, bounds [0, 1], 0 on identical inputs, 1 on disjoint supports, finite at near-zero probabilities."""
@@ -144,141 +113,7 @@ def js_properties(impl, ctx):
     }
 
 
-def _scratch_budget(n: int, V: int, dtype: torch.dtype, p: dict) -> int:
-    """Bytes js_distance may allocate for n rows of V entries, by the spec's memory assumption: one block of
-    rows x cols elements, the block clamp(ceil(nV / min_blocks), min_block, chunk_elems) elements cut into whole
-    rows (or one row's columns), in four compute-dtype buffers and two bool masks (plus two upcast copies for
-    half inputs), plus 16 bytes a row for the per-row sums and the output, plus 16 KiB (allocator rounding)."""
-    chunk, min_block, min_blocks = int(p.get("chunk_elems", 1 << 20)), int(p.get("min_block", 1 << 16)), \
-        int(p.get("min_blocks", 16))
-    block = max(1, min(chunk, max(min_block, -(-n * V // min_blocks))))
-    elems = max(1, block // V) * min(V, block)
-    size = 8 if dtype == torch.float64 else 4
-    per = 4 * size + 2 + (2 * size if dtype in (torch.float16, torch.bfloat16) else 0)
-    return per * elems + 16 * n + 16384
-
-
-class _OpCount(TorchDispatchMode):
-    """Counts the ATen operations dispatched inside the block (a Python loop over rows shows as many more)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _ops(impl, n: int, V: int, ctx) -> int:
-    a = torch.full((n, V), -math.log(V), dtype=ctx.dtype, device=ctx.device)
-    b = torch.linspace(-1.0, 1.0, V, dtype=torch.float64).log_softmax(-1).to(ctx.device, ctx.dtype).expand(n, V)
-    with _OpCount() as count:
-        impl.js_distance(a, b)
-    return count.ops
-
-
-def _peak_bytes(impl, a: torch.Tensor, b: torch.Tensor) -> tuple[int, torch.Tensor, float]:
-    cuda = a.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(a.device)
-        torch.cuda.reset_peak_memory_stats(a.device)
-        base = torch.cuda.memory_allocated(a.device)
-    t0 = time.perf_counter()
-    with AllocationMeter() as meter:
-        q = impl.js_distance(a, b)
-    if cuda:
-        torch.cuda.synchronize(a.device)
-    seconds = time.perf_counter() - t0
-    peak = meter.peak_bytes
-    if cuda:
-        peak = max(peak, torch.cuda.max_memory_allocated(a.device) - base)
-    return peak, q, seconds
-
-
-@registry.check("mrtpo.js_memory")
-def js_memory(impl, ctx):
-    """Peak extra tensor memory of js_distance at a 150k vocabulary, against one [N, V] float32 buffer; and on
-    that input, two small ones and (float32) one past the block cap, against the spec's block budget; and the
-    operations dispatched for 4096 rows of 16 against 2 rows of 2, one block each (no loop over rows)."""
-    V = int(ctx.params.get("memory_vocab", 150_000))
-    N = int(ctx.params.get("memory_rows", 64))
-    g = ctx.generator(103)
-    a = torch.randn(N, V, generator=g).log_softmax(-1).to(ctx.device, ctx.dtype)
-    b = torch.randn(N, V, generator=g).log_softmax(-1).to(ctx.device, ctx.dtype)
-    bound = N * V * 4
-    peak, q, seconds = _peak_bytes(impl, a, b)
-    out = {"peak_bytes": peak, "bound_bytes": bound, "seconds": seconds}
-    q = q.double()
-    out["peak_ratio"] = peak / bound
-    out["finite"] = bool(torch.isfinite(q).all())
-    out["in_unit_interval"] = bool(((q >= 0) & (q <= 1)).all())
-    budget = [peak / _scratch_budget(N, V, ctx.dtype, ctx.params)]
-    shapes = [(4, 1000), (30, 40_000)]  # the block's minimum; 30 rows, where 16 blocks give one row a block
-    if ctx.dtype == torch.float32:
-        shapes.append((int(ctx.params.get("capped_rows", 128)), V))  # past the cap: 2^20-element blocks
-    for n, v in shapes:  # memory does not depend on the values: uniform against a rolled ramp, cheap to make
-        a = torch.full((n, v), -math.log(v), dtype=ctx.dtype, device=ctx.device)
-        b = torch.linspace(-1.0, 1.0, v, dtype=torch.float64).log_softmax(-1).to(ctx.device, ctx.dtype).expand(n, v)
-        peak, _, _ = _peak_bytes(impl, a, b)
-        budget.append(peak / _scratch_budget(n, v, ctx.dtype, ctx.params))
-    out["scratch_budget_ratio"] = max(budget)
-    # vectorised: 4096 rows of 16 (65536 elements, one block of the documented minimum) take no more
-    # operations than 2 rows of 2 (a loop over rows, or blocks under the minimum, show as more)
-    out["row_ops_growth"] = _ops(impl, 4096, 16, ctx) / _ops(impl, 2, 2, ctx)
-    return out
-
-
-# --------------------------------------------------------------------------- schedule
-
-
-@registry.check("mrtpo.beta_schedule")
-def beta_schedule(impl, ctx):
-    """Smoothstep warm-up vs exact rationals: values, endpoints, monotonicity, flat start."""
-    W = float(ctx.params.get("warmup_steps", 10))
-    bmax = float(ctx.params.get("beta_max", 0.7))
-    steps = [i / 4.0 for i in range(-8, int(4 * (W + 3)) + 1)]
-    err = 0.0
-    vals = []
-    for s in steps:
-        v = impl.beta_schedule(s, W, bmax)
-        vals.append(v)
-        err = _worst(err, abs(v - beta_schedule_ref(s, W, bmax)))
-    for s in (-1.0, -0.5, 0.0, 1.0, 5.0):  # no warm-up at all (still 0 before the start)
-        err = _worst(err, abs(impl.beta_schedule(s, 0, bmax) - beta_schedule_ref(s, 0, bmax)))
-    for w in (1.0, 0.5):  # warm-ups of at most one step: still the smoothstep
-        for s in (0.0, 0.25, 0.5, 1.0, 2.0):
-            err = _worst(err, abs(impl.beta_schedule(s, w, bmax) - beta_schedule_ref(s, w, bmax)))
-    monotone = all(b >= a for a, b in zip(vals, vals[1:]))
-    h = 1e-3 * W
-    return {
-        "max_abs_err": err,
-        "start": impl.beta_schedule(0.0, W, bmax),
-        "end_err": abs(impl.beta_schedule(W, W, bmax) - bmax),
-        "monotone": monotone,
-        # smoothstep has zero slope at the start: beta(h)/(beta_max h/W) ~ 3h/W; linear gives 1
-        "start_slope_ratio": impl.beta_schedule(h, W, bmax) / (bmax * h / W),
-    }
-
-
 # --------------------------------------------------------------------------- weights
-
-
-@registry.check("mrtpo.weights_reference")
-def weights_reference(impl, ctx):
-    """credit_weights vs the per-scalar reference (q, qbar, fallback, padding = 0) on random batches."""
-    g = ctx.generator(201)
-    err = 0.0
-    n = 0
-    for _ in range(ctx.cases):
-        logp_all, logp_loo, mask, empty, beta = _random_case(ctx, g, min_b=1)
-        a, l = _on(ctx, logp_all), _on(ctx, logp_loo)
-        w = impl.credit_weights(a, l, mask.to(ctx.device), beta, empty_block=empty.to(ctx.device))
-        la, ll = to_lists(a, l)
-        ref = torch.tensor(credit_weights_ref(la, ll, mask.tolist(), beta, empty.tolist()), dtype=torch.float64)
-        err = _worst(err, _maxabs(w.double().cpu() - ref))
-        n += ref.numel()
-    return {"max_abs_err": err, "weights": n}
 
 
 @registry.check("mrtpo.credit_conservation")
@@ -373,35 +208,6 @@ def beta_zero(impl, ctx):
 # --------------------------------------------------------------------------- advantages
 
 
-def _conserved_weights(g, K: int, B: int, T: int, mask: torch.Tensor, spread: float) -> torch.Tensor:
-    """Positive weights with mean 1 over each response's valid tokens (0 on padding)."""
-    raw = torch.exp(spread * torch.randn(K, B, T, generator=g, dtype=torch.float64))
-    raw = torch.where(mask[None], raw, 0.0)
-    mean = raw.sum(-1, keepdim=True) / mask.sum(-1).clamp_min(1)[None, :, None]
-    return torch.where(mask[None], raw / mean.clamp_min(1e-300), 0.0)
-
-
-@registry.check("mrtpo.advantages_reference")
-def advantages_reference(impl, ctx):
-    """mrtpo_advantages (S, U, D, cap s, std over valid tokens) vs the per-scalar reference."""
-    g = ctx.generator(301)
-    eps = _eps(ctx)
-    err = s_err = 0.0
-    binding = 0
-    for i in range(ctx.cases):
-        K, B, T = _randint(g, 1, 3), _randint(g, 2, 6), _randint(g, 1, 8)
-        mask = response_mask(g, B, T)
-        w = _conserved_weights(g, K, B, T, mask, spread=3.0 if i % 2 else 0.05)
-        radv = torch.randn(K, B, generator=g, dtype=torch.float64)
-        w_d, r_d = _on(ctx, w), _on(ctx, radv)
-        A, metrics = impl.mrtpo_advantages(r_d, w_d, mask.to(ctx.device), eps)
-        refA, ref_s, _ = mrtpo_advantages_ref(*to_lists(r_d, w_d), mask.tolist(), eps)
-        err = _worst(err, _scaled(A, torch.tensor(refA, dtype=torch.float64)))
-        s_err = _worst(s_err, abs(metrics["s"] - ref_s))
-        binding += int(ref_s < 1.0)
-    return {"max_scaled_err": err, "s_abs_err": s_err, "binding_cases": binding, "cases": ctx.cases}
-
-
 @registry.check("mrtpo.second_moment_cap")
 def second_moment_cap(impl, ctx):
     """Appendix D: sum (s D)^2 <= sum T U^2; s = 1 when that already holds; equality when the cap binds."""
@@ -413,7 +219,7 @@ def second_moment_cap(impl, ctx):
         K, B, T = _randint(g, 2, 3), _randint(g, 2, 6), _randint(g, 2, 8)
         mask = response_mask(g, B, T, allow_empty=False)
         bind = i % 2 == 0
-        w = _conserved_weights(g, K, B, T, mask, spread=3.0 if bind else 0.02)
+        w = conserved_weights(g, K, B, T, mask, spread=3.0 if bind else 0.02)
         radv = torch.randn(K, B, generator=g, dtype=torch.float64)
         if bind:  # rewards that mostly cancel: small U, large redistribution
             radv[-1] = -radv[:-1].sum(0) + 0.05 * torch.randn(B, generator=g, dtype=torch.float64)
@@ -465,7 +271,7 @@ def sign_symmetry(impl, ctx):
     for i in range(ctx.cases):
         K, B, T = _randint(g, 2, 3), _randint(g, 2, 6), _randint(g, 1, 8)
         mask = response_mask(g, B, T)
-        w = _on(ctx, _conserved_weights(g, K, B, T, mask, spread=1.0 + 2.0 * _rand(g)))
+        w = _on(ctx, conserved_weights(g, K, B, T, mask, spread=1.0 + 2.0 * _rand(g)))
         radv = _on(ctx, torch.randn(K, B, generator=g, dtype=torch.float64))
         m = mask.to(ctx.device)
         A_pos, _ = impl.mrtpo_advantages(radv, w, m, eps)

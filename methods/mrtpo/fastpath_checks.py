@@ -15,11 +15,9 @@ import torch
 
 from engine.spec import registry
 from methods.mrtpo.cases import response_mask, to_lists
-from methods.mrtpo.checks import _OpCount, _scratch_budget
 from methods.mrtpo.credit import js_block_shape
 from methods.mrtpo.reference import js_distance_ref
 from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
-from methods.mrtpo.memory import AllocationMeter
 
 # Check code: drives the fast and plain paths and compares them; implements nothing the method uses.
 __mutate__ = False  # `contracts mutate` does not plant bugs here
@@ -117,44 +115,4 @@ def weights_from_logits(impl, ctx):
         plain = impl.credit_weights(torch.log_softmax(a, -1), [None if x is None else torch.log_softmax(x, -1) for x in on],
                                     m, beta, empty_block=empty, chunk_elems=chunk)
         err = _worst(err, _maxabs(fast.double() - plain.double()))
-    out = {"max_abs_diff": err, "multi_block_cases": multi, "partial_tail_cases": tail, "none_cases": none_cases,
-           "row_ops_growth": _logits_ops(impl, ctx, 256) / _logits_ops(impl, ctx, 4)}
-    if ctx.dtype == torch.float32:
-        out["memory_budget_ratio"] = _logits_memory_ratio(impl, ctx, g)
-    return out
-
-
-def _logits_ops(impl, ctx, rows: int) -> int:
-    """ATen operations of credit_weights_from_logits for `rows` valid rows of 16 logits at the default block
-    size (any number of such rows is one block: a loop over rows would show as more operations)."""
-    la = torch.zeros(1, rows, 16, dtype=ctx.dtype, device=ctx.device)
-    lb = torch.linspace(-1.0, 1.0, 16, dtype=ctx.dtype, device=ctx.device).expand(1, rows, 16)
-    m = torch.ones(1, rows, dtype=torch.bool, device=ctx.device)
-    with _OpCount() as count:
-        impl.credit_weights_from_logits(la, [lb], m, 0.5)
-    return count.ops
-
-
-def _logits_memory_ratio(impl, ctx, g) -> float:
-    """Peak bytes of credit_weights_from_logits at its default block size over its budget: four blocks of
-    block_elems // V rows (the two log-softmaxes of the last block held while the next one's rows are gathered
-    and normalised) plus js_distance's own scratch for one block, on an input of two whole blocks."""
-    V, B, T = int(ctx.params.get("memory_vocab", 16384)), 4, 128
-    block_elems = int(ctx.params.get("block_elems", 1 << 22))
-    # memory does not depend on the values: cheap logits to make
-    la = torch.zeros(B, T, V, dtype=ctx.dtype, device=ctx.device)
-    lb = torch.linspace(-1.0, 1.0, V, dtype=ctx.dtype, device=ctx.device).expand(B, T, V)
-    m = torch.ones(B, T, dtype=torch.bool, device=ctx.device)
-    with AllocationMeter() as meter:
-        impl.credit_weights_from_logits(la, [lb], m, 0.5)
-    rows = max(1, block_elems // V)
-    ratio = meter.peak_bytes / (4 * rows * V * 4 + _scratch_budget(rows, V, ctx.dtype, ctx.params) + 64 * B * T)
-    # a block_elems below one row of a long vocabulary: one row a block, so four rows at most
-    V, B, T = 1 << 18, 1, 4
-    la = torch.zeros(B, T, V, dtype=ctx.dtype, device=ctx.device)
-    lb = torch.linspace(-1.0, 1.0, V, dtype=ctx.dtype, device=ctx.device).expand(B, T, V)
-    m = torch.ones(B, T, dtype=torch.bool, device=ctx.device)
-    with AllocationMeter() as meter:
-        impl.credit_weights_from_logits(la, [lb], m, 0.5, block_elems=V - 1)
-    budget = 4 * V * 4 + _scratch_budget(1, V, ctx.dtype, ctx.params) + 64 * B * T
-    return max(ratio, meter.peak_bytes / budget)
+    return {"max_abs_diff": err, "multi_block_cases": multi, "partial_tail_cases": tail, "none_cases": none_cases}

@@ -63,8 +63,7 @@ def _js_blocked(defect: str):
     """js_distance's block loop with one defect in the path the default implementation runs:
     "column_tail_dropped": the column loop stops at the last whole block (V // cols * cols), so a partial
     last column block of a long row is never summed; "float32_accumulation": per-row sums accumulate in
-    float32 instead of float64; "fewer_blocks": inputs are cut into 8 blocks instead of 16, so the scratch
-    is twice the documented block; "rows_one_by_one": one row a block, whatever fits (a loop over rows)."""
+    float32 instead of float64; "rows_one_by_one": one row a block, whatever fits (a loop over rows)."""
 
     def js_distance(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
         cdt = _compute_dtype(torch.promote_types(logp_a.dtype, logp_b.dtype))
@@ -77,9 +76,6 @@ def _js_blocked(defect: str):
         rows_per_block, cols = credit.js_block_shape(n, V, chunk_elems)
         if defect == "rows_one_by_one":  # DEFECT: one row a block: a Python loop over rows
             rows_per_block = 1
-        if defect == "fewer_blocks":  # DEFECT: cut into 8 blocks, not 16: twice the scratch
-            block = max(1, min(int(chunk_elems), max(credit._MIN_BLOCK, -(-n * V // 8))))
-            rows_per_block, cols = max(1, block // V), min(V, block)
         col_end = V // cols * cols if defect == "column_tail_dropped" else V  # DEFECT (the other)
         upcast_a, upcast_b = logp_a.dtype != cdt, logp_b.dtype != cdt
         ws = credit._Workspace(rows_per_block * cols, cdt, logp_a.device, upcast_a or upcast_b)
@@ -104,8 +100,9 @@ def _js_blocked(defect: str):
 
 def _from_logits_variant(defect: str):
     """credit_weights_from_logits with one defect: "last_block_dropped": the loop over blocks of valid
-    rows stops at the last whole block, so the rows of a partial last block keep q = 0; "block_doubled":
-    each block holds twice block_elems elements per context (the same weights, twice the memory)."""
+    rows stops at the last whole block, so the rows of a partial last block keep q = 0; "whole_softmax":
+    every valid row of every context normalised at once (the same weights, K + 1 whole log-softmaxes);
+    "rows_one_by_one": one row a block, whatever fits (a Python loop over rows)."""
 
     def credit_weights_from_logits(logits_all, logits_loo, mask, beta, empty_block=None,
                                    chunk_elems=credit.DEFAULT_CHUNK_ELEMS, block_elems=credit.LOGITS_BLOCK_ELEMS):
@@ -122,8 +119,10 @@ def _from_logits_variant(defect: str):
         q = torch.zeros(K, B * T, dtype=cdt, device=device)
         live = [k for k, lk in enumerate(loo) if lk is not None]
         step = max(1, int(block_elems) // V)
-        if defect == "block_doubled":  # DEFECT: twice block_elems per block
-            step *= 2
+        if defect == "whole_softmax":  # DEFECT: every valid row in one block
+            step = max(1, valid.numel())
+        if defect == "rows_one_by_one":  # DEFECT: one row a block
+            step = 1
         stop = valid.numel() // step * step if defect == "last_block_dropped" else valid.numel()  # DEFECT
         with torch.no_grad():
             for start in range(0, stop, step):
@@ -314,154 +313,71 @@ def _warmup_from_zero(update_index):
 
 
 # --------------------------------------------------------------------------- registration
+# One statement a mutant, its name literal in registry.mutant(...) so the static registry reads it.
 
 
-@registry.mutant("mrtpo.js_sampled_token", base="mrtpo")
-def js_sampled_token():
-    return IMPL.replace("mrtpo.js_sampled_token", js_distance=_js_sampled_token, credit_weights=_weights_variant("none", js=_js_sampled_token))
+def _with(name: str, **functions):
+    """The factory of mutant `name`: the implementation with the given interface functions replaced."""
+    return lambda: IMPL.replace(name, **functions)
 
 
-@registry.mutant("mrtpo.js_unchunked", base="mrtpo")
-def js_unchunked():
-    return IMPL.replace("mrtpo.js_unchunked", js_distance=_js_unchunked, credit_weights=_weights_variant("none", js=_js_unchunked))
+def _js(name: str, js):
+    """A JS mutant: js_distance replaced, and credit_weights computing its weights with that JS (so the defect
+    reaches the weights as it would in a real implementation)."""
+    return _with(name, js_distance=js, credit_weights=_weights_variant("none", js=js))
 
 
-@registry.mutant("mrtpo.js_textbook_formula", base="mrtpo")
-def js_textbook_formula():
-    return IMPL.replace("mrtpo.js_textbook_formula", js_distance=_js_textbook, credit_weights=_weights_variant("none", js=_js_textbook))
-
-
-@registry.mutant("mrtpo.qbar_over_padding", base="mrtpo")
-def qbar_over_padding():
-    return IMPL.replace("mrtpo.qbar_over_padding", credit_weights=_weights_variant("qbar_over_padding"))
-
-
-@registry.mutant("mrtpo.weights_not_divided_by_qbar", base="mrtpo")
-def weights_not_divided_by_qbar():
-    return IMPL.replace("mrtpo.weights_not_divided_by_qbar", credit_weights=_weights_variant("not_divided_by_qbar"))
-
-
-@registry.mutant("mrtpo.no_uniform_fallback", base="mrtpo")
-def no_uniform_fallback():
-    return IMPL.replace("mrtpo.no_uniform_fallback", credit_weights=_weights_variant("no_fallback"))
-
-
-@registry.mutant("mrtpo.beta_ignored", base="mrtpo")
-def beta_ignored():
-    return IMPL.replace("mrtpo.beta_ignored", credit_weights=_weights_variant("beta_ignored"))
-
-
-@registry.mutant("mrtpo.mask_by_multiplication", base="mrtpo")
-def mask_by_multiplication():
-    return IMPL.replace("mrtpo.mask_by_multiplication", credit_weights=_weights_variant("mask_by_multiplication"))
-
-
-@registry.mutant("mrtpo.no_second_moment_cap", base="mrtpo")
-def no_second_moment_cap():
-    return IMPL.replace("mrtpo.no_second_moment_cap", mrtpo_advantages=_advantages_variant("no_cap"))
-
-
-@registry.mutant("mrtpo.std_over_padding", base="mrtpo")
-def std_over_padding():
-    return IMPL.replace("mrtpo.std_over_padding", mrtpo_advantages=_advantages_variant("std_over_padding"))
-
-
-@registry.mutant("mrtpo.uniform_for_negative", base="mrtpo")
-def uniform_for_negative():
-    return IMPL.replace("mrtpo.uniform_for_negative", mrtpo_advantages=_advantages_variant("uniform_for_negative"))
-
-
-@registry.mutant("mrtpo.linear_warmup", base="mrtpo")
-def linear_warmup():
-    return IMPL.replace("mrtpo.linear_warmup", beta_schedule=_linear_warmup)
-
-
-@registry.mutant("mrtpo.student_sees_verifier_block", base="mrtpo")
-def student_sees_verifier_block():
-    return IMPL.replace("mrtpo.student_sees_verifier_block", student_context=_student_sees_block)
-
-
-@registry.mutant("mrtpo.replay_with_live_policy", base="mrtpo")
-def replay_with_live_policy():
-    return IMPL.replace("mrtpo.replay_with_live_policy", freeze=_live_replay)
-
-
-@registry.mutant("mrtpo.loo_equals_full", base="mrtpo")
-def loo_equals_full():
-    return IMPL.replace("mrtpo.loo_equals_full", replay_contexts=_loo_equals_full)
-
-
-@registry.mutant("mrtpo.loo_swapped_blocks", base="mrtpo")
-def loo_swapped_blocks():
-    return IMPL.replace("mrtpo.loo_swapped_blocks", replay_contexts=_loo_swapped_blocks)
-
-
-@registry.mutant("mrtpo.loo_fixed_block_width", base="mrtpo")
-def loo_fixed_block_width():
-    return IMPL.replace("mrtpo.loo_fixed_block_width", replay_contexts=_loo_fixed_block_width)
-
-
-@registry.mutant("mrtpo.warmup_from_zero", base="mrtpo")
-def warmup_from_zero():
-    return IMPL.replace("mrtpo.warmup_from_zero", warmup_step=_warmup_from_zero)
-
-
-@registry.mutant("mrtpo.cap_without_length_weight", base="mrtpo")
-def cap_without_length_weight():
-    return IMPL.replace("mrtpo.cap_without_length_weight",
-                        mrtpo_advantages=_advantages_variant("cap_without_length_weight"))
-
-
-@registry.mutant("mrtpo.js_float32_accumulation", base="mrtpo")
-def js_float32_accumulation():
-    js = _js_blocked("float32_accumulation")
-    return IMPL.replace("mrtpo.js_float32_accumulation", js_distance=js, credit_weights=_weights_variant("none", js=js))
-
-
-@registry.mutant("mrtpo.js_column_tail_dropped", base="mrtpo")
-def js_column_tail_dropped():
-    js = _js_blocked("column_tail_dropped")
-    return IMPL.replace("mrtpo.js_column_tail_dropped", js_distance=js, credit_weights=_weights_variant("none", js=js))
-
-
-@registry.mutant("mrtpo.logits_last_block_dropped", base="mrtpo")
-def logits_last_block_dropped():
-    return IMPL.replace("mrtpo.logits_last_block_dropped",
-                        credit_weights_from_logits=_from_logits_variant("last_block_dropped"))
-
-
-@registry.mutant("mrtpo.js_fewer_blocks", base="mrtpo")
-def js_fewer_blocks():
-    js = _js_blocked("fewer_blocks")
-    return IMPL.replace("mrtpo.js_fewer_blocks", js_distance=js, credit_weights=_weights_variant("none", js=js))
-
-
-@registry.mutant("mrtpo.logits_block_doubled", base="mrtpo")
-def logits_block_doubled():
-    return IMPL.replace("mrtpo.logits_block_doubled", credit_weights_from_logits=_from_logits_variant("block_doubled"))
-
-
-@registry.mutant("mrtpo.weights_unchecked", base="mrtpo")
-def weights_unchecked():
-    # the same weights without the input checks: beta = 1.5 or a mask of the wrong shape is not refused
-    return IMPL.replace("mrtpo.weights_unchecked", credit_weights=_weights_variant("none"))
-
-
-@registry.mutant("mrtpo.freeze_without_bias", base="mrtpo")
-def freeze_without_bias():
-    return IMPL.replace("mrtpo.freeze_without_bias", freeze=_freeze_without_bias)
-
-
-@registry.mutant("mrtpo.student_context_padded", base="mrtpo")
-def student_context_padded():
-    return IMPL.replace("mrtpo.student_context_padded", student_context=_student_context_padded)
-
-
-@registry.mutant("mrtpo.js_rows_one_by_one", base="mrtpo")
-def js_rows_one_by_one():
-    js = _js_blocked("rows_one_by_one")
-    return IMPL.replace("mrtpo.js_rows_one_by_one", js_distance=js, credit_weights=_weights_variant("none", js=js))
-
+registry.mutant("mrtpo.js_sampled_token", base="mrtpo")(_js("mrtpo.js_sampled_token", _js_sampled_token))
+registry.mutant("mrtpo.js_unchunked", base="mrtpo")(_js("mrtpo.js_unchunked", _js_unchunked))
+registry.mutant("mrtpo.js_textbook_formula", base="mrtpo")(_js("mrtpo.js_textbook_formula", _js_textbook))
+registry.mutant("mrtpo.js_float32_accumulation", base="mrtpo")(
+    _js("mrtpo.js_float32_accumulation", _js_blocked("float32_accumulation")))
+registry.mutant("mrtpo.js_column_tail_dropped", base="mrtpo")(
+    _js("mrtpo.js_column_tail_dropped", _js_blocked("column_tail_dropped")))
+registry.mutant("mrtpo.js_rows_one_by_one", base="mrtpo")(
+    _js("mrtpo.js_rows_one_by_one", _js_blocked("rows_one_by_one")))
+registry.mutant("mrtpo.qbar_over_padding", base="mrtpo")(
+    _with("mrtpo.qbar_over_padding", credit_weights=_weights_variant("qbar_over_padding")))
+registry.mutant("mrtpo.weights_not_divided_by_qbar", base="mrtpo")(
+    _with("mrtpo.weights_not_divided_by_qbar", credit_weights=_weights_variant("not_divided_by_qbar")))
+registry.mutant("mrtpo.no_uniform_fallback", base="mrtpo")(
+    _with("mrtpo.no_uniform_fallback", credit_weights=_weights_variant("no_fallback")))
+registry.mutant("mrtpo.beta_ignored", base="mrtpo")(
+    _with("mrtpo.beta_ignored", credit_weights=_weights_variant("beta_ignored")))
+registry.mutant("mrtpo.mask_by_multiplication", base="mrtpo")(
+    _with("mrtpo.mask_by_multiplication", credit_weights=_weights_variant("mask_by_multiplication")))
+# the same weights without the input checks: beta = 1.5 or a mask of the wrong shape is not refused
+registry.mutant("mrtpo.weights_unchecked", base="mrtpo")(
+    _with("mrtpo.weights_unchecked", credit_weights=_weights_variant("none")))
+registry.mutant("mrtpo.no_second_moment_cap", base="mrtpo")(
+    _with("mrtpo.no_second_moment_cap", mrtpo_advantages=_advantages_variant("no_cap")))
+registry.mutant("mrtpo.std_over_padding", base="mrtpo")(
+    _with("mrtpo.std_over_padding", mrtpo_advantages=_advantages_variant("std_over_padding")))
+registry.mutant("mrtpo.uniform_for_negative", base="mrtpo")(
+    _with("mrtpo.uniform_for_negative", mrtpo_advantages=_advantages_variant("uniform_for_negative")))
+registry.mutant("mrtpo.cap_without_length_weight", base="mrtpo")(
+    _with("mrtpo.cap_without_length_weight", mrtpo_advantages=_advantages_variant("cap_without_length_weight")))
+registry.mutant("mrtpo.logits_last_block_dropped", base="mrtpo")(
+    _with("mrtpo.logits_last_block_dropped", credit_weights_from_logits=_from_logits_variant("last_block_dropped")))
+registry.mutant("mrtpo.logits_whole_softmax", base="mrtpo")(
+    _with("mrtpo.logits_whole_softmax", credit_weights_from_logits=_from_logits_variant("whole_softmax")))
+registry.mutant("mrtpo.logits_rows_one_by_one", base="mrtpo")(
+    _with("mrtpo.logits_rows_one_by_one", credit_weights_from_logits=_from_logits_variant("rows_one_by_one")))
+registry.mutant("mrtpo.linear_warmup", base="mrtpo")(_with("mrtpo.linear_warmup", beta_schedule=_linear_warmup))
+registry.mutant("mrtpo.warmup_from_zero", base="mrtpo")(_with("mrtpo.warmup_from_zero", warmup_step=_warmup_from_zero))
+registry.mutant("mrtpo.student_sees_verifier_block", base="mrtpo")(
+    _with("mrtpo.student_sees_verifier_block", student_context=_student_sees_block))
+registry.mutant("mrtpo.student_context_padded", base="mrtpo")(
+    _with("mrtpo.student_context_padded", student_context=_student_context_padded))
+registry.mutant("mrtpo.replay_with_live_policy", base="mrtpo")(
+    _with("mrtpo.replay_with_live_policy", freeze=_live_replay))
+registry.mutant("mrtpo.freeze_without_bias", base="mrtpo")(
+    _with("mrtpo.freeze_without_bias", freeze=_freeze_without_bias))
+registry.mutant("mrtpo.loo_equals_full", base="mrtpo")(_with("mrtpo.loo_equals_full", replay_contexts=_loo_equals_full))
+registry.mutant("mrtpo.loo_swapped_blocks", base="mrtpo")(
+    _with("mrtpo.loo_swapped_blocks", replay_contexts=_loo_swapped_blocks))
+registry.mutant("mrtpo.loo_fixed_block_width", base="mrtpo")(
+    _with("mrtpo.loo_fixed_block_width", replay_contexts=_loo_fixed_block_width))
 
 # --- pairing defects of the mechanism run (methods/common/paired.py) -------------------------------------
 

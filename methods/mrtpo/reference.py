@@ -169,3 +169,83 @@ def gdpo_uniform_ref(reward_adv: list, mask: list, eps: float) -> list:
         else:
             std = Decimal(0)
         return [[float(U[b] / (std + _D(eps))) if mask[b][t] else 0.0 for t in range(len(mask[b]))] for b in range(B)]
+
+
+# --- the same references and the MRTPO sample inputs, registered for the generic kinds (engine/kinds) ----------
+
+
+def _register() -> None:
+    import torch
+
+    from engine.kinds.inputs import generator
+    from engine.spec import registry
+    from methods.mrtpo.cases import PAIR_KINDS, conserved_weights, credit_batch, logp_pair, response_mask
+
+    @registry.reference("mrtpo.js_distance")
+    def js_rows(logp_a, logp_b, chunk_elems=None):
+        """sqrt(JS / ln 2) per row of [..., V] float64 inputs, by the per-scalar decimal reference."""
+        lead, V = logp_a.shape[:-1], logp_a.shape[-1]
+        rows = zip(logp_a.reshape(-1, V).tolist(), logp_b.reshape(-1, V).tolist())
+        return torch.tensor([js_distance_ref(x, y) for x, y in rows], dtype=torch.float64).reshape(lead)
+
+    @registry.reference("mrtpo.credit_weights")
+    def weights(logp_all, logp_loo, mask, beta, empty_block=None, chunk_elems=None):
+        """w [K, B, T] by the per-scalar decimal reference (empty_block [K, B] or None)."""
+        loo = [None if x is None else x.tolist() for x in logp_loo]
+        empty = None if empty_block is None else empty_block.to(torch.bool).tolist()
+        return torch.tensor(credit_weights_ref(logp_all.tolist(), loo, mask.to(torch.bool).tolist(), float(beta),
+                                               empty), dtype=torch.float64)
+
+    @registry.reference("mrtpo.advantages")
+    def advantages(reward_advantages, weights, mask, eps=1e-6):
+        """A [B, T] by the per-scalar Appendix D reference; scale max(1, max |A|) (A grows without bound as the
+        batch std shrinks), the cap s as a reported scalar, and whether the cap binds (s < 1)."""
+        m = mask.to(torch.bool)
+        A, s, _ = mrtpo_advantages_ref(reward_advantages.tolist(), weights.tolist(), m.tolist(), float(eps))
+        value = torch.tensor(A, dtype=torch.float64)
+        scale = max(1.0, float(value.abs().max()) if value.numel() else 0.0)
+        return {"value": value, "scale": scale, "scalars": {"s": s}, "counts": {"binding_cases": int(s < 1.0)}}
+
+    def _int(g, lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (), generator=g))
+
+    @generator("mrtpo.logp_pairs")
+    def pairs(g, case, ctx, inputs):
+        """Two [rows, V] log-distributions of the case's regime (PAIR_KINDS, in turn): unrelated, nearly
+        identical, peaked, exact zeros, disjoint supports, -1e4 entries."""
+        rows = int((inputs.get("dims") or {}).get("N", 4))  # the spec declares N; V is drawn per case
+        V = _int(g, 2, 40)
+        a, b = logp_pair(g, rows, V, PAIR_KINDS[case % len(PAIR_KINDS)])
+        return {"logp_a": a, "logp_b": b, "__dims__": {"N": rows, "V": V}}
+
+    @generator("mrtpo.credit_batch")
+    def batch(g, case, ctx, inputs):
+        """A credit_weights batch: K rewards of mixed regimes, responses with padding (an empty one every other
+        case), empty blocks, a reward whose block changes nothing (identical distributions) every third case, beta
+        0 (case 3 of eight), 1 (case 6) or random."""
+        K, B, T, V = _int(g, 1, 3), _int(g, 1, 4), _int(g, 1, 6), _int(g, 2, 24)
+        logp_all, logp_loo = credit_batch(g, K, B, T, V)
+        mask = response_mask(g, B, T)
+        if case % 2 and B > 1:  # a response without a valid token in every other case
+            mask[-1] = False
+        empty = torch.rand(K, B, generator=g) < 0.2
+        if case % 3 == 2:  # a reward whose block changes nothing: identical distributions (qbar = 0)
+            logp_loo[_int(g, 0, K - 1)] = logp_all.clone()
+        # the ends of [0, 1] in two cases of every eight, a random beta otherwise
+        beta = {3: 0.0, 6: 1.0}.get(case % 8, float(torch.rand((), generator=g, dtype=torch.float64)))
+        return {"logp_all": logp_all, "logp_loo": logp_loo, "mask": mask, "empty": empty, "beta": beta,
+                "__dims__": {"K": K, "B": B, "T": T, "V": V}}
+
+
+    @generator("mrtpo.advantage_batch")
+    def advantage_batch(g, case, ctx, inputs):
+        """Reward advantages [K, B] and conserved weights [K, B, T] (positive, mean 1 over each response's valid
+        tokens, 0 on padding); odd cases spread the weights widely (the cap binds), even ones barely."""
+        K, B, T = _int(g, 1, 3), _int(g, 2, 6), _int(g, 1, 8)
+        mask = response_mask(g, B, T)
+        w = conserved_weights(g, K, B, T, mask, spread=3.0 if case % 2 else 0.05)
+        radv = torch.randn(K, B, generator=g, dtype=torch.float64)
+        return {"radv": radv, "weights": w, "mask": mask, "__dims__": {"K": K, "B": B, "T": T}}
+
+
+_register()

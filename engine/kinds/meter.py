@@ -1,4 +1,4 @@
-"""Peak bytes of tensor storage created inside a block of code, on any device.
+"""Peak bytes of tensor storage created inside a block of code, on any device, and the ATen operations dispatched.
 
 CPU torch has no allocator statistics, so this counts at the ATen level: a
 TorchDispatchMode sees every op, notes each output whose storage it has not
@@ -7,7 +7,7 @@ when the last tensor it saw on that storage is garbage-collected. Views and
 in-place results share their storage and are not counted twice. On CUDA the
 caller can cross-check with torch.cuda.max_memory_allocated.
 
-This lives in the MRTPO package because methods/common has no memory meter.
+The budget kind measures with these; no method's code runs them.
 """
 
 from __future__ import annotations
@@ -18,18 +18,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-# A measuring instrument for the js_memory check; no path of the method runs it.
-__mutate__ = False  # `contracts mutate` does not plant bugs here
-
-
 class AllocationMeter(TorchDispatchMode):
-    """`with AllocationMeter() as meter: ...` then read `meter.peak_bytes`."""
+    """`with AllocationMeter() as meter: ...` then read `meter.peak_bytes` (and `meter.ops`)."""
 
     def __init__(self):
         super().__init__()
         self.current_bytes = 0
         self.peak_bytes = 0
         self.allocations = 0
+        self.ops = 0  # ATen operations dispatched (a Python loop over rows shows as many more)
         self._live: dict[int, list[int]] = {}  # storage pointer -> [nbytes, tracked tensors alive]
         self._external: set[int] = set()
 
@@ -49,6 +46,7 @@ class AllocationMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ops += 1
         for t in tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 ptr, _ = self._ptr(t)
@@ -70,3 +68,4 @@ class AllocationMeter(TorchDispatchMode):
             entry[1] += 1
             weakref.finalize(t, self._release, ptr)
         return out
+
