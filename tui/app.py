@@ -544,17 +544,13 @@ def refusal_text(key: str, view: GateView):
     """Why the gate refuses: every unmet requirement with what would meet it."""
     from rich.text import Text
 
+    from tui import fmt
+
     out = Text()
     out.append(f"{key} cannot be promoted: the gate is closed (verdict from {view.source}, read from the "
                "files just now)\n\n", style="bold red")
-    for what, how in view.unmet:
-        out.append("✗ ", style="bold red")
-        out.append(what + "\n")
-        if how:
-            out.append(f"    {'$ ' if how.startswith('contracts ') else '-> '}{how}\n", style="cyan")
-    for w in view.warnings:
-        out.append("⚠ ", style="yellow")
-        out.append(w + "\n")
+    fmt.gate_unmet(out, view.unmet)
+    fmt.gate_warnings(out, view.warnings)
     out.append("\nescape closes this", style="dim")
     return out
 

@@ -21,6 +21,18 @@ from tui import fmt
 MOVE = Binding.Group("Move")  # j/k/g/G share one footer entry
 
 
+def _moves(top: str, bottom: str) -> list[Binding]:
+    """enter, j, k, g, G under one set of ids for every list (one remap moves them all); `top` and `bottom` are the
+    widget's own actions for g and G."""
+    return [
+        Binding("enter", "select_cursor", "Open", id="open"),
+        Binding("j", "cursor_down", "Down", id="table.down", group=MOVE),
+        Binding("k", "cursor_up", "Up", id="table.up", group=MOVE),
+        Binding("g", top, "Top", id="table.top", group=MOVE),
+        Binding("G", bottom, "Bottom", id="table.bottom", group=MOVE),
+    ]
+
+
 class VimTable(DataTable):
     """DataTable with j/k/g/G; `enter` opens the row. Every binding has an id users can remap.
 
@@ -28,13 +40,7 @@ class VimTable(DataTable):
     full precision rather than the 3 significant digits shown.
     """
 
-    BINDINGS = [
-        Binding("enter", "select_cursor", "Open", id="open"),
-        Binding("j", "cursor_down", "Down", id="table.down", group=MOVE),
-        Binding("k", "cursor_up", "Up", id="table.up", group=MOVE),
-        Binding("g", "scroll_top", "Top", id="table.top", group=MOVE),
-        Binding("G", "scroll_bottom", "Bottom", id="table.bottom", group=MOVE),
-    ]
+    BINDINGS = _moves("scroll_top", "scroll_bottom")
 
     class Opened(Message):
         """Enter on a row (or cell): which row, by index and key."""
@@ -150,13 +156,7 @@ def fitted_widths(widths: list[int], fit: int, shrink: dict[int, int], padding: 
 class MethodTree(Tree):
     """The method tree, with the same binding ids as the tables."""
 
-    BINDINGS = [
-        Binding("enter", "select_cursor", "Open", id="open"),
-        Binding("j", "cursor_down", "Down", id="table.down", group=MOVE),
-        Binding("k", "cursor_up", "Up", id="table.up", group=MOVE),
-        Binding("g", "scroll_home", "Top", id="table.top", group=MOVE),
-        Binding("G", "scroll_end", "Bottom", id="table.bottom", group=MOVE),
-    ]
+    BINDINGS = _moves("scroll_home", "scroll_end")
 
     def process_label(self, label) -> Text:
         """A label is literal text, never markup (see the module docstring)."""
