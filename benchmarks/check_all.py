@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, Row
+from benchmarks.harness import ROOT, Row, without_keys
 
 SERIAL_TARGET_S, SPEEDUP_TARGET = 60.0, 1.6
 # Keys that are times, ids derived from them, or the record of how a run was executed.
@@ -47,14 +47,6 @@ def worker_cpu(store: Path) -> dict[str, float]:
     return per
 
 
-def _strip(x):
-    if isinstance(x, dict):
-        return {k: _strip(v) for k, v in x.items() if k not in NOT_MEASUREMENTS}
-    if isinstance(x, list):
-        return [_strip(v) for v in x]
-    return x
-
-
 def differences(a: dict, b: dict, path: str = "$") -> list[str]:
     """JSON paths where two stripped predicates differ (at most a few)."""
     if type(a) is not type(b):
@@ -81,7 +73,7 @@ def compare_stores(serial: Path, parallel: Path) -> dict:
             out[folder.name] = ["no receipt from the --jobs run"]
             continue
         b = json.loads(theirs[0].read_text())
-        diff = differences(_strip(a["predicate"]), _strip(b["predicate"]))
+        diff = differences(*(without_keys(r["predicate"], NOT_MEASUREMENTS) for r in (a, b)))
         if a["subject"] != b["subject"]:
             diff.append("$.subject")
         out[folder.name] = diff
