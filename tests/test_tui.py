@@ -622,15 +622,20 @@ def test_gate_tab_and_tree_show_the_engine_gate_verdict(store):
     run(go())
 
 
+def _forbid_here(monkeypatch, module, name: str, done: str) -> None:
+    """`module.name` fails the test if the UI process calls it: what it does must happen in another process."""
+
+    def not_here(*a, **k):
+        raise AssertionError(f"{done} in the UI process")
+
+    monkeypatch.setattr(module, name, not_here)
+
+
 def test_big_stores_evaluate_the_gate_in_another_process(store, monkeypatch):
     import tui.app as app_mod
 
     monkeypatch.setattr(app_mod, "GATE_PROCESS_THRESHOLD", 0)
-
-    def not_here(*a, **k):
-        raise AssertionError("evaluated in the UI process")
-
-    monkeypatch.setattr(app_mod, "gate_for", not_here)
+    _forbid_here(monkeypatch, app_mod, "gate_for", "evaluated")
     expected = _model(store, gates=True).method("demo-method").gate
 
     async def go():
@@ -646,11 +651,7 @@ def test_a_first_start_indexes_in_worker_processes_from_inside_the_app(store, mo
     import engine.store.index as index_mod
 
     monkeypatch.setattr(index_mod, "POOL_THRESHOLD", 1)
-
-    def not_here(*a, **k):
-        raise AssertionError("parsed in the UI process")
-
-    monkeypatch.setattr(index_mod, "index_file", not_here)
+    _forbid_here(monkeypatch, index_mod, "index_file", "parsed")
 
     async def go():
         app = make_app(store)
