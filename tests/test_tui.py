@@ -382,12 +382,18 @@ def test_receipt_screen_failures_filter_and_diff(store):
     run(go())
 
 
+def _copying_into(copied: list, store, monkeypatch):
+    """An app on `store` whose clipboard is `copied` (each copy appended)."""
+    app = make_app(store)
+    monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
+    return app
+
+
 def test_copy_value_and_receipt_path(store, monkeypatch):
     copied = []
 
     async def go():
-        app = make_app(store)
-        monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
+        app = _copying_into(copied, store, monkeypatch)
         async with running(app, settled=False) as pilot:
             await pilot.press("2")
             await settle(app, pilot)
@@ -548,8 +554,7 @@ def test_palette_opens_a_receipt_copies_a_command_and_filters(store, monkeypatch
     copied = []
 
     async def go():
-        app = make_app(store)
-        monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
+        app = _copying_into(copied, store, monkeypatch)
         async with running(app, settled=False) as pilot:
             rid = app.model.receipt(f"demo-method/{store['cuda'].name}").receipt_id
             await pilot.press("ctrl+p", *f"receipt: {rid[:8]}")
