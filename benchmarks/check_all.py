@@ -47,6 +47,11 @@ def worker_cpu(store: Path) -> dict[str, float]:
     return per
 
 
+def comparable(predicate: dict) -> dict:
+    """A predicate without what legitimately differs between two runs of the same code (NOT_MEASUREMENTS)."""
+    return without_keys(predicate, NOT_MEASUREMENTS)
+
+
 def differences(a: dict, b: dict, path: str = "$") -> list[str]:
     """JSON paths where two stripped predicates differ (at most a few)."""
     if type(a) is not type(b):
@@ -73,7 +78,7 @@ def compare_stores(serial: Path, parallel: Path) -> dict:
             out[folder.name] = ["no receipt from the --jobs run"]
             continue
         b = json.loads(theirs[0].read_text())
-        diff = differences(*(without_keys(r["predicate"], NOT_MEASUREMENTS) for r in (a, b)))
+        diff = differences(comparable(a["predicate"]), comparable(b["predicate"]))
         if a["subject"] != b["subject"]:
             diff.append("$.subject")
         out[folder.name] = diff
