@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, Row
+from benchmarks.harness import ROOT, Row, without_keys
 
 SERIAL_TARGET_S, SPEEDUP_TARGET = 60.0, 1.6
 # Keys that are times, ids derived from them, or the record of how a run was executed.
@@ -47,12 +47,9 @@ def worker_cpu(store: Path) -> dict[str, float]:
     return per
 
 
-def _strip(x):
-    if isinstance(x, dict):
-        return {k: _strip(v) for k, v in x.items() if k not in NOT_MEASUREMENTS}
-    if isinstance(x, list):
-        return [_strip(v) for v in x]
-    return x
+def comparable(predicate: dict) -> dict:
+    """A predicate without what legitimately differs between two runs of the same code (NOT_MEASUREMENTS)."""
+    return without_keys(predicate, NOT_MEASUREMENTS)
 
 
 def differences(a: dict, b: dict, path: str = "$") -> list[str]:
@@ -81,7 +78,7 @@ def compare_stores(serial: Path, parallel: Path) -> dict:
             out[folder.name] = ["no receipt from the --jobs run"]
             continue
         b = json.loads(theirs[0].read_text())
-        diff = differences(_strip(a["predicate"]), _strip(b["predicate"]))
+        diff = differences(comparable(a["predicate"]), comparable(b["predicate"]))
         if a["subject"] != b["subject"]:
             diff.append("$.subject")
         out[folder.name] = diff

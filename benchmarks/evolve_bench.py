@@ -22,24 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, Row, spread
+from benchmarks.harness import ROOT, Candidates, Row, spread
 
 STAGE1_TARGET_S, FULL_TARGET_S = 1.0, 5.0
-FIXTURE = ROOT / "tests" / "fixtures" / "my_tapo.py"
 METHOD = "tapo-trajectory"
-
-
-class _Candidates:
-    """A new candidate file per call: the fixture plus a numbered comment (a new sha256, the same code)."""
-
-    def __init__(self, folder: Path):
-        self.folder, self.n, self.text = folder, 0, FIXTURE.read_text()
-
-    def __call__(self) -> Path:
-        self.n += 1
-        p = self.folder / f"cand_{self.n}.py"
-        p.write_text(self.text + f"\n# candidate {self.n}\n")
-        return p
 
 
 def _children_cpu() -> float:
@@ -83,7 +69,7 @@ def run(device: str = "cpu", repeats: int = 5, cold_repeats: int = 3) -> list[Ro
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-evolve-") as tmp:
         tmp = Path(tmp)
-        fresh = _Candidates(tmp)
+        fresh = Candidates(tmp)
         ev = Evaluator(METHOD, receipts=tmp / "warm", device=device)
         t0 = time.perf_counter()
         first = ev.stage(1, str(fresh()))

@@ -34,6 +34,30 @@ class Row:
         return asdict(self)
 
 
+class Candidates:
+    """A new candidate file per call in `folder`: `source` plus a numbered comment (a new sha256, the same code), so
+    that no cache keyed on the file's content can serve it."""
+
+    def __init__(self, folder: Path, source: Path = ROOT / "tests" / "fixtures" / "my_tapo.py"):
+        self.folder, self.n, self.text = folder, 0, source.read_text()
+
+    def __call__(self) -> Path:
+        self.n += 1
+        p = self.folder / f"cand_{self.n}.py"
+        p.write_text(self.text + f"\n# candidate {self.n}\n")
+        return p
+
+
+def without_keys(x: Any, keys: set[str] | frozenset[str]) -> Any:
+    """A copy of JSON-like `x` with every dict entry named in `keys` left out, at any depth (to compare two
+    receipts' predicates without the times and ids that legitimately differ)."""
+    if isinstance(x, dict):
+        return {k: without_keys(v, keys) for k, v in x.items() if k not in keys}
+    if isinstance(x, list):
+        return [without_keys(v, keys) for v in x]
+    return x
+
+
 def sync_for(device: str) -> Callable[[], None]:
     if device.startswith("cuda"):
         import torch

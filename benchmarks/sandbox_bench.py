@@ -16,22 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, Row, spread
+from benchmarks.harness import Candidates, Row, spread
 
 METHOD = "tapo-trajectory"
-FIXTURE = ROOT / "tests" / "fixtures" / "my_tapo.py"
 STAGE1_TARGET_S = 1.0
-
-
-class _Candidates:
-    def __init__(self, folder: Path):
-        self.folder, self.n, self.text = folder, 0, FIXTURE.read_text()
-
-    def __call__(self) -> Path:
-        self.n += 1
-        p = self.folder / f"cand_{self.n}.py"
-        p.write_text(self.text + f"\n# candidate {self.n}\n")
-        return p
 
 
 def _alternate(a, b, n: int, before_a=None) -> tuple[list[float], list[float]]:
@@ -61,7 +49,7 @@ def run(device: str = "cpu", repeats: int = 5, check_repeats: int = 3) -> list[R
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
         tmp = Path(tmp)
-        fresh = _Candidates(tmp)
+        fresh = Candidates(tmp)
         boxed = Evaluator(METHOD, receipts=tmp / "boxed", device=device)
         plain = Evaluator(METHOD, receipts=tmp / "plain", device=device, sandbox=False)
 

@@ -107,6 +107,18 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, _cores() // _workers()))
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module of tiny tensors on a shared machine: OpenMP barriers cost more than the work.
+    Use as `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # The modules that take the most time, heaviest first (test seconds summed over each module's tests, from a
 # `--junitxml` run on a 2-core machine; docs/testing.md says how to re-measure), and the ones whose tests are
 # quickest, to go last. `--dist load` hands the collection out in order and `--maxschedchunk 4`

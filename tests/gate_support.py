@@ -7,6 +7,9 @@ they carry real ids and real subject digests and verify exactly like a run's.
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import MappingProxyType
 
@@ -146,6 +149,15 @@ def make_layout(tmp: Path, spec_text: str = SPEC_TEXT) -> tuple[Path, Path, Path
     return root, specs, root / "receipts"
 
 
+def toy_project(tmp: Path, monkeypatch) -> tuple[Path, Path, Path]:
+    """make_layout in `tmp`, as the commands will see it: the static registry knows the toy names and the project
+    root is `tmp`'s checkout. Returns (root, specs, receipts)."""
+    monkeypatch.setattr(registry, "_STATIC", TOY_NAMES)
+    root, specs, receipts = make_layout(tmp)
+    monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    return root, specs, receipts
+
+
 def predicate(spec_path: Path, *, device: str = "cpu", seeds=(1, 2, 3), fail=(), mutants=None,
               comparisons=None, errors=(), status: str | None = None, created_at: str | None = None,
               spec_state: str = "not-promoted") -> dict:
@@ -229,3 +241,21 @@ def approve(root: Path, specs: Path, receipts: Path, sign_key: Path | None = Non
     from engine.spec.loader import load_spec
 
     return review.record(load_spec(specs / name, root), receipts, reviewer, "checked the tolerances", sign_key)
+
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def commit_all(root: Path, message: str = "copy") -> Path:
+    """Make `root` a git repository whose one commit holds every file in it; returns `root`."""
+    env = {**os.environ, **GIT_ENV}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", message]):
+        subprocess.run(cmd, cwd=root, check=True, env=env, capture_output=True)
+    return root
+
+
+def contracts(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`contracts ARGS` in a fresh process in `cwd`, on that project's specs and receipts (not the environment's)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CONTRACTS_SPECS", "CONTRACTS_RECEIPTS")}
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=timeout)

@@ -7,9 +7,9 @@ the run dirty and the gate refuse it; a planted .pyc stamped with the real file'
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +24,6 @@ from engine.store import receipts as R
 
 REPO = Path(__file__).resolve().parent.parent
 METHOD, CONTRACT = "tapo-trajectory", "prefix_ratio_forward"
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 
 def _copy_project(dest: Path) -> Path:
@@ -33,20 +32,11 @@ def _copy_project(dest: Path) -> Path:
         shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
     for name in ("README.md", "pyproject.toml", ".gitignore"):
         shutil.copy(REPO / name, dest / name)
-    env = {**os.environ, **GIT_ENV}
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
-        subprocess.run(cmd, cwd=dest, check=True, env=env, capture_output=True)
-    return dest
-
-
-def _contracts(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("CONTRACTS_SPECS", "CONTRACTS_RECEIPTS")}
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=300)
+    return G.commit_all(dest)
 
 
 def _check(proj: Path) -> tuple[dict, Path]:
-    run = _contracts(proj, "check", METHOD, "--only", CONTRACT, "--seeds", "42", "--no-mutants", "--device", "cpu",
+    run = G.contracts(proj, "check", METHOD, "--only", CONTRACT, "--seeds", "42", "--no-mutants", "--device", "cpu",
                      "--json")
     assert run.returncode in (0, 1), run.stderr[-2000:]
     out = json.loads(run.stdout)["runs"][0]
@@ -142,18 +132,27 @@ print(sorted(m for m in sys.modules if is_front_door(m)))
 # --- dirty: untracked and modified code -------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _planted(proj: Path, name: str, source: str):
+    """methods/NAME/__init__.py in the project copy, untracked, while the block runs; gone afterwards."""
+    pkg = proj / "methods" / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(source)
+    try:
+        yield pkg
+    finally:
+        shutil.rmtree(pkg)
+
+
 @pytest.mark.slow
 def test_an_untracked_method_package_makes_the_run_dirty_and_the_gate_refuse_it(project):
     proj, _stmt, _path = project
-    evil = proj / "methods" / "zz_swap"
-    evil.mkdir()
-    (evil / "__init__.py").write_text("# imported by the registry with every other method package\nSWAPPED = True\n")
-    try:
+    with _planted(proj, "zz_swap", "# imported by the registry with every other method package\nSWAPPED = True\n"):
         stmt, path = _check(proj)
         git = stmt["predicate"]["git"]
         assert git["dirty"] is True and "methods/zz_swap/__init__.py" in git["untracked"]
         assert "methods/zz_swap/__init__.py" in {s["name"] for s in stmt["subject"]}
-        gate = _contracts(proj, "gate", METHOD, "--json", "--no-cache")
+        gate = G.contracts(proj, "gate", METHOD, "--json", "--no-cache")
         verdict = json.loads(gate.stdout)
         refused = {r["receipt_id"]: r for r in verdict["receipts"]["refused"]}
         rid = stmt["predicate"]["receipt_id"]
@@ -162,21 +161,14 @@ def test_an_untracked_method_package_makes_the_run_dirty_and_the_gate_refuse_it(
         assert refused[rid]["fix"] is None and refused[rid]["note"].startswith("commit (or remove) the files named")
         assert rid not in verdict["receipts"]["fresh"]
         assert any(w.startswith(f"refused receipt receipts/{METHOD}/{path.name}") for w in verdict["warnings"])
-    finally:
-        shutil.rmtree(evil)
     assert _state(proj, path).state == "stale"  # the package it ran with is gone: the receipt says so
 
 
 @pytest.mark.slow
 def test_a_module_that_deletes_itself_after_its_import_still_makes_the_run_dirty(project):
     proj, _stmt, _path = project
-    gone = proj / "methods" / "zz_gone"
-    gone.mkdir()
-    (gone / "__init__.py").write_text("import os\nos.remove(__file__)  # ran, then left no trace on disk\n")
-    try:
+    with _planted(proj, "zz_gone", "import os\nos.remove(__file__)  # ran, then left no trace on disk\n"):
         stmt, _ = _check(proj)
-    finally:
-        shutil.rmtree(gone)
     git = stmt["predicate"]["git"]
     assert git["dirty"] is True and "methods/zz_gone/__init__.py" in git["untracked"]
 
@@ -232,11 +224,7 @@ def test_a_planted_pyc_is_never_executed(project):
 @pytest.fixture
 def layout(tmp_path, monkeypatch):
     """A checkout in tmp with the toy spec; the static registry knows the toy names (as in test_gate.py)."""
-    from engine.spec import registry
-
-    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
-    root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    root, specs, receipts = G.toy_project(tmp_path, monkeypatch)
     G.approve(root, specs, receipts)
     return root, specs, receipts
 
@@ -290,7 +278,7 @@ def test_planted_bytecode_of_a_module_imported_before_the_guard_stops_the_run(pr
     pyc.parent.mkdir(exist_ok=True)
     pyc.write_bytes(bytes(_code_to_timestamp_pyc(code, int(st.st_mtime), st.st_size)))
     try:
-        run = _contracts(proj, "check", METHOD, "--only", CONTRACT, "--seeds", "42", "--no-mutants", "--device", "cpu")
+        run = G.contracts(proj, "check", METHOD, "--only", CONTRACT, "--seeds", "42", "--no-mutants", "--device", "cpu")
         assert run.returncode == 4, run.stderr[-2000:]
         assert "engine/spec/__pycache__/" in run.stderr and "does not match engine/spec/loader.py" in run.stderr
         assert "Traceback" not in run.stderr
@@ -319,10 +307,7 @@ def _repo(tmp_path: Path) -> Path:
     (root / "engine" / "x.py").write_text("X = 1\n")
     (root / "methods" / "m" / "__init__.py").write_text("M = 1\n")
     (root / ".gitignore").write_text("__pycache__/\nmethods/hidden/\n")
-    env = {**os.environ, **GIT_ENV}
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "c"]):
-        subprocess.run(cmd, cwd=root, check=True, env=env, capture_output=True)
-    return root
+    return G.commit_all(root, "c")
 
 
 def test_git_state_sees_untracked_ignored_and_flag_hidden_code_but_not_bytecode(tmp_path):

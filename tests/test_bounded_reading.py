@@ -17,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 import engine.cli as cli
-from engine.spec import registry
 from engine.store import bounded
 from engine.store.index import INDEX_NAME, ReceiptIndex
 from engine.store.ledger import LEDGER_NAME
@@ -32,9 +31,7 @@ def _invoke(*args: str):
 
 @pytest.fixture
 def layout(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
-    root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    root, specs, receipts = G.toy_project(tmp_path, monkeypatch)
     return root, specs, receipts
 
 

@@ -18,28 +18,13 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.cli import app
-
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "fixtures" / "my_tapo.py"
-METHOD = "tapo-trajectory"
-RATIO_RETURN = "    return prefix * torch.exp(here - here.detach())"
-RATIO_BODY = "    m = _bool(mask, logp)\n    wd = _work_dtype(logp.dtype)\n    zero = torch.zeros((), dtype=wd, device=logp.device)\n    diff"
+from tests.impl_support import FIXTURE, METHOD, MISBEHAVING, RATIO_BODY, RATIO_RETURN, ROOT, variant
 
 runner = CliRunner()
 
 
 def invoke(*args: str):
     return runner.invoke(app, list(args))
-
-
-def variant(folder: Path, name: str, old: str | None = None, new: str | None = None) -> Path:
-    text = FIXTURE.read_text()
-    if old is not None:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path = folder / name
-    path.write_text(text)
-    return path
 
 
 def load_evaluator(path: Path):
@@ -182,13 +167,6 @@ def test_under_a_trust_policy_only_signed_receipts_count(tmp_path):
 
 
 # --- candidates run isolated, in workers forked from the warm server ------------------------------------------------
-
-MISBEHAVING = {
-    "hang": ("import time\n    while True:\n        time.sleep(0.5)\n", "past its deadline"),
-    "sys_exit": ("import sys\n    sys.exit(0)\n", "SystemExit"),
-    "os_exit": ("import os\n    os._exit(7)\n", "exited with code 7"),
-    "segfault": ("import ctypes\n    ctypes.string_at(0)\n", "killed by SIGSEGV"),
-}
 
 
 @pytest.mark.parametrize("kind", sorted(MISBEHAVING))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks.harness import without_keys
 from engine.cli import app
 from engine.store.receipts import check_receipt, receipt_files, schema_problems
 from tests import executor_faults as faults
@@ -44,15 +45,7 @@ TIMES = {"created_at", "finished_at", "receipt_id", "subject_sha256", "wall_s", 
 
 def measured(pred: dict) -> dict:
     """The predicate without what legitimately differs between two runs: times, ids, thread count, how it ran."""
-
-    def strip(x):
-        if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items() if k not in TIMES}
-        if isinstance(x, list):
-            return [strip(v) for v in x]
-        return x
-
-    out = strip(pred)
+    out = without_keys(pred, TIMES)
     out["environment"].pop("torch_threads")
     return out
 

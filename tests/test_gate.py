@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,6 @@ from typer.testing import CliRunner
 
 import engine.cli as cli
 from engine.store import ledger
-from engine.spec import registry
 from engine.gate.verdict import evaluate
 from engine.paths import default_specs_dir, project_root
 from engine.gate.promote import StateNotFound, rewrite_state, with_state
@@ -30,9 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 def layout(tmp_path, monkeypatch):
     """A checkout in tmp with the toy spec, approved in the store's ledger; the static registry knows the toy
     names."""
-    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
-    root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    root, specs, receipts = G.toy_project(tmp_path, monkeypatch)
     G.approve(root, specs, receipts)
     return root, specs, receipts
 
@@ -514,17 +510,11 @@ def _copy_project(dest: Path) -> Path:
     (dest / "methods" / "toy" / "__init__.py").write_text(G.TOY_PACKAGE)
     (dest / "specs").mkdir()
     (dest / "specs" / "toy.yaml").write_text(G.SPEC_TEXT)
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
-        subprocess.run(cmd, cwd=dest, check=True, env=env, capture_output=True)
-    return dest
+    return G.commit_all(dest)
 
 
 def _contracts(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("CONTRACTS_SPECS", "CONTRACTS_RECEIPTS")}
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=120)
+    return G.contracts(cwd, *args, timeout=120)
 
 
 @pytest.mark.slow

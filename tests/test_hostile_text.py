@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import engine.cli as cli
-from engine.spec import loader, registry
+from engine.spec import loader
 from engine.text import json_term_safe, term_safe
 from tests import gate_support as G
 
@@ -39,9 +39,7 @@ def _raw_controls(text: str) -> list[str]:
 
 @pytest.fixture
 def layout(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
-    root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    root, specs, receipts = G.toy_project(tmp_path, monkeypatch)
     return root, specs, receipts
 
 

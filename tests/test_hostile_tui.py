@@ -16,12 +16,11 @@ import engine.spec.registry as registry
 from benchmarks.synthetic_store import build_fixture_store, demo_static_names, predicate, stamp, subject_for
 from engine.spec.loader import load_spec
 from engine.store.receipts import statement, write_receipt
-from tui.app import create_app
 from tui.screens.main import MainScreen
 from tui.screens.receipt import ReceiptScreen
 from tui.widgets import VimTable
+from tui_support import rows, settle, started
 
-SIZE = (130, 36)
 OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"
 
 
@@ -46,7 +45,8 @@ def _store(tmp_path, monkeypatch, closing_tags: bool) -> dict:
             for st in m["steps"]:
                 st["[/]"] = 1.0  # a step record key becomes a column label
     path = write_receipt(store["receipts"], statement(subject_for(root, "demo-method"), pred))
-    return {**store, "root": root, "hostile": path, "shots": shots, "click": click}
+    return {**store, "root": root, "hostile": path, "receipt": f"demo-method/{path.name}", "shots": shots,
+            "click": click}
 
 
 @pytest.fixture()
@@ -59,34 +59,18 @@ def click_store(tmp_path, monkeypatch):
     return _store(tmp_path, monkeypatch, closing_tags=False)
 
 
-def _app(store):
-    return create_app(store["specs"], store["receipts"], store["root"], poll_seconds=None)
-
-
-async def _settle(app, pilot):
-    await app.workers.wait_for_complete()
-    await pilot.pause()
-
-
-def _cells(t: VimTable) -> list[list[str]]:
-    return [[c.plain if hasattr(c, "plain") else str(c) for c in t.get_row_at(r)] for r in range(t.row_count)]
-
-
 def test_a_metric_named_closing_tag_starts_the_app_and_shows_literally(hostile_store):
     async def go():
-        app = _app(hostile_store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await _settle(app, pilot)
+        async with started(hostile_store) as (app, pilot):
             assert app.is_running and isinstance(app.screen, MainScreen)
-            latest = [row[-2] for row in _cells(app.screen.query_one("#contracts-table", VimTable))]
+            latest = [row[-2] for row in rows(app.screen.query_one("#contracts-table", VimTable))]
             assert any("[/]" in cell for cell in latest), latest  # shown as written
             app.open_receipt(f"demo-method/{hostile_store['hostile'].name}")
-            await _settle(app, pilot)
+            await settle(app, pilot)
             assert isinstance(app.screen, ReceiptScreen)
             steps = app.screen.query_one("#steps-table", VimTable)
             assert "[/]" in [c.label.plain for c in steps.columns.values()]
-            message = next(r[-1] for r in _cells(app.screen.query_one("#results-table", VimTable)) if "bare" in r[-1])
+            message = next(r[-1] for r in rows(app.screen.query_one("#results-table", VimTable)) if "bare" in r[-1])
             assert "\x1b" not in message and "\\x1b]52;c;" in message  # the control sequence is shown escaped
         assert app.return_code in (0, None)
 
@@ -97,16 +81,12 @@ def test_a_click_action_in_a_receipt_cell_does_nothing(click_store):
     hostile_store = click_store
 
     async def go():
-        app = _app(hostile_store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            app.open_receipt(f"demo-method/{hostile_store['hostile'].name}")
-            await _settle(app, pilot)
+        async with started(hostile_store, receipt=hostile_store["receipt"]) as (app, pilot):
             t = app.screen.query_one("#results-table", VimTable)
-            assert _cells(t)[0][0] == hostile_store["click"]  # the literal characters, markup and all
+            assert rows(t)[0][0] == hostile_store["click"]  # the literal characters, markup and all
             for x in range(2, 20):  # anywhere over the cell's text
                 await pilot.click("#results-table", offset=(x, 1))
-                await _settle(app, pilot)
+                await settle(app, pilot)
             assert app.is_running
         assert list(hostile_store["shots"].iterdir()) == []  # no screenshot was written
 
@@ -115,11 +95,8 @@ def test_a_click_action_in_a_receipt_cell_does_nothing(click_store):
 
 def test_notifications_are_literal_text(click_store):
     async def go():
-        app = _app(click_store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            app.open_receipt(f"demo-method/[/]{OSC52}.json")  # not in the index: a warning naming it
-            await _settle(app, pilot)
+        # not in the index: a warning naming it
+        async with started(click_store, receipt=f"demo-method/[/]{OSC52}.json") as (app, pilot):
             assert app.is_running
             (note,) = list(app._notifications)
             assert "[/]" in note.message and "\x1b" not in note.message and "\\x1b" in note.message
@@ -158,28 +135,24 @@ def test_step_record_keys_plot_literally_and_a_childs_output_stays_text(hostile_
     from tui.checkrun import CheckRun, Progress, parse_progress
 
     async def go():
-        app = _app(hostile_store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            app.open_receipt(f"demo-method/{hostile_store['hostile'].name}")
-            await _settle(app, pilot)
+        async with started(hostile_store, receipt=hostile_store["receipt"]) as (app, pilot):
             await pilot.press("4")
-            await _settle(app, pilot)
+            await settle(app, pilot)
             view = app.screen.query_one("#plots-view")
             from rich.console import Console
 
             console = Console(width=200, record=True, color_system=None)
-            console.print(view.content)
+            console.print(view.content)  # a str here would be parsed as markup: the label must come out literal
             assert "[/]" in console.export_text()
             await pilot.press("escape")
-            await _settle(app, pilot)
+            await settle(app, pilot)
             frame = parse_progress(f"\r\x1b[2Kdemo-method: [@click=app.quit]x[/] {OSC52} failed ━━ 3/9 0:00:01")
             assert frame is not None and "[@click=app.quit]x[/]" in frame.label
             cr = CheckRun("demo-method", "cpu", "42", ["x"], proc=object(), progress=Progress(3, 9, "0:00:01",
                                                                                        frame.label))
             app.check_run = cr
             app.screen.show_run(cr)
-            await _settle(app, pilot)
+            await settle(app, pilot)
             panel = str(app.screen.query_one("#run-panel").render())
             assert "[@click=app.quit]x[/]" in panel and "\x1b" not in panel and app.is_running
 

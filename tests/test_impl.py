@@ -20,29 +20,14 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.cli import app
-
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "fixtures" / "my_tapo.py"
-METHOD = "tapo-trajectory"
-RATIO_BODY = "    m = _bool(mask, logp)\n    wd = _work_dtype(logp.dtype)\n    zero = torch.zeros((), dtype=wd, device=logp.device)\n    diff"
-RATIO_RETURN = "    return prefix * torch.exp(here - here.detach())"
+from tests import impl_support
+from tests.impl_support import FIXTURE, METHOD, RATIO_BODY, RATIO_RETURN, ROOT, variant
 
 runner = CliRunner()
 
 
 def invoke(*args: str):
     return runner.invoke(app, list(args))
-
-
-def variant(tmp_path: Path, name: str, old: str | None = None, new: str | None = None) -> Path:
-    """The fixture with one edit, written as tmp_path/name."""
-    text = FIXTURE.read_text()
-    if old is not None:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 def receipts_of(store: Path) -> list[dict]:
@@ -252,10 +237,7 @@ def test_module_and_attribute_targets(tmp_path, monkeypatch):
 # failure into a deadline.
 HANG_DEADLINE_S, OTHER_DEADLINE_S = "4", "60"
 MISBEHAVING = {
-    "hang": ("import time\n    while True:\n        time.sleep(0.5)\n", "past its deadline"),
-    "sys_exit": ("import sys\n    sys.exit(0)\n", "SystemExit"),
-    "os_exit": ("import os\n    os._exit(7)\n", "exited with code 7"),
-    "segfault": ("import ctypes\n    ctypes.string_at(0)\n", "killed by SIGSEGV"),
+    **impl_support.MISBEHAVING,
     "unbounded": ("hog = []\n    while True:\n        hog.append(bytearray(1 << 27))\n", "MemoryError"),
 }
 

@@ -30,13 +30,7 @@ F64 = torch.float64
 HYP = settings(max_examples=30, deadline=None)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors on a shared 2-core machine: OpenMP barriers cost more than the work."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def logp(x: torch.Tensor) -> torch.Tensor:

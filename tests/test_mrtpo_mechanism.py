@@ -23,12 +23,7 @@ RUN = {"updates": 3, "prompts": 4, "group_size": 8, "max_new_tokens": 8, "lr": 0
        "beta_max": 0.5, "eps": 1.0e-6}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _ctx(seed=42, params=RUN, cases=1, dtype=torch.float32):

@@ -18,23 +18,17 @@ from engine.cli import app
 from engine.run.mutate import execute, operators
 from engine.run.mutate.generate import Mutant, Target, mutants_of, target_modules
 from engine.run.mutate.operators import apply, collect
+from tests.toy_spec import toy_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 TOY = TESTS / "mutate_toy"
 
-TOY_SPEC = """\
-spec_version: 1
-method: toy-mutate
-title: Toy weighted mean
-paper: {arxiv: "2601.00002", version: v1, title: Toy, institution: Nowhere, first_public: "2026-01-01",
-        code_released: false, license: null}
-level: L0
-implementation: mutate_toy
-formulas:
-  - {id: wmean, latex: 'y = \\sum_i w_i x_i / \\sum_i w_i', implements: weighted_mean}
-assumptions: []
-contracts:
+TOY_SPEC = toy_spec(
+    "toy-mutate", "mutate_toy", title="Toy weighted mean", arxiv="2601.00002", paper_title="Toy",
+    institution="Nowhere", budget={"seeds": [7], "max_seeds": 2, "max_wall_seconds": 120},
+    formulas="  - {id: wmean, latex: 'y = \\sum_i w_i x_i / \\sum_i w_i', implements: weighted_mean}",
+    contracts="""\
   - id: value_and_grad
     description: value and gradient equal the float64 closed form
     formulas: [wmean]
@@ -45,23 +39,30 @@ contracts:
     cases: 1
     expect:
       - {metric: max_abs_err, le: 1.0e-12}
-      - {metric: grad_max_abs_err, le: 1.0e-12}
-mutants:
-  - {id: plain-mean, description: ignores the weights, mutant: mutate_toy.plain_mean, killed_by: [value_and_grad]}
-budget: {seeds: [7], max_seeds: 2, max_updates_per_seed: 0, max_tokens_per_seed: 0, max_wall_seconds: 120,
-         downloads: false}
-paper_results: {label: paper-reported, results: []}
+      - {metric: grad_max_abs_err, le: 1.0e-12}""",
+    mutants="  - {id: plain-mean, description: ignores the weights, mutant: mutate_toy.plain_mean, "
+            "killed_by: [value_and_grad]}",
+    promotion="""\
 promotion:
   review: DONE
   state: not-promoted
   reasons: [toy]
   requires: {review: DONE, devices: [cpu], all_budget_seeds: true, mutants_killed: false, formal_comparison: false,
              mutation_score: 0.9}
-"""
+""")
 
 # The two survivors of the toy: clamp_min(1e-30) -> clamp_min(1.0) and -> clamp_min(-1.0) change nothing while
 # every row's weights sum to more than 1, as the toy's contract draws them.
 SURVIVOR_DESCRIPTIONS = {"1e-30 -> 1.0", "1e-30 -> -1.0"}
+
+
+def _list_equivalent(toy: Path, ids: list[str], edit: str = "") -> None:
+    """Rewrite the toy's spec with mutants `ids` judged equivalent (the two survivors are, on the contract's inputs),
+    and `edit` (a line) before its promotion block."""
+    listed = "equivalent_mutants:\n" + "".join(
+        f"  - id: {i}\n    reason: every row's weights sum to more than 1, so the clamp never binds\n" for i in ids)
+    (toy / "toy-mutate.yaml").write_text(TOY_SPEC.replace("promotion:\n", listed + edit + "promotion:\n"),
+                                         encoding="utf-8")
 
 
 def _sha_tree(*folders: Path) -> dict[str, str]:
@@ -292,9 +293,7 @@ def test_gate_demands_the_mutation_score(toy, tmp_path, monkeypatch):
 
     # Judge the two survivors equivalent (they are, on the contract's inputs) and list them: the score is 1.
     ids = [s["id"] for s in out["mutation"]["survivors"]]
-    listed = "equivalent_mutants:\n" + "".join(
-        f"  - id: {i}\n    reason: every row's weights sum to more than 1, so the clamp never binds\n" for i in ids)
-    (toy / "toy-mutate.yaml").write_text(TOY_SPEC.replace("promotion:\n", listed + "promotion:\n"), encoding="utf-8")
+    _list_equivalent(toy, ids)
     spec = _spec(toy)
     out = run(spec, ROOT, opts)
     assert out["mutation"]["equivalent"] == 2 and out["mutation"]["survived"] == 0
@@ -323,8 +322,7 @@ def test_gate_demands_the_mutation_score(toy, tmp_path, monkeypatch):
     assert req["met"] is True and req["detail"].startswith("the contracts' score, measured on the registered"), req
 
     # A partial run (a selection of the mutants) never counts, even with a perfect score.
-    (toy / "toy-mutate.yaml").write_text(TOY_SPEC.replace("promotion:\n", listed + "# edited\npromotion:\n"),
-                                         encoding="utf-8")
+    _list_equivalent(toy, ids, "# edited\n")
     spec = _spec(toy)
     partial = _opts(max_mutants=1)
     out = run(spec, ROOT, partial)
@@ -495,9 +493,7 @@ def test_a_signed_mutation_receipt_meets_mutation_score_under_a_trust_policy(toy
     opts = _opts()
     out = run(spec, ROOT, opts)
     ids = [s["id"] for s in out["mutation"]["survivors"]]
-    listed = "equivalent_mutants:\n" + "".join(
-        f"  - id: {i}\n    reason: every row's weights sum to more than 1, so the clamp never binds\n" for i in ids)
-    (toy / "toy-mutate.yaml").write_text(TOY_SPEC.replace("promotion:\n", listed + "promotion:\n"), encoding="utf-8")
+    _list_equivalent(toy, ids)
     spec = _spec(toy)
     out = run(spec, ROOT, opts)
     assert out["mutation"]["score"] == 1.0

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks.harness import without_keys
 from engine.cli import app
 from engine.store.receipts import check_receipt, receipt_files
 from engine.spec.loader import load_spec
@@ -142,16 +143,7 @@ def test_the_plugin_writes_the_receipt_contracts_check_writes(project, tmp_path)
     assert plugin["subject"] == cli["subject"]
 
     def comparable(pred: dict) -> dict:
-        volatile = {"receipt_id", "created_at", "finished_at", "cost", "wall_s"}
-
-        def strip(x):
-            if isinstance(x, dict):
-                return {k: strip(v) for k, v in x.items() if k not in volatile}
-            if isinstance(x, list):
-                return [strip(v) for v in x]
-            return x
-
-        return strip(pred)
+        return without_keys(pred, {"receipt_id", "created_at", "finished_at", "cost", "wall_s"})
 
     assert comparable(plugin["predicate"]) == comparable(cli["predicate"])
 

@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 import engine.cli as cli
-from engine.spec import registry
 from engine.store import receipts as R
 from engine.store.records import Receipt, describe
 from tests import gate_support as G
@@ -19,9 +18,7 @@ CANDIDATE = "c" * 64
 
 @pytest.fixture
 def layout(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
-    root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    root, specs, receipts = G.toy_project(tmp_path, monkeypatch)
     G.approve(root, specs, receipts)  # a review of the spec as it is: the gate's review requirement
     return root, specs, receipts
 

@@ -25,6 +25,7 @@ import engine.cli as cli
 from engine.store import ledger
 from engine.store import receipts as R
 from engine.paths import project_root
+from tests.toy_spec import toy_spec
 
 ROOT = project_root()
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's engine in every subprocess
@@ -50,18 +51,11 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[str]:
 
 
 # A short spec over TAPO's clip-schedule check (the shipped spec takes longer to parse than the check runs).
-SHORT_SPEC = """\
-spec_version: 1
-method: clip-only
-title: "TAPO's length-aware clip schedule alone, for the concurrency test"
-paper: {arxiv: "2610.13020", version: v1, title: T, institution: I, first_public: "2026-10-09",
-        code_released: false, license: null}
-level: L0
-implementation: tapo
-formulas:
-  - {id: length_clip, latex: "eps_t", implements: length_aware_clip}
-assumptions: []
-contracts:
+SHORT_SPEC = toy_spec(
+    "clip-only", "tapo", title="TAPO's length-aware clip schedule alone, for the concurrency test",
+    arxiv="2610.13020", first_public="2026-10-09", budget={"seeds": [42]},
+    formulas='  - {id: length_clip, latex: "eps_t", implements: length_aware_clip}',
+    contracts="""\
   - id: clip_schedule
     description: "eps_t matches the float64 formula"
     formulas: [length_clip]
@@ -72,18 +66,8 @@ contracts:
     cases: 1
     params: {eps_min: 0.1, eps_max: 0.2}
     expect:
-      - {metric: max_abs_err, le: 1.0e-12}
-mutants:
-  - {id: clip_reversed, description: reversed, mutant: tapo.clip_reversed, killed_by: [clip_schedule]}
-budget: {seeds: [42], max_seeds: 1, max_updates_per_seed: 0, max_tokens_per_seed: 0, max_wall_seconds: 60,
-         downloads: false}
-paper_results: {label: paper-reported, results: []}
-promotion:
-  review: TODO
-  state: not-promoted
-  reasons: []
-  requires: {review: DONE, devices: [cpu], all_budget_seeds: true, mutants_killed: true, formal_comparison: false}
-"""
+      - {metric: max_abs_err, le: 1.0e-12}""",
+    mutants="  - {id: clip_reversed, description: reversed, mutant: tapo.clip_reversed, killed_by: [clip_schedule]}")
 
 CHECKER = """\
 import json, sys, time

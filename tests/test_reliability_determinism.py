@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from engine.cli import app
 from engine.paths import project_root
+from tests.toy_spec import toy_spec
 
 ROOT = project_root()
 ONLY = ["--only", "mechanism", "--only", "prefix_ratio_forward", "--only", "clip_schedule"]
@@ -73,31 +74,14 @@ def test_two_cpu_runs_with_the_same_seeds_measure_the_same(tmp_path):
 
 # --- a check that draws from torch's global generator: the runner seeds it per call ---------------
 
-GLOBAL_RNG_SPEC = """\
-spec_version: 1
-method: reliab-rng
-title: "Test-only: a check drawing from torch's global generator"
-paper: {arxiv: "2601.00005", version: v1, title: T, institution: I, first_public: "2026-01-01",
-        code_released: false, license: null}
-level: L0
-implementation: reliab_rng
-formulas:
-  - {id: f1, latex: "u \\\\sim U(0,1)", implements: draw}
-assumptions: []
-contracts:
+GLOBAL_RNG_SPEC = toy_spec(
+    "reliab-rng", "reliab_rng", title="Test-only: a check drawing from torch's global generator", arxiv="2601.00005",
+    budget={"seeds": [42, 43], "max_seeds": 2},
+    formulas='  - {id: f1, latex: "u \\\\sim U(0,1)", implements: draw}',
+    contracts="""\
   - {id: draw, description: a draw from the global generator, formulas: [f1], kind: value, tier: math,
-     check: reliab_rng.global_draw, dtypes: [float64, float32], cases: 1, expect: [{metric: u, le: 1.0}]}
-mutants:
-  - {id: shifted, description: adds 2, mutant: reliab_rng.shifted, killed_by: [draw]}
-budget: {seeds: [42, 43], max_seeds: 2, max_updates_per_seed: 0, max_tokens_per_seed: 0, max_wall_seconds: 60,
-         downloads: false}
-paper_results: {label: paper-reported, results: []}
-promotion:
-  review: TODO
-  state: not-promoted
-  reasons: []
-  requires: {review: DONE, devices: [cpu], all_budget_seeds: true, mutants_killed: true, formal_comparison: false}
-"""
+     check: reliab_rng.global_draw, dtypes: [float64, float32], cases: 1, expect: [{metric: u, le: 1.0}]}""",
+    mutants="  - {id: shifted, description: adds 2, mutant: reliab_rng.shifted, killed_by: [draw]}")
 
 
 def test_a_check_using_the_global_generator_is_seeded_per_call(tmp_path):

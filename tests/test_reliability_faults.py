@@ -13,10 +13,8 @@ or 1 (failures only). NaN or inf never pass an expectation.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,11 +22,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from engine.spec import registry
 from engine.cli import app
 from engine.run.expect import evaluate
 from engine.store.receipts import check_receipt
 from engine.paths import project_root
+from tests.toy_spec import registered_package, toy_spec
 
 TIMEOUT_S = 0.3  # budget.per_contract_timeout_seconds of the test specs
 
@@ -174,61 +172,27 @@ def spec_text(key: str, contract_ids: list[str]) -> str:
     expect:
       - {CONTRACTS[cid][1]}
 """ for cid in contract_ids)
-    return f"""\
-spec_version: 1
-method: {key}
-title: "Test-only: implementations that misbehave"
-paper: {{arxiv: "2601.00002", version: v1, title: T, institution: I, first_public: "2026-01-01",
-        code_released: false, license: null}}
-level: L0
-implementation: reliab_faulty
-formulas:
-  - {{id: f1, latex: "y = 2x", implements: good}}
-assumptions: []
-contracts:
-{contracts}mutants:
+    return toy_spec(
+        key, "reliab_faulty", title="Test-only: implementations that misbehave", arxiv="2601.00002",
+        budget={"max_seeds": 2, "max_wall_seconds": 120, "per_contract_timeout_seconds": TIMEOUT_S},
+        formulas='  - {id: f1, latex: "y = 2x", implements: good}', contracts=contracts,
+        mutants=f"""\
   - id: tripled
     description: "3x instead of 2x"
     mutant: reliab_faulty.tripled
-    killed_by: [{", ".join(contract_ids)}]
-budget:
-  seeds: [1]
-  max_seeds: 2
-  max_updates_per_seed: 0
-  max_tokens_per_seed: 0
-  max_wall_seconds: 120
-  per_contract_timeout_seconds: {TIMEOUT_S}
-  downloads: false
-paper_results: {{label: paper-reported, results: []}}
-promotion:
-  review: TODO
-  state: not-promoted
-  reasons: []
-  requires: {{review: DONE, devices: [cpu], all_budget_seeds: true, mutants_killed: true, formal_comparison: false}}
-"""
+    killed_by: [{", ".join(contract_ids)}]""")
 
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
     """The misbehaving method registered in this process for this module only; its specs in a folder."""
     base = tmp_path_factory.mktemp("faulty")
-    (base / "pkg").mkdir()
-    (base / "pkg" / "reliab_faulty_pkg.py").write_text(FAULTY_PACKAGE)
-    sys.path.insert(0, str(base / "pkg"))
-    reg = registry.load()
-    before = {t: set(getattr(reg, t)) for t in ("implementations", "checks", "mutants")}
-    importlib.import_module("reliab_faulty_pkg")
     specs = base / "specs"
     specs.mkdir()
     (specs / "reliab-faults.yaml").write_text(spec_text("reliab-faults", list(CONTRACTS)))
     (specs / "reliab-failing.yaml").write_text(spec_text("reliab-failing", FAILING_ONLY))
-    yield specs
-    for t, names in before.items():  # leave the registry as the other tests expect it
-        table = getattr(reg, t)
-        for name in set(table) - names:
-            del table[name]
-    sys.modules.pop("reliab_faulty_pkg", None)
-    sys.path.remove(str(base / "pkg"))
+    with registered_package(base / "pkg", "reliab_faulty_pkg", FAULTY_PACKAGE):
+        yield specs
 
 
 def _check(specs: Path, key: str, receipts: Path):

@@ -14,7 +14,6 @@ those things.
 from __future__ import annotations
 
 import getpass
-import importlib
 import json
 import os
 import re
@@ -27,10 +26,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine.spec import registry
 from engine.cli import app
 from engine.paths import project_root
 from engine.store.receipts import PREDICATE_TYPE, STATEMENT_TYPE
+from tests.toy_spec import registered_package, toy_spec
 
 ROOT = project_root()
 CANARY_NAME = "CONTRACTS_LEAK_CANARY"
@@ -72,33 +71,16 @@ def none():
     return IMPL.replace("reliab_leaky.none", identity=lambda x: x + 1)
 '''
 
-LEAKY_SPEC = """\
-spec_version: 1
-method: reliab-leaky
-title: "Test-only: checks that try to leak paths, names and secrets"
-paper: {arxiv: "2601.00004", version: v1, title: T, institution: I, first_public: "2026-01-01",
-        code_released: false, license: null}
-level: L1
-implementation: reliab_leaky
-formulas:
-  - {id: f1, latex: "y = x", implements: identity}
-assumptions: []
-contracts:
+LEAKY_SPEC = toy_spec(
+    "reliab-leaky", "reliab_leaky", title="Test-only: checks that try to leak paths, names and secrets",
+    arxiv="2601.00004", level="L1",
+    formulas='  - {id: f1, latex: "y = x", implements: identity}',
+    contracts="""\
   - {id: raises, description: raises quoting paths, formulas: [f1], kind: value, tier: math,
      check: reliab_leaky.raises_with_paths, dtypes: [float64], cases: 1, expect: [{metric: err, le: 1.0}]}
   - {id: records, description: records paths, formulas: [f1], kind: mechanism, tier: math,
-     check: reliab_leaky.records_paths, dtypes: [float32], cases: 1, expect: [{metric: err, le: 1.0}]}
-mutants:
-  - {id: none, description: off by one, mutant: reliab_leaky.none, killed_by: [raises, records]}
-budget: {seeds: [1], max_seeds: 1, max_updates_per_seed: 0, max_tokens_per_seed: 0, max_wall_seconds: 60,
-         downloads: false}
-paper_results: {label: paper-reported, results: []}
-promotion:
-  review: TODO
-  state: not-promoted
-  reasons: []
-  requires: {review: DONE, devices: [cpu], all_budget_seeds: true, mutants_killed: true, formal_comparison: false}
-"""
+     check: reliab_leaky.records_paths, dtypes: [float32], cases: 1, expect: [{metric: err, le: 1.0}]}""",
+    mutants="  - {id: none, description: off by one, mutant: reliab_leaky.none, killed_by: [raises, records]}")
 
 
 # --- the scan ---------------------------------------------------------------------------------
@@ -215,22 +197,11 @@ def receipts_written(base: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def leaky(tmp_path_factory):
     base = tmp_path_factory.mktemp("leaky")
-    (base / "pkg").mkdir()
-    (base / "pkg" / "reliab_leaky_pkg.py").write_text(LEAKY_PACKAGE)
-    sys.path.insert(0, str(base / "pkg"))
-    reg = registry.load()
-    before = {t: set(getattr(reg, t)) for t in ("implementations", "checks", "mutants")}
-    importlib.import_module("reliab_leaky_pkg")
     specs = base / "specs"
     specs.mkdir()
     (specs / "reliab-leaky.yaml").write_text(LEAKY_SPEC)
-    yield specs
-    for t, names in before.items():
-        table = getattr(reg, t)
-        for name in set(table) - names:
-            del table[name]
-    sys.modules.pop("reliab_leaky_pkg", None)
-    sys.path.remove(str(base / "pkg"))
+    with registered_package(base / "pkg", "reliab_leaky_pkg", LEAKY_PACKAGE):
+        yield specs
 
 
 def test_checks_built_to_leak_leave_nothing_in_the_receipt(leaky, tmp_path):
@@ -334,12 +305,6 @@ KEY_LEAK_SPEC = LEAKY_SPEC.replace("reliab-leaky", "reliab-keyleak").replace("re
 
 @pytest.fixture()
 def key_leaky(tmp_path):
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "reliab_keyleak_pkg.py").write_text(KEY_LEAK_PACKAGE)
-    sys.path.insert(0, str(tmp_path / "pkg"))
-    reg = registry.load()
-    before = {t: set(getattr(reg, t)) for t in ("implementations", "checks", "mutants")}
-    importlib.import_module("reliab_keyleak_pkg")
     specs = tmp_path / "specs"
     specs.mkdir()
     text = KEY_LEAK_SPEC
@@ -347,13 +312,8 @@ def key_leaky(tmp_path):
         text = text.replace(f"check: reliab_keyleak.{'raises_with_paths' if cid == 'raises' else 'records_paths'}",
                             "check: reliab_keyleak.keys_and_steps")
     (specs / "reliab-keyleak.yaml").write_text(text)
-    yield specs
-    for t, names in before.items():
-        table = getattr(reg, t)
-        for name in set(table) - names:
-            del table[name]
-    sys.modules.pop("reliab_keyleak_pkg", None)
-    sys.path.remove(str(tmp_path / "pkg"))
+    with registered_package(tmp_path / "pkg", "reliab_keyleak_pkg", KEY_LEAK_PACKAGE):
+        yield specs
 
 
 def test_a_check_leaking_through_keys_and_step_text_leaves_nothing(key_leaky, tmp_path):

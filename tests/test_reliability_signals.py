@@ -31,6 +31,7 @@ import engine.cli as cli
 from engine.store import receipts as R
 from engine.paths import project_root
 from engine.store.verify import store_files
+from tests.toy_spec import toy_spec
 
 ROOT = project_root()
 # Subprocesses import this checkout's engine, whatever `pip install -e` points at.
@@ -84,33 +85,16 @@ def broken():
     return IMPL.replace("reliab_signal.broken", double=lambda x: 3 * x)
 '''
 
-SIGNAL_SPEC = """\
-spec_version: 1
-method: reliab-signal
-title: "Test-only: a run that is interrupted"
-paper: {arxiv: "2601.00003", version: v1, title: T, institution: I, first_public: "2026-01-01",
-        code_released: false, license: null}
-level: L0
-implementation: reliab_signal
-formulas:
-  - {id: f1, latex: "y = 2x", implements: double}
-assumptions: []
-contracts:
+SIGNAL_SPEC = toy_spec(
+    "reliab-signal", "reliab_signal", title="Test-only: a run that is interrupted", arxiv="2601.00003",
+    budget={"seeds": [1, 2, 3], "max_seeds": 3, "max_wall_seconds": 600},
+    formulas='  - {id: f1, latex: "y = 2x", implements: double}',
+    contracts="""\
   - {id: quick, description: finishes at once, formulas: [f1], kind: value, tier: math, check: reliab_signal.quick,
      dtypes: [float64], cases: 1, expect: [{metric: err, le: 1.0e-12}]}
   - {id: block, description: blocks until interrupted, formulas: [f1], kind: value, tier: math, check: reliab_signal.block,
-     dtypes: [float64], cases: 1, expect: [{metric: err, le: 1.0e-12}]}
-mutants:
-  - {id: broken, description: 3x, mutant: reliab_signal.broken, killed_by: [quick, block]}
-budget: {seeds: [1, 2, 3], max_seeds: 3, max_updates_per_seed: 0, max_tokens_per_seed: 0,
-         max_wall_seconds: 600, downloads: false}
-paper_results: {label: paper-reported, results: []}
-promotion:
-  review: TODO
-  state: not-promoted
-  reasons: []
-  requires: {review: DONE, devices: [cpu], all_budget_seeds: true, mutants_killed: true, formal_comparison: false}
-"""
+     dtypes: [float64], cases: 1, expect: [{metric: err, le: 1.0e-12}]}""",
+    mutants="  - {id: broken, description: 3x, mutant: reliab_signal.broken, killed_by: [quick, block]}")
 
 # The real CLI entry point, after the test-only method has registered itself in this process. Run with
 # `python -m`, as `python -m engine.cli` is (a module run exits differently from a script on CPython).

@@ -22,7 +22,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from typer.testing import CliRunner
 
 import engine.cli as cli
-from engine.spec import registry
 from engine.store import cache as C
 from engine.store import receipts as R
 from engine.store import signing as S
@@ -36,11 +35,9 @@ _REVIEWER: dict[str, Path] = {}  # the reviewer key of the running test: every p
 def layout(tmp_path, monkeypatch):
     """A checkout in tmp with the toy spec, approved in the ledger by a review signed with a reviewer key that
     every policy of these tests lists; keys and policies live beside it, outside the store."""
-    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
     monkeypatch.delenv("CONTRACTS_TRUST", raising=False)
     monkeypatch.delenv("CONTRACTS_SIGNING_KEY", raising=False)
-    root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr("engine.paths.project_root", lambda: root)
+    root, specs, receipts = G.toy_project(tmp_path, monkeypatch)
     reviewer, _ = _keys(tmp_path / "reviewer", "alice")
     monkeypatch.setitem(_REVIEWER, "key", reviewer)
     G.approve(root, specs, receipts, sign_key=reviewer)

@@ -29,30 +29,15 @@ from tui.screens.main import MainScreen
 from tui.screens.receipt import ReceiptScreen, ResultScreen
 from tui.widgets import VimTable
 
-SIZE = (130, 36)
-
-
-from tui_support import demo_names, make_app, store  # noqa: E402,F401 - fixtures shared with the other TUI tests
+from tui_support import SIZE, demo_names, make_app, rows, running, settle, started, store  # noqa: F401 - fixtures
 
 
 def run(coro):
     return asyncio.run(coro)
 
 
-async def settle(app, pilot):
-    await app.workers.wait_for_complete()
-    await pilot.pause()
-
-
 def table(app, selector) -> VimTable:
     return app.screen.query_one(selector, VimTable)
-
-
-def rows(t: VimTable) -> list[list[str]]:
-    out = []
-    for r in range(t.row_count):
-        out.append([c.plain if hasattr(c, "plain") else str(c) for c in t.get_row_at(r)])
-    return out
 
 
 # --- the index ------------------------------------------------------------------
@@ -308,10 +293,7 @@ def test_diff_predicates_names_moved_measurements_and_changed_statuses(store):
 
 def test_navigate_method_contract_receipt_result(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store) as (app, pilot):
             assert isinstance(app.screen, MainScreen)
             tree = app.screen.query_one("#methods")
             labels = [str(tree.get_node_at_line(i).label) for i in range(tree.last_line + 1)]
@@ -343,9 +325,7 @@ def test_navigate_method_contract_receipt_result(store):
 
 def test_receipts_tab_lists_every_state_and_filter_narrows(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, settled=False) as (app, pilot):
             await pilot.press("2")
             await settle(app, pilot)
             t = table(app, "#receipts-table")
@@ -366,9 +346,7 @@ def test_receipts_tab_lists_every_state_and_filter_narrows(store):
 
 def test_failures_only(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, settled=False) as (app, pilot):
             await pilot.press("1", "f")
             await settle(app, pilot)
             assert [r[0] for r in rows(table(app, "#contracts-table"))] == ["loss-gradient"]
@@ -385,11 +363,7 @@ def test_failures_only(store):
 
 def test_receipt_screen_failures_filter_and_diff(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            app.open_receipt(f"demo-method/{store['failed'].name}")
-            await settle(app, pilot)
+        async with started(store, receipt=f"demo-method/{store['failed'].name}") as (app, pilot):
             assert len(rows(table(app, "#results-table"))) == 15
             await pilot.press("f")
             await settle(app, pilot)
@@ -408,14 +382,19 @@ def test_receipt_screen_failures_filter_and_diff(store):
     run(go())
 
 
+def _copying_into(copied: list, store, monkeypatch):
+    """An app on `store` whose clipboard is `copied` (each copy appended)."""
+    app = make_app(store)
+    monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
+    return app
+
+
 def test_copy_value_and_receipt_path(store, monkeypatch):
     copied = []
 
     async def go():
-        app = make_app(store)
-        monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        app = _copying_into(copied, store, monkeypatch)
+        async with running(app, settled=False) as pilot:
             await pilot.press("2")
             await settle(app, pilot)
             await pilot.press("y")  # the newest receipt row: its path
@@ -434,17 +413,13 @@ def test_reload_and_poll_pick_up_a_new_receipt(store):
     spec = load_spec(store["specs"] / "demo-method.yaml", store["root"]).data
 
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, settled=False) as (app, pilot):
             add_receipt(store["receipts"], store["root"], spec, 20, rng=random.Random(7))
             await pilot.press("r")
             await app.wait_loaded(2)
             await settle(app, pilot)
             assert app.model.receipts_total == 7
-        app = make_app(store, poll_seconds=0.1)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, poll_seconds=0.1, settled=False) as (app, pilot):
             add_receipt(store["receipts"], store["root"], spec, 21, rng=random.Random(8))
             for _ in range(100):  # by itself, within a few poll periods
                 await pilot.pause(0.05)
@@ -457,11 +432,7 @@ def test_reload_and_poll_pick_up_a_new_receipt(store):
 
 def test_corrupt_and_tampered_receipts_open_without_crashing(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            app.open_receipt(f"demo-method/{store['truncated'].name}")
-            await settle(app, pilot)
+        async with started(store, receipt=f"demo-method/{store['truncated'].name}") as (app, pilot):
             head = app.screen.query_one("#receipt-header").render()
             assert "CORRUPT: not JSON" in str(head)
             assert app.screen.query_one("#receipt-tabs").active == "raw"
@@ -485,10 +456,7 @@ def test_a_receipt_of_any_shape_opens_and_diffs_without_crashing(store):
     odd.write_text(json.dumps(data, indent=1) + "\n")
 
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store) as (app, pilot):
             row = app.model.receipt("demo-method/" + odd.name)
             assert row.freshness == "tampered"
             app.open_receipt(row.file)
@@ -520,9 +488,7 @@ def test_closing_a_receipt_before_it_is_read_then_opening_another(store, monkeyp
     monkeypatch.setattr(receipt_mod, "load_detail", lambda d, f: gates[f.split("/")[-1]].wait(5) and real(d, f))
 
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, settled=False) as (app, pilot):
             app.open_receipt(f"demo-method/{store['passed'].name}")
             await pilot.pause()
             await pilot.press("escape")  # gone before its worker delivers
@@ -550,9 +516,7 @@ def test_empty_store_and_broken_spec_say_what_to_do(tmp_path, demo_names):
 
     async def go():
         app = create_app(specs, root / "receipts", root, poll_seconds=None)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with running(app) as pilot:
             tree = app.screen.query_one("#methods")
             labels = [str(tree.get_node_at_line(i).label) for i in range(tree.last_line + 1)]
             assert any(lbl.startswith("✗ broken BROKEN SPEC") for lbl in labels)
@@ -568,9 +532,7 @@ def test_empty_store_and_broken_spec_say_what_to_do(tmp_path, demo_names):
 def test_no_specs_folder_at_all(tmp_path):
     async def go():
         app = create_app(tmp_path / "nowhere", tmp_path / "receipts", tmp_path, poll_seconds=None)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with running(app) as pilot:
             assert "no specs folder" in str(app.screen.query_one("#status").render())
 
     run(go())
@@ -578,9 +540,7 @@ def test_no_specs_folder_at_all(tmp_path):
 
 def test_palette_selects_a_method(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, settled=False) as (app, pilot):
             await pilot.press("ctrl+p", *"method: other")
             await pilot.pause(0.3)
             await pilot.press("enter")
@@ -594,10 +554,8 @@ def test_palette_opens_a_receipt_copies_a_command_and_filters(store, monkeypatch
     copied = []
 
     async def go():
-        app = make_app(store)
-        monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        app = _copying_into(copied, store, monkeypatch)
+        async with running(app, settled=False) as pilot:
             rid = app.model.receipt(f"demo-method/{store['cuda'].name}").receipt_id
             await pilot.press("ctrl+p", *f"receipt: {rid[:8]}")
             await pilot.pause(0.3)
@@ -627,9 +585,7 @@ def test_palette_opens_a_receipt_copies_a_command_and_filters(store, monkeypatch
 
 def test_keys_can_be_remapped_by_binding_id(store):
     async def go():
-        app = make_app(store, keymap={"failures": "x"})
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, keymap={"failures": "x"}, settled=False) as (app, pilot):
             await pilot.press("f")
             assert app.screen.failures_only is False
             await pilot.press("x")
@@ -649,9 +605,7 @@ def test_no_color_keeps_marks_and_words(store, monkeypatch):
     async def go():
         app = make_app(store)
         assert app.no_color
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with running(app) as pilot:
             tree = app.screen.query_one("#methods")
             assert str(tree.get_node_at_line(0).label).startswith("✗ demo-method IN-REVIEW")
 
@@ -660,10 +614,7 @@ def test_no_color_keeps_marks_and_words(store, monkeypatch):
 
 def test_gate_tab_and_tree_show_the_engine_gate_verdict(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store) as (app, pilot):
             assert app.model.method("demo-method").gate.source == "engine.gate"
             await pilot.press("5")
             await settle(app, pilot)
@@ -676,22 +627,24 @@ def test_gate_tab_and_tree_show_the_engine_gate_verdict(store):
     run(go())
 
 
+def _forbid_here(monkeypatch, module, name: str, done: str) -> None:
+    """`module.name` fails the test if the UI process calls it: what it does must happen in another process."""
+
+    def not_here(*a, **k):
+        raise AssertionError(f"{done} in the UI process")
+
+    monkeypatch.setattr(module, name, not_here)
+
+
 def test_big_stores_evaluate_the_gate_in_another_process(store, monkeypatch):
     import tui.app as app_mod
 
     monkeypatch.setattr(app_mod, "GATE_PROCESS_THRESHOLD", 0)
-
-    def not_here(*a, **k):
-        raise AssertionError("evaluated in the UI process")
-
-    monkeypatch.setattr(app_mod, "gate_for", not_here)
+    _forbid_here(monkeypatch, app_mod, "gate_for", "evaluated")
     expected = _model(store, gates=True).method("demo-method").gate
 
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store) as (app, pilot):
             got = app.model.method("demo-method").gate
             assert got.source == "engine.gate" and got.unmet == expected.unmet and got.warnings == expected.warnings
 
@@ -703,11 +656,7 @@ def test_a_first_start_indexes_in_worker_processes_from_inside_the_app(store, mo
     import engine.store.index as index_mod
 
     monkeypatch.setattr(index_mod, "POOL_THRESHOLD", 1)
-
-    def not_here(*a, **k):
-        raise AssertionError("parsed in the UI process")
-
-    monkeypatch.setattr(index_mod, "index_file", not_here)
+    _forbid_here(monkeypatch, index_mod, "index_file", "parsed")
 
     async def go():
         app = make_app(store)
@@ -753,10 +702,7 @@ def _visible_width(t: VimTable, upto: int) -> tuple[int, int]:
 
 def test_at_80x24_every_device_status_column_shows(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store, size=(80, 24)) as (app, pilot):
             assert app.screen.has_class("-narrow")
             t = table(app, "#contracts-table")
             labels = [c.label.plain for c in t.columns.values()]
@@ -785,9 +731,7 @@ def test_at_80x24_the_real_specs_status_columns_show(tmp_path):
 
     async def go():
         app = create_app(repo / "specs", tmp_path / "receipts", repo, poll_seconds=None, persist_index=False)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with running(app, size=(80, 24)) as pilot:
             gave_way = []
             for m in app.model.methods:
                 app.select_method(m.key)
@@ -813,9 +757,7 @@ def test_at_160x48_the_tree_takes_what_its_labels_need(tmp_path, demo_names):
 
     async def go():
         app = create_app(specs, root / "receipts", root, poll_seconds=None)
-        async with app.run_test(size=(160, 48)) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with running(app, size=(160, 48)) as pilot:
             tree = app.screen.query_one("#methods")
             left = app.screen.query_one("#left")
             labels = [str(tree.get_node_at_line(i).label) for i in range(tree.last_line + 1)
@@ -836,10 +778,7 @@ def test_at_160x48_the_tree_takes_what_its_labels_need(tmp_path, demo_names):
 
 def test_focus_shows_after_tab(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store) as (app, pilot):
             left, right = app.screen.query_one("#left"), app.screen.query_one("#right")
             assert app.focused is app.screen.query_one("#methods")
             assert left.styles.border_top[0] == "heavy" and right.styles.border_top[0] == "round"
@@ -855,10 +794,7 @@ def test_the_palette_lists_the_apps_commands_before_textuals(store):
     from textual.command import CommandList
 
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store) as (app, pilot):
             system = {c.title for c in app.get_system_commands(app.screen)}
             await pilot.press("ctrl+p")
             await pilot.pause(0.5)
@@ -893,10 +829,7 @@ def test_every_binding_has_an_id_shows_in_the_footer_and_in_help():
 
 def test_the_footer_shows_what_applies_where_you_are(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store, size=(80, 24)) as (app, pilot):
             bar = app.screen.query_one("KeyBar")
             entries = {desc for _keys, desc, _on in bar.entries()}
             assert {"Filter", "Check", "Tree", "Tabs", "Move", "Quit"} <= entries
@@ -915,10 +848,7 @@ def test_the_footer_shows_what_applies_where_you_are(store):
 
 def test_empty_states_say_so(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store) as (app, pilot):
             app.select_method("other-method")
             await pilot.press("f")
             await settle(app, pilot)

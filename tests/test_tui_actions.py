@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import random
 import sys
@@ -28,31 +27,7 @@ from tui.screens.receipt import ReceiptScreen
 from tui.widgets import VimTable
 
 REPO = Path(__file__).resolve().parent.parent
-SIZE = (130, 36)
-
-
-from tui_support import demo_names, make_app, store  # noqa: E402,F401 - fixtures shared with the other TUI tests
-
-
-async def settle(app, pilot):
-    await app.workers.wait_for_complete()
-    await pilot.pause()
-
-
-def rows(t: VimTable) -> list[list[str]]:
-    return [[c.plain if hasattr(c, "plain") else str(c) for c in t.get_row_at(r)] for r in range(t.row_count)]
-
-
-def text_of(widget) -> str:
-    """What a Static shows, as plain text (a Group or Table rendered the way a terminal would get it)."""
-    from rich.console import Console
-
-    content = widget.content if hasattr(widget, "content") else widget.render()
-    if isinstance(content, str):
-        return content
-    console = Console(width=200, record=True, color_system=None, file=io.StringIO())
-    console.print(content)
-    return console.export_text()
+from tui_support import demo_names, make_app, rows, running, settle, started, store, text_of  # noqa: F401
 
 
 def partial_receipts(store) -> dict[str, Path]:
@@ -84,9 +59,7 @@ def test_every_receipt_row_and_header_says_full_or_partial(store):
     partial = partial_receipts(store)
 
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, settled=False) as (app, pilot):
             await pilot.press("2")
             await settle(app, pilot)
             cov = {r[1]: r[4] for r in rows(app.screen.query_one("#receipts-table", VimTable))}
@@ -119,11 +92,7 @@ def test_diff_defaults_to_the_previous_full_receipt_on_the_same_device(store):
     newest = add_receipt(store["receipts"], store["root"], spec, 13, rng=random.Random(13))  # full, cpu
 
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            app.open_receipt(f"demo-method/{newest.name}")
-            await settle(app, pilot)
+        async with started(store, receipt=f"demo-method/{newest.name}") as (app, pilot):
             await pilot.press("d")
             await settle(app, pilot)
             assert isinstance(app.screen, DiffScreen)
@@ -146,9 +115,7 @@ def test_diff_defaults_to_the_previous_full_receipt_on_the_same_device(store):
 
 def test_mark_any_two_receipts_and_compare_them(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, settled=False) as (app, pilot):
             await pilot.press("2")
             await settle(app, pilot)
             t = app.screen.query_one("#receipts-table", VimTable)
@@ -227,11 +194,7 @@ def test_plots_tab_draws_the_real_receipts_step_records():
 
 def test_receipt_screen_number_keys_and_the_plots_tab(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            app.open_receipt(f"demo-method/{store['passed'].name}")
-            await settle(app, pilot)
+        async with started(store, receipt=f"demo-method/{store['passed'].name}") as (app, pilot):
             tabs = app.screen.query_one("#receipt-tabs")
             for key, tab in (("2", "mutants"), ("3", "mechanism"), ("5", "raw"), ("4", "plots"), ("1", "results")):
                 await pilot.press(key)
@@ -294,9 +257,7 @@ def test_c_opens_a_form_runs_the_child_and_x_stops_it_after_asking(store, tmp_pa
         real = app.run_check
         monkeypatch.setattr(app, "run_check", lambda key, device, seeds, argv=None: started.append(
             (key, device, seeds)) or real(key, device, seeds, argv=[sys.executable, str(fake), "400", "0.05"]))
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with running(app) as pilot:
             await pilot.press("c")
             await settle(app, pilot)
             assert isinstance(app.screen, CheckForm)
@@ -344,10 +305,7 @@ def test_c_opens_a_form_runs_the_child_and_x_stops_it_after_asking(store, tmp_pa
 
 def test_a_check_that_cannot_run_says_why_in_the_panel(store):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with started(store) as (app, pilot):
             app.run_check("demo-method", "cuda", "", argv=[sys.executable, "-c", "import sys; sys.stderr.write("
                            "'error: --device cuda: CUDA is not available on this machine\\n'); sys.exit(4)"])
             for _ in range(500):
@@ -370,9 +328,7 @@ def test_a_real_check_from_the_tui_writes_a_receipt_that_then_shows(tmp_path):
 
     async def go():
         app = create_app(REPO / "specs", receipts, REPO, poll_seconds=None, persist_index=False)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with running(app) as pilot:
             argv = checkrun.check_argv("tapo-trajectory", "cpu", "42", app.specs_dir, app.receipts_dir)
             app.run_check("tapo-trajectory", "cpu", "42", argv=argv + ["--only", "clip_schedule"])
             frames = []
@@ -436,9 +392,7 @@ def test_promote_with_a_reason_then_demote_through_the_cli(tmp_path, demo_names,
     async def go():
         app = make_app(p)
         child_with_demo_names(app, p["root"], monkeypatch)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
-            await settle(app, pilot)
+        async with running(app) as pilot:
             await pilot.press("p")  # not on the Contracts tab
             await settle(app, pilot)
             assert isinstance(app.screen, MainScreen)
@@ -482,9 +436,7 @@ def test_promote_with_a_reason_then_demote_through_the_cli(tmp_path, demo_names,
 
 def test_promote_is_refused_with_the_gates_reasons_when_it_is_closed(store, monkeypatch):
     async def go():
-        app = make_app(store)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with started(store, settled=False) as (app, pilot):
             await pilot.press("5", "p")
             await settle(app, pilot)
             assert isinstance(app.screen, MessageScreen)
@@ -511,8 +463,7 @@ def test_the_cli_refuses_even_when_the_tui_was_told_the_gate_is_open(tmp_path, d
     async def go():
         app = make_app(p)
         child_with_demo_names(app, p["root"], monkeypatch)
-        async with app.run_test(size=SIZE) as pilot:
-            await app.wait_loaded()
+        async with running(app, settled=False) as pilot:
             await pilot.press("5", "p")
             await settle(app, pilot)
             assert isinstance(app.screen, ReasonForm)

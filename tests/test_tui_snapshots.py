@@ -8,25 +8,20 @@ from __future__ import annotations
 
 import pytest
 
-import engine.spec.registry as registry
-from benchmarks.synthetic_store import build_fixture_store, demo_static_names
-from tui.app import create_app
+from tui_support import demo_names, make_app, settle, store  # noqa: F401 - fixtures shared with the other TUI tests
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 
 
 @pytest.fixture()
-def app(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "_STATIC", demo_static_names())
+def app(store, monkeypatch):
     monkeypatch.delenv("NO_COLOR", raising=False)
-    out = build_fixture_store(tmp_path / "proj")
-    return create_app(out["specs"], out["receipts"], tmp_path / "proj", poll_seconds=None)
+    return make_app(store)
 
 
 async def loaded(pilot):
     await pilot.app.wait_loaded()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+    await settle(pilot.app, pilot)
 
 
 async def no_blink(pilot):
@@ -42,8 +37,7 @@ def open_failed_receipt(pilot, tab: str | None = None):
         await loaded(pilot)
         failed = next(r for r in pilot.app.model.method("demo-method").receipts if r.status == "failed")
         pilot.app.open_receipt(failed.file, contract="loss-gradient")
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(pilot.app, pilot)
         if tab:
             await pilot.press(tab)
             await pilot.pause()
@@ -97,8 +91,7 @@ def test_promote_refused_while_the_gate_is_closed(app, snap_compare, size):
     async def go(pilot):
         await loaded(pilot)
         await pilot.press("5", "p")
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(pilot.app, pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=go)
 
@@ -119,8 +112,7 @@ def test_diff_screen(app, snap_compare, size):
     async def go(pilot):
         await open_failed_receipt(pilot)
         await pilot.press("d")
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(pilot.app, pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=go)
 

@@ -549,7 +549,8 @@ def refusal_text(key: str, view: GateView):
     out = Text()
     out.append(f"{key} cannot be promoted: the gate is closed (verdict from {view.source}, read from the "
                "files just now)\n\n", style="bold red")
-    fmt.unmet_and_warnings(out, view.unmet, view.warnings)
+    fmt.gate_unmet(out, view.unmet)
+    fmt.gate_warnings(out, view.warnings)
     out.append("\nescape closes this", style="dim")
     return out
 

@@ -97,6 +97,21 @@ def gate(verdict: str) -> Text:
     return Text(f"{GATE_MARK.get(verdict, '?')} gate {word}", style=GATE_STYLE.get(verdict, ""))
 
 
+def gate_unmet(out: Text, unmet: Any) -> None:
+    """Append each unmet gate requirement, with the command or step that would meet it."""
+    for what, how in unmet:
+        out.append("✗ ", style="bold red")
+        out.append(what + "\n")
+        if how:
+            out.append(f"    {'$ ' if how.startswith('contracts ') else '-> '}{how}\n", style="cyan")
+
+
+def gate_warnings(out: Text, warnings: Any) -> None:
+    for w in warnings:
+        out.append("⚠ ", style="yellow")
+        out.append(w + "\n")
+
+
 def num(x: Any) -> str:
     """Short, exact enough: 3 significant digits for floats, ints as they are."""
     if isinstance(x, bool) or x is None:
@@ -130,20 +145,3 @@ def commit(c: Any, dirty: Any) -> str:
     if not isinstance(c, str) or not c:
         return "–"
     return c[:8] + ("+dirty" if dirty else "")
-
-
-def unmet_and_warnings(out: Text, unmet: list, warnings: list, met: list = ()) -> Text:
-    """A gate verdict's lines, the same on the Gate tab and in the refused-promote dialog: each unmet requirement
-    (✗) with the command or note that meets it, the met ones (✓), then the warnings (⚠)."""
-    for what, how in unmet:
-        out.append("✗ ", style="bold red")
-        out.append(what + "\n")
-        if how:
-            out.append(f"    {'$ ' if how.startswith('contracts ') else '-> '}{how}\n", style="cyan")
-    for what in met:
-        out.append("✓ ", style="green")
-        out.append(what + "\n")
-    for w in warnings:
-        out.append("⚠ ", style="yellow")
-        out.append(w + "\n")
-    return out

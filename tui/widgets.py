@@ -21,6 +21,18 @@ from tui import fmt
 MOVE = Binding.Group("Move")  # j/k/g/G share one footer entry
 
 
+def _moves(top: str, bottom: str) -> list[Binding]:
+    """enter, j, k, g, G under one set of ids for every list (one remap moves them all); `top` and `bottom` are the
+    widget's own actions for g and G."""
+    return [
+        Binding("enter", "select_cursor", "Open", id="open"),
+        Binding("j", "cursor_down", "Down", id="table.down", group=MOVE),
+        Binding("k", "cursor_up", "Up", id="table.up", group=MOVE),
+        Binding("g", top, "Top", id="table.top", group=MOVE),
+        Binding("G", bottom, "Bottom", id="table.bottom", group=MOVE),
+    ]
+
+
 class VimTable(DataTable):
     """DataTable with j/k/g/G; `enter` opens the row. Every binding has an id users can remap.
 
@@ -28,13 +40,7 @@ class VimTable(DataTable):
     full precision rather than the 3 significant digits shown.
     """
 
-    BINDINGS = [
-        Binding("enter", "select_cursor", "Open", id="open"),
-        Binding("j", "cursor_down", "Down", id="table.down", group=MOVE),
-        Binding("k", "cursor_up", "Up", id="table.up", group=MOVE),
-        Binding("g", "scroll_top", "Top", id="table.top", group=MOVE),
-        Binding("G", "scroll_bottom", "Bottom", id="table.bottom", group=MOVE),
-    ]
+    BINDINGS = _moves("scroll_top", "scroll_bottom")
 
     class Opened(Message):
         """Enter on a row (or cell): which row, by index and key."""
@@ -150,13 +156,7 @@ def fitted_widths(widths: list[int], fit: int, shrink: dict[int, int], padding: 
 class MethodTree(Tree):
     """The method tree, with the same binding ids as the tables."""
 
-    BINDINGS = [
-        Binding("enter", "select_cursor", "Open", id="open"),
-        Binding("j", "cursor_down", "Down", id="table.down", group=MOVE),
-        Binding("k", "cursor_up", "Up", id="table.up", group=MOVE),
-        Binding("g", "scroll_home", "Top", id="table.top", group=MOVE),
-        Binding("G", "scroll_end", "Bottom", id="table.bottom", group=MOVE),
-    ]
+    BINDINGS = _moves("scroll_home", "scroll_end")
 
     def process_label(self, label) -> Text:
         """A label is literal text, never markup (see the module docstring)."""
@@ -291,29 +291,3 @@ def _keys(keys: list[str]) -> str:
     return "/".join(keys)
 
 
-class Filtered:
-    """A screen's filter bar: `/` shows it; typing refilters; escape clears and hides the bar; either way the table
-    `FILTERED_TABLE` (a selector) gets the focus back. The screen defines `refilter()` and `filter_text`."""
-
-    FILTERED_TABLE = ""
-    filter_text: str
-
-    def refilter(self) -> None:
-        raise NotImplementedError
-
-    def action_filter(self) -> None:
-        bar = self.query_one("#filter", FilterBar)
-        bar.display = True
-        bar.focus()
-
-    def on_input_changed(self, event: FilterBar.Changed) -> None:
-        if event.input.id == "filter":
-            self.filter_text = event.value.strip()
-            self.refilter()
-
-    def on_filter_bar_done(self, event: FilterBar.Done) -> None:
-        if event.cleared:
-            self.query_one("#filter").display = False
-            self.filter_text = ""
-            self.refilter()
-        self.query_one(self.FILTERED_TABLE).focus()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.errors import UsageError
 
@@ -92,49 +92,36 @@ def _keyed(items: list) -> str | None:
     return None
 
 
+def _entries(old: dict, new: dict, field: Callable[[Any], str]) -> list[dict]:
+    """changed_fields entry by entry over both mappings' keys (old's order, then new's added ones); `field(key)`
+    names an entry."""
+    out = []
+    for k in list(old) + [k for k in new if k not in old]:
+        if k not in new:
+            out.append({"field": field(k), "change": "removed"})
+        elif k not in old:
+            out.append({"field": field(k), "change": "added"})
+        else:
+            out += changed_fields(old[k], new[k], field(k))
+    return out
+
+
 def changed_fields(old: Any, new: Any, path: str = "") -> list[dict]:
     """Where `new` differs from `old`, as [{field, change}] with change modified | added | removed; list items
     with an id (or name) are addressed by it (`contracts[beta_schedule].expect[0].le`)."""
     if old == new:
         return []
     if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in list(old) + [k for k in new if k not in old]:
-            sub = f"{path}.{k}" if path else str(k)
-            if k not in new:
-                out.append({"field": sub, "change": "removed"})
-            elif k not in old:
-                out.append({"field": sub, "change": "added"})
-            else:
-                out += changed_fields(old[k], new[k], sub)
-        return out
+        return _entries(old, new, lambda k: f"{path}.{k}" if path else str(k))
     if isinstance(old, list) and isinstance(new, list) and old and new and any(isinstance(x, (dict, list))
                                                                                for x in old + new):
         key = _keyed(old) if _keyed(old) == _keyed(new) else None
         if key is not None:
-            o, n = {x[key]: x for x in old}, {x[key]: x for x in new}
-            out = []
-            for k in list(o) + [k for k in n if k not in o]:
-                sub = f"{path}[{k}]"
-                if k not in n:
-                    out.append({"field": sub, "change": "removed"})
-                elif k not in o:
-                    out.append({"field": sub, "change": "added"})
-                else:
-                    out += changed_fields(o[k], n[k], sub)
+            out = _entries({x[key]: x for x in old}, {x[key]: x for x in new}, lambda k: f"{path}[{k}]")
             if not out:  # same items, another order
                 out.append({"field": path, "change": "modified"})
             return out
-        out = []
-        for i in range(max(len(old), len(new))):
-            sub = f"{path}[{i}]"
-            if i >= len(new):
-                out.append({"field": sub, "change": "removed"})
-            elif i >= len(old):
-                out.append({"field": sub, "change": "added"})
-            else:
-                out += changed_fields(old[i], new[i], sub)
-        return out
+        return _entries(dict(enumerate(old)), dict(enumerate(new)), lambda i: f"{path}[{i}]")
     return [{"field": path or "$", "change": "modified"}]
 
 

@@ -144,11 +144,9 @@ def _find(name: str) -> tuple[Path, list[Path]]:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from engine.store.receipts import sha256_file  # imported when used, as git_revision below
+
+    return sha256_file(path)
 
 
 def sources(target: Target) -> list[tuple[str, Path]]:

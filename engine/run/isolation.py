@@ -124,10 +124,16 @@ class _Worker:
             raise WorkerLost("the worker sent something that is not a JSON object")
         return msg
 
-    def _death(self) -> str:
+    def _exit_code(self) -> int | None:
+        """The worker's exit status once it has ended, None if it is still running a few seconds on."""
         try:
-            code = self.proc.wait(timeout=5)
+            return self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
+            return None
+
+    def _death(self) -> str:
+        code = self._exit_code()
+        if code is None:
             return "the worker closed its pipe"
         if code < 0:
             try:
@@ -165,6 +171,10 @@ class _Worker:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        self._release()
+
+    def _release(self) -> None:
+        """Close this side's pipe ends and the output log, once the worker has ended (or been killed)."""
         for fd in (self._w, self._r):
             try:
                 os.close(fd)

@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from engine.errors import EnvironmentProblem, UsageError
 
@@ -59,46 +60,50 @@ def bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
+def _once(key: str, probe: Callable[[], str | None]) -> str | None:
+    """probe() the first time `key` is asked for in this process, its answer after that."""
+    with _PROBE_LOCK:
+        if key not in _PROBE:
+            _PROBE[key] = probe()
+        return _PROBE[key]
+
+
 def unavailable() -> str | None:
     """Why no sandbox can be made here (one line), or None when bubblewrap runs; probed once per process."""
-    with _PROBE_LOCK:
-        if "why" in _PROBE:
-            return _PROBE["why"]
-        exe = bwrap()
-        why = None
-        if exe is None:
-            why = f"bubblewrap (bwrap) is not installed; {INSTALL}"
-        else:
-            try:
-                done = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
-                                       *_system_binds(), "--proc", "/proc", "--dev", "/dev", "true"],
-                                      capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
-                if done.returncode != 0:
-                    tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
-                    why = (f"bubblewrap cannot make a sandbox here ({tail[-1][:160] if tail else done.returncode}); "
-                           "it needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)")
-            except (OSError, subprocess.SubprocessError) as err:
-                why = f"bubblewrap did not run: {err}"
-        _PROBE["why"] = why
-        return why
+    return _once("why", _why_unavailable)
+
+
+def _why_unavailable() -> str | None:
+    exe = bwrap()
+    if exe is None:
+        return f"bubblewrap (bwrap) is not installed; {INSTALL}"
+    try:
+        done = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
+                               *_system_binds(), "--proc", "/proc", "--dev", "/dev", "true"],
+                              capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"bubblewrap did not run: {err}"
+    if done.returncode != 0:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return (f"bubblewrap cannot make a sandbox here ({tail[-1][:160] if tail else done.returncode}); "
+                "it needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)")
+    return None
 
 
 def version() -> str | None:
     """`bubblewrap 0.8.0` -> `0.8.0`; None where it cannot be read."""
-    with _PROBE_LOCK:
-        if "version" in _PROBE:
-            return _PROBE["version"]
+    return _once("version", _read_version)
+
+
+def _read_version() -> str | None:
     exe = bwrap()
-    out = None
-    if exe:
-        try:
-            text = subprocess.run([exe, "--version"], capture_output=True, timeout=10).stdout.decode().split()
-            out = text[-1] if text else None
-        except (OSError, subprocess.SubprocessError):
-            out = None
-    with _PROBE_LOCK:
-        _PROBE["version"] = out
-    return out
+    if not exe:
+        return None
+    try:
+        text = subprocess.run([exe, "--version"], capture_output=True, timeout=10).stdout.decode().split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return text[-1] if text else None
 
 
 def require(no_sandbox: bool) -> bool:

@@ -234,19 +234,8 @@ class ForkedWorker(_Worker):
             self.status = self.server.exit_status(self.pid, timeout)
         return self.status
 
-    def _death(self) -> str:
-        code = self._ended(EXIT_S)
-        if code is None:
-            return "the worker closed its pipe"
-        if code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        else:
-            how = f"exited with code {code}"
-        tail = self.tail()
-        return f"the worker process {how}" + (f" (last output: {tail})" if tail else "")
+    def _exit_code(self) -> int | None:
+        return self._ended(EXIT_S)
 
     def _kill(self) -> None:
         if self.status is not None or self.server.exited(self.pid):
@@ -288,12 +277,7 @@ class ForkedWorker(_Worker):
         if kill and self.status is None:
             self._kill()
             self._ended(EXIT_S)
-        for fd in (self._w, self._r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.log.close()
+        self._release()
 
 
 # --- one server per process ----------------------------------------------------------------------

@@ -56,17 +56,26 @@ def prefix_grad_leak():
     return _with_ratio("tapo.prefix_grad_leak", _ratio_prefix_grad_leak)
 
 
-def _ratio_count_padding(logp, old_logp, mask):
-    """t is the position in the row (prompt, padding and holes counted), not the valid-token count."""
+def _ratio_from_prefix_mean(logp, old_logp, mask, prefix_mean):
+    """The ratio's own form, R~_t (no gradient) times exp(logp_t - sg(logp_t)), with the running mean of
+    delta = logp - old_logp (zero at masked slots) computed by `prefix_mean(delta, m, cdt)`: the one part the
+    mutants below change."""
     m = as_bool_mask(mask, logp.shape)
     cdt = compute_dtype(logp.dtype)
     zero = torch.zeros((), dtype=cdt, device=logp.device)
     with torch.no_grad():
         delta = torch.where(m, logp.detach().to(cdt) - old_logp.detach().to(cdt), zero)
-        pos = torch.arange(1, logp.shape[-1] + 1, dtype=cdt, device=logp.device)
-        r_tilde = torch.exp(torch.where(m, delta.cumsum(-1) / pos, zero))
+        r_tilde = torch.exp(torch.where(m, prefix_mean(delta, m, cdt), zero))
     lv = torch.where(m, logp.to(cdt), zero)
     return r_tilde * torch.exp(lv - lv.detach())
+
+
+def _ratio_count_padding(logp, old_logp, mask):
+    """t is the position in the row (prompt, padding and holes counted), not the valid-token count."""
+    def over_position(delta, m, cdt):
+        return delta.cumsum(-1) / torch.arange(1, delta.shape[-1] + 1, dtype=cdt, device=delta.device)
+
+    return _ratio_from_prefix_mean(logp, old_logp, mask, over_position)
 
 
 @registry.mutant("tapo.prefix_count_padding", base="tapo")
@@ -110,16 +119,10 @@ def mask_by_multiply():
 
 def _ratio_lowp_cumsum(logp, old_logp, mask):
     """The prefix sum accumulated in bfloat16 (as under autocast), not float32 or wider."""
-    m = as_bool_mask(mask, logp.shape)
-    cdt = compute_dtype(logp.dtype)
-    zero = torch.zeros((), dtype=cdt, device=logp.device)
-    with torch.no_grad():
-        delta = torch.where(m, logp.detach().to(cdt) - old_logp.detach().to(cdt), zero)
-        csum = delta.to(torch.bfloat16).cumsum(-1).to(cdt)
-        count = m.cumsum(-1).clamp_min(1).to(cdt)
-        r_tilde = torch.exp(torch.where(m, csum / count, zero))
-    lv = torch.where(m, logp.to(cdt), zero)
-    return r_tilde * torch.exp(lv - lv.detach())
+    def bf16_sum(delta, m, cdt):
+        return delta.to(torch.bfloat16).cumsum(-1).to(cdt) / m.cumsum(-1).clamp_min(1).to(cdt)
+
+    return _ratio_from_prefix_mean(logp, old_logp, mask, bf16_sum)
 
 
 @registry.mutant("tapo.lowp_cumsum", base="tapo")

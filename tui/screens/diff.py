@@ -8,26 +8,25 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.screen import Screen
 from textual.widgets import Header, Static
 
 from tui import fmt
 from tui.data import ReceiptRow, load_detail
 from tui.diff import DiffRow, diff_predicates
-from tui.widgets import DataStatic, FilterBar, Filtered, KeyBar, VimTable
+from tui.screens.base import BACK, COPY, FILTER, FilteredScreen
+from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable
 
 KIND_STYLE = {"status": "bold red", "mutant": "bold magenta", "run": "cyan", "added": "green", "removed": "yellow",
               "measurement": ""}
 
 
-class DiffScreen(Filtered, Screen):
+class DiffScreen(FilteredScreen):
     """Which measurements moved and which statuses changed, old -> new."""
 
     BINDINGS = [
-        Binding("escape", "back", "Back", id="back"),
-        Binding("slash", "filter", "Filter", id="filter"),
+        BACK, FILTER,
         Binding("f", "failures", "Status changes only", id="failures"),
-        Binding("y", "copy", "Copy", id="copy"),
+        COPY,
     ]
 
     def __init__(self, old: ReceiptRow, new: ReceiptRow, why: str = "") -> None:
@@ -35,8 +34,6 @@ class DiffScreen(Filtered, Screen):
         self.old, self.new, self.why = old, new, why
         self.rows: list[DiffRow] = []
         self.same = 0
-        self.filter_text = ""
-        self.failures_only = False
         self.error = ""
 
     def compose(self) -> ComposeResult:
@@ -110,16 +107,14 @@ class DiffScreen(Filtered, Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
-    def action_failures(self) -> None:
-        self.failures_only = not self.failures_only
+    def refill(self) -> None:
         self._fill()
+
+    def focus_filtered(self) -> None:
+        self.query_one("#diff-table").focus()
 
     def action_copy(self) -> None:
         value = self.query_one("#diff-table", VimTable).cursor_value()
         if value is not None:
             self.app.copy_text(value if isinstance(value, str) else json.dumps(value))
 
-    FILTERED_TABLE = "#diff-table"
-
-    def refilter(self) -> None:
-        self._fill()

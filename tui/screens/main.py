@@ -8,40 +8,32 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
 
 from tui import fmt
 from tui.data import MethodModel, Model
+from tui.screens.base import BACK, COPY, DIFF, FAILURES, FILTER, MARK, FilteredScreen, tab_bindings
 from tui.widgets import DataStatic, FilterBar, KeyBar, MethodTree, VimTable
 
 MAX_RECEIPT_ROWS = 300  # a DataTable measures every cell; the store can hold 10,000+ receipts
 TABS = ("contracts", "receipts", "spec", "paper", "gate")
-TAB_KEYS = Binding.Group("Tabs")
 NARROW = 110  # columns: below this the tree drops review/promotion from its labels (the status line has them)
 TREE_MIN, TREE_SHARE_WIDE, TREE_SHARE_NARROW = 20, 0.45, 0.34  # the tree's width: least, most (share of screen)
 STATUS_MIN = 8  # "✓ passed": a device status column is never narrower
 
 
-class MainScreen(Screen):
+class MainScreen(FilteredScreen):
     """Tree of methods (review, promotion, gate) and tabs: Contracts, Receipts, Spec, Paper, Gate."""
 
     BINDINGS = [
-        Binding("slash", "filter", "Filter", id="filter"),
-        Binding("f", "failures", "Failures", id="failures"),
-        Binding("y", "copy", "Copy", id="copy"),
-        Binding("d", "diff", "Diff", id="diff"),
-        Binding("m", "mark", "Mark", id="mark"),
+        FILTER, FAILURES, COPY, DIFF, MARK,
         Binding("c", "check", "Check", id="check"),
         Binding("p", "promote", "Promote", id="promote"),
         Binding("p", "demote", "Demote", id="demote"),
         Binding("t", "toggle_tree", "Tree", id="tree"),
-        Binding("escape", "back", "Back", id="back"),
-        Binding("1", "tab('contracts')", "Contracts", id="tab.contracts", group=TAB_KEYS),
-        Binding("2", "tab('receipts')", "Receipts", id="tab.receipts", group=TAB_KEYS),
-        Binding("3", "tab('spec')", "Spec", id="tab.spec", group=TAB_KEYS),
-        Binding("4", "tab('paper')", "Paper", id="tab.paper", group=TAB_KEYS),
-        Binding("5", "tab('gate')", "Gate", id="tab.gate", group=TAB_KEYS),
+        BACK,
+        *tab_bindings(("contracts", "Contracts"), ("receipts", "Receipts"), ("spec", "Spec"), ("paper", "Paper"),
+                      ("gate", "Gate")),
     ]
 
     def __init__(self) -> None:
@@ -51,8 +43,6 @@ class MainScreen(Screen):
         self._receipt_files: list[str] = []  # receipts-table row index -> file in the store
         self._ready = False  # a model can arrive from the worker before this screen is mounted
         self._stale_tabs: set[str] = set()  # tabs whose content predates the current model or filter
-        self.filter_text = ""
-        self.failures_only = False
         self._width = 0  # the screen's width in cells, set on mount and on every resize
         self._tree_width = TREE_MIN
 
@@ -411,7 +401,11 @@ class MainScreen(Screen):
         out.append(f"  ({word}; verdict from {g.source})\n\n")
         if g.unmet:
             out.append("unmet requirements, each with what would meet it:\n", style="bold")
-        fmt.unmet_and_warnings(out, g.unmet, g.warnings, g.met)
+            fmt.gate_unmet(out, g.unmet)
+        for what in g.met:
+            out.append("✓ ", style="green")
+            out.append(what + "\n")
+        fmt.gate_warnings(out, g.warnings)
         self.query_one("#gate-view", Static).update(out)
 
     # -- cursor helpers -------------------------------------------------------------
@@ -481,21 +475,17 @@ class MainScreen(Screen):
         elif event.table.id == "contracts-table" and event.key:
             self.open_contract(m.key, event.key)
 
-    def on_input_changed(self, event: FilterBar.Changed) -> None:
-        if event.input.id != "filter":
-            return
-        self.filter_text = event.value.strip()
+    def refill(self) -> None:
         self.refresh_tables()
         self.query_one("#right").border_subtitle = ", ".join(
             (["failures only"] if self.failures_only else []) + ([f"filter '{self.filter_text}'"]
                                                                  if self.filter_text else []))
 
-    def on_filter_bar_done(self, event: FilterBar.Done) -> None:
-        bar = self.query_one("#filter", FilterBar)
-        if event.cleared:
-            bar.display = False
-            self.filter_text = ""
-            self.refresh_tables()
+    def refill_failures(self) -> None:
+        if self.app.model is not None:
+            self.show_model(self.app.model)
+
+    def focus_filtered(self) -> None:
         self._focus_table()
 
     def refresh_tables(self) -> None:
@@ -515,16 +505,6 @@ class MainScreen(Screen):
         self.query_one(TabbedContent).active = tab
         if tab in ("contracts", "receipts"):
             self.query_one(f"#{tab}-table").focus()
-
-    def action_filter(self) -> None:
-        bar = self.query_one("#filter", FilterBar)
-        bar.display = True
-        bar.focus()
-
-    def action_failures(self) -> None:
-        self.failures_only = not self.failures_only
-        if self.app.model is not None:
-            self.show_model(self.app.model)
 
     def action_back(self) -> None:
         if self.filter_text or self.query_one("#filter").display:

@@ -11,35 +11,27 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.screen import ModalScreen, Screen
+from textual.screen import ModalScreen
 from textual.widgets import Header, Log, Static, TabbedContent, TabPane
 
 from engine.text import term_safe
 from tui import fmt, plots
 from tui.data import Detail, ReceiptRow, load_detail
-from tui.widgets import DataStatic, FilterBar, Filtered, KeyBar, VimTable
+from tui.screens.base import BACK, COPY, DIFF, FAILURES, FILTER, MARK, FilteredScreen, tab_bindings
+from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable
 
 MAX_STEP_COLUMNS = 8
-TAB_KEYS = Binding.Group("Tabs")
 
 
-class ReceiptScreen(Filtered, Screen):
+class ReceiptScreen(FilteredScreen):
     """One receipt. The app keeps a single instance and refills it for every receipt opened
     (composing a fresh screen each time was most of the cost of opening one); the file is
     read in a worker, so opening never blocks the UI."""
 
     BINDINGS = [
-        Binding("escape", "back", "Back", id="back"),
-        Binding("slash", "filter", "Filter", id="filter"),
-        Binding("f", "failures", "Failures", id="failures"),
-        Binding("d", "diff", "Diff", id="diff"),
-        Binding("m", "mark", "Mark", id="mark"),
-        Binding("y", "copy", "Copy", id="copy"),
-        Binding("1", "tab('results')", "Results", id="tab.results", group=TAB_KEYS),
-        Binding("2", "tab('mutants')", "Mutants", id="tab.mutants", group=TAB_KEYS),
-        Binding("3", "tab('mechanism')", "Mechanism", id="tab.mechanism", group=TAB_KEYS),
-        Binding("4", "tab('plots')", "Plots", id="tab.plots", group=TAB_KEYS),
-        Binding("5", "tab('raw')", "Raw JSON", id="tab.raw", group=TAB_KEYS),
+        BACK, FILTER, FAILURES, DIFF, MARK, COPY,
+        *tab_bindings(("results", "Results"), ("mutants", "Mutants"), ("mechanism", "Mechanism"), ("plots", "Plots"),
+                      ("raw", "Raw JSON")),
     ]
 
     AUTO_FOCUS = "#results-table"  # focused at mount, so the key bar is built once, not again on load
@@ -48,8 +40,6 @@ class ReceiptScreen(Filtered, Screen):
         super().__init__(id="receipt")
         self.row = row
         self.contract = contract  # opened from this contract: the cursor starts on its worst row, nothing hidden
-        self.filter_text = ""
-        self.failures_only = False
         self.detail: Detail | None = None
         self._results: list[dict] = []
         self._result_rows: list[dict] = []  # results-table row index -> result
@@ -329,10 +319,15 @@ class ReceiptScreen(Filtered, Screen):
             return
         self.app.pop_screen()
 
-    def action_failures(self) -> None:
-        self.failures_only = not self.failures_only
+    def refill(self) -> None:
+        self._fill_results()
+
+    def refill_failures(self) -> None:
         self._fill_results()
         self._fill_mutants(self.detail.predicate if self.detail else {})
+
+    def focus_filtered(self) -> None:
+        self.query_one("#results-table").focus()
 
     def action_diff(self) -> None:
         self.app.open_diff(self.row.file)
@@ -360,11 +355,6 @@ class ReceiptScreen(Filtered, Screen):
                 self.app.copy_text(value if isinstance(value, str) else json.dumps(value))
                 return
         self.app.copy_text(self.app.receipt_display_path(self.row.file))
-
-    FILTERED_TABLE = "#results-table"
-
-    def refilter(self) -> None:
-        self._fill_results()
 
     def on_vim_table_opened(self, event: VimTable.Opened) -> None:
         if event.table.id == "results-table":

@@ -148,6 +148,19 @@ def _is_stringy(node: cst.BaseExpression) -> bool:
     return isinstance(node, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString))
 
 
+# The node each statement kind's header ends with (its own expressions); a simple statement is all header.
+STATEMENT_HEADERS = {
+    cst.SimpleStatementLine: lambda n: n,
+    cst.If: lambda n: n.test,
+    cst.While: lambda n: n.test,
+    cst.For: lambda n: n.iter,
+    cst.With: lambda n: n.items[-1],
+    cst.FunctionDef: lambda n: n.params,  # default values are evaluated by the `def`
+    cst.ClassDef: lambda n: n.name,
+}
+SKIPPED = frozenset({cst.Raise, cst.FormattedString, cst.Decorator})  # a raise's message, an f-string, a decorator
+
+
 class _Collector(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
@@ -181,66 +194,23 @@ class _Collector(cst.CSTVisitor):
         end = self._pos(header_end).end.line if header_end is not None else r.end.line
         self._stmt.append((r.start.line, end))
 
-    # Simple statements span their own lines; a compound statement's own expressions belong to its header.
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self._push_stmt(node)
+    # A statement's lines are its own for a simple one; a compound statement's own expressions belong to its header
+    # (STATEMENT_HEADERS). Inside SKIPPED nodes nothing is mutated. One table for both, so a pushed statement or
+    # skip is always popped by the same rule that pushed it.
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        header = STATEMENT_HEADERS.get(type(node))
+        if header is not None:
+            self._push_stmt(node, header(node))
+        elif type(node) in SKIPPED:
+            self._skip += 1
+        return super().on_visit(node)
 
-    def leave_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self._stmt.pop()
-
-    def visit_If(self, node: cst.If) -> None:
-        self._push_stmt(node, node.test)
-
-    def leave_If(self, node: cst.If) -> None:
-        self._stmt.pop()
-
-    def visit_While(self, node: cst.While) -> None:
-        self._push_stmt(node, node.test)
-
-    def leave_While(self, node: cst.While) -> None:
-        self._stmt.pop()
-
-    def visit_For(self, node: cst.For) -> None:
-        self._push_stmt(node, node.iter)
-
-    def leave_For(self, node: cst.For) -> None:
-        self._stmt.pop()
-
-    def visit_With(self, node: cst.With) -> None:
-        self._push_stmt(node, node.items[-1])
-
-    def leave_With(self, node: cst.With) -> None:
-        self._stmt.pop()
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._push_stmt(node, node.params)  # default values are evaluated by the `def`
-
-    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._stmt.pop()
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self._push_stmt(node, node.name)
-
-    def leave_ClassDef(self, node: cst.ClassDef) -> None:
-        self._stmt.pop()
-
-    def visit_Raise(self, node: cst.Raise) -> None:
-        self._skip += 1
-
-    def leave_Raise(self, node: cst.Raise) -> None:
-        self._skip -= 1
-
-    def visit_FormattedString(self, node: cst.FormattedString) -> None:
-        self._skip += 1
-
-    def leave_FormattedString(self, node: cst.FormattedString) -> None:
-        self._skip -= 1
-
-    def visit_Decorator(self, node: cst.Decorator) -> None:
-        self._skip += 1
-
-    def leave_Decorator(self, node: cst.Decorator) -> None:
-        self._skip -= 1
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if type(original_node) in STATEMENT_HEADERS:
+            self._stmt.pop()
+        elif type(original_node) in SKIPPED:
+            self._skip -= 1
+        super().on_leave(original_node)
 
     def visit_Annotation(self, node: cst.Annotation) -> bool:
         return False  # type hints are not behaviour
