@@ -209,6 +209,22 @@ def test_a_refusal_rows_word_counts_wherever_in_its_mutations_it_is_written():
     assert out["not_refused"] == 1 and "without 'mask'" in c.case_log[0]["argument"]
 
 
+def test_a_refusal_row_the_implementation_cannot_take_is_unmeasured_not_missed():
+    """A framework loss that cannot take a row (an argument it has no knob for raises NotProvided) leaves that
+    table unmeasured (the contract partial or not applicable), never counted as a missed refusal."""
+    p = {**CALL, "mask": "mask", "refuse": [{"arg": "x", "fill": "nan", "at": "first_valid", "match": "finite"}],
+         "accept": [{"arg": "x", "fill": 1.0e30}]}
+
+    def no_knob(x, y, m):
+        if not torch.isfinite(x).all():
+            raise registry.NotProvided("f", "no such knob here")
+        return x
+
+    out, c = measure("refusal", {"f": no_knob}, p)
+    assert "not_refused" not in out and "refused" not in out and out["wrongly_refused"] == 0
+    assert c.not_measured["not_refused"] == "the implementation provides no f: no such knob here"
+
+
 def test_a_call_the_implementation_lacks_is_recorded_as_skipped():
     """masked_junk over two calls on an implementation with one: the metric it still measures is fed by one call
     only, so the kind says which call it skipped (the runner then makes the contract partial)."""
@@ -419,7 +435,8 @@ def test_reference_agreement_keys_agree_fails_on_a_wrong_metric():
     bad, c = measure("reference_agreement", {"f": off_by_one}, params)
     assert bad["keys_max_abs_err"] == 1.0 and "tokens" in c.case_log[0]["where"]["keys_max_rel_err"]
     gone, c = measure("reference_agreement", {"f": lambda *a: (_loss(*a)[0], {})}, params)
-    assert gone["keys_missing"] == 6 and "keys_missing" in c.not_measured  # partial, never passed
+    # unmeasured, not a count: the contract is partial, never passed, and never fails for a framework's own names
+    assert "keys_missing" not in gone and "keys_missing" in c.not_measured
 
 
 PAIRED = {"run": "test_kinds.paired", "method_arm": "method", "control_arm": "control"}

@@ -47,6 +47,8 @@ class Refusal(Kind):
                "call's", "cases": "rows"}
 
     def measure(self, impl, ctx, params):
+        from engine.spec.registry import NotProvided
+
         import torch
 
         from engine.kinds import calls
@@ -59,6 +61,7 @@ class Refusal(Kind):
         base = calls.cast_all(ctx, drawn)
         mask = drawn.get(params.get("mask") or "mask")
         counts = {"refused": 0, "not_refused": 0, "accepted": 0, "wrongly_refused": 0, "accepted_differs": 0}
+        skipped = {"refuse": 0, "accept": 0}
         unmutated = []
 
         def same_as_unmutated(out) -> bool:
@@ -140,6 +143,14 @@ class Refusal(Kind):
                     out = calls.call(impl, p, t, output=None)
                     if hasattr(out, "__next__"):
                         next(out)
+                except NotProvided as e:
+                    # this implementation cannot take the row (no such function or argument): the row is not
+                    # measured, so the contract is partial (or not applicable if no row was), never a missed refusal
+                    skipped[table] += 1
+                    for metric in (("not_refused", "refused") if refusing else
+                                   ("wrongly_refused", "accepted", "accepted_differs")):
+                        ctx.not_applicable(str(e), metric)
+                    continue
                 except want as e:
                     outcome, message = "raised", str(e)
                 except Exception as e:  # noqa: BLE001 - another exception type is not the documented refusal:
@@ -153,7 +164,7 @@ class Refusal(Kind):
                     ok = outcome == "accepted"
                     counts["accepted" if ok else "wrongly_refused"] += 1
                     metric = "wrongly_refused"
-                    if ok and first.get("same") and not same_as_unmutated(out):
+                    if ok and any(mu.get("same") for mu in row_muts) and not same_as_unmutated(out):
                         ok, outcome, metric = False, "accepted with another result", "accepted_differs"
                         counts["accepted_differs"] += 1
                 log = getattr(ctx, "case_log", None)
@@ -162,7 +173,12 @@ class Refusal(Kind):
                                                                          if isinstance(v, torch.Tensor)},
                                 "metrics": {metric: 0 if ok else 1}, "argument": f"{table}: {describe(muts)}"
                                 + ("" if ok else f" ({_what_happened(outcome, message, raises, match)})")})
-        return {**counts, "cases": row + 1}
+        out = {**counts, "cases": row + 1}
+        if skipped["refuse"] and not counts["refused"] + counts["not_refused"]:
+            del out["not_refused"], out["refused"]
+        if skipped["accept"] and not counts["accepted"] + counts["wrongly_refused"]:
+            del out["wrongly_refused"], out["accepted"], out["accepted_differs"]
+        return out
 
 
 def _what_happened(outcome: str, message: str, raises: str, match: str) -> str:
