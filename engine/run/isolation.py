@@ -246,23 +246,7 @@ class CandidateRun:
         except WorkerLost as lost:
             w.close(kill=True)
             raise WorkerLost(f"while loading the candidate: {lost}") from None
-        if msg.get("type") == "load_error":
-            w.close(kill=True)
-            if msg.get("fatal"):
-                raise WorkerLost(f"while loading the candidate: {msg.get('message')}")
-            raise UsageError(f"--impl {self.init['shown']}: cannot load it: {msg.get('message')}")
-        if msg.get("type") != "loaded":
-            w.close(kill=True)
-            raise WorkerLost("the worker did not report the candidate loaded")
-        problems = []
-        for key, what in (("missing", "has no function"), ("not_callable", "has a non-callable")):
-            names = [n for n in msg.get(key) or [] if isinstance(n, str)]
-            if names:
-                problems.append(f"{what} {', '.join(names)}")
-        if problems:
-            w.close(kill=True)
-            raise UsageError(f"--impl {self.init['shown']} {'; '.join(problems)}; the {self.init['method']} interface "
-                             f"needs {', '.join(self.init['names'])} (see contracts interface {self.init['method']})")
+        _require_loaded(msg, "type", lambda: w.close(kill=True), self.init, "the worker")
         if msg.get("note") and msg["note"] not in self.notes:
             self.notes.append(str(msg["note"]))
         if not self.checked_interface:
@@ -409,23 +393,7 @@ class Supervised:
         except WorkerLost as lost:
             conn.close(kill=True)
             raise WorkerLost(f"while loading the candidate: {lost}") from None
-        if msg.get("op") == "load_error":
-            conn.close(kill=True)
-            if msg.get("fatal"):
-                raise WorkerLost(f"while loading the candidate: {msg.get('message')}")
-            raise UsageError(f"--impl {self.init['shown']}: cannot load it: {msg.get('message')}")
-        if msg.get("op") != "loaded":
-            conn.close(kill=True)
-            raise WorkerLost("the candidate's process did not report the candidate loaded")
-        problems = []
-        for key, what in (("missing", "has no function"), ("not_callable", "has a non-callable")):
-            names = [n for n in msg.get(key) or [] if isinstance(n, str)]
-            if names:
-                problems.append(f"{what} {', '.join(names)}")
-        if problems:
-            conn.close(kill=True)
-            raise UsageError(f"--impl {self.init['shown']} {'; '.join(problems)}; the {self.init['method']} interface "
-                             f"needs {', '.join(self.init['names'])} (see contracts interface {self.init['method']})")
+        _require_loaded(msg, "op", lambda: conn.close(kill=True), self.init, "the candidate's process")
         if msg.get("note") and str(msg["note"]) not in self.notes:
             self.notes.append(str(msg["note"]))
         self.conn = conn
@@ -729,3 +697,25 @@ def check_options(impl: str | None, all_: bool, jobs: int, executor: str, addres
 
 __all__ = ["CandidateRun", "CandidateSession", "Confinement", "Supervised", "Unit", "check_options", "make_runner", "run_candidate",
            "single_function_mutants", "worker_env"]
+
+
+def _require_loaded(msg: dict, key: str, close: Callable[[], None], init: dict, who: str) -> None:
+    """The candidate's load report, the same for a worker and a call-loop process: an unloadable file is a usage
+    error (or a lost worker, if fatal), a missing interface function a usage error naming them all; each closes it."""
+    if msg.get(key) == "load_error":
+        close()
+        if msg.get("fatal"):
+            raise WorkerLost(f"while loading the candidate: {msg.get('message')}")
+        raise UsageError(f"--impl {init['shown']}: cannot load it: {msg.get('message')}")
+    if msg.get(key) != "loaded":
+        close()
+        raise WorkerLost(f"{who} did not report the candidate loaded")
+    problems = []
+    for field, what in (("missing", "has no function"), ("not_callable", "has a non-callable")):
+        names = [n for n in msg.get(field) or [] if isinstance(n, str)]
+        if names:
+            problems.append(f"{what} {', '.join(names)}")
+    if problems:
+        close()
+        raise UsageError(f"--impl {init['shown']} {'; '.join(problems)}; the {init['method']} interface "
+                         f"needs {', '.join(init['names'])} (see contracts interface {init['method']})")
