@@ -291,3 +291,22 @@ def test_a_cuda_run_merges_on_a_driver_without_a_gpu():
     assert pred["status"] == "passed"
     lost = merge(dataclasses.replace(mr, outcomes={}), "ray")["predicate"]
     assert lost["environment"]["device"]["kind"] == "cuda" and lost["status"] == "error"
+
+
+def test_a_warm_server_started_long_ago_still_spawns_when_its_ready_was_never_read():
+    """Its "ready" sat unread in the socket while the startup time ran out: the wait must read it, not say "no
+    answer within 0 s" (seen under xdist, where one worker's server outlives the startup time between tests)."""
+    import select
+
+    from engine.run import warm
+
+    srv = warm.WarmServer()
+    try:
+        ready, _, _ = select.select([srv.sock], [], [], 120)  # its "ready" arrives; nobody reads it
+        assert ready
+        srv.started -= 10_000  # no startup time left
+        pid, _, _, log = srv.spawn()
+        assert pid > 0
+        log.close()
+    finally:
+        srv.close()

@@ -209,16 +209,6 @@ def test_input_checks_count_every_case_and_catch_missing_refusals():
                for e in missed), missed
 
 
-def test_scratch_budget_is_the_documented_block():
-    from methods.mrtpo.checks import _scratch_budget
-
-    # 16 rows of 150k: 150000-element blocks of one row; 18 bytes an element in float32, 26 for bfloat16
-    assert _scratch_budget(16, 150_000, torch.float32, {}) == 18 * 150_000 + 16 * 16 + 16384
-    assert _scratch_budget(16, 150_000, torch.bfloat16, {}) == 26 * 150_000 + 16 * 16 + 16384
-    assert _scratch_budget(4, 1000, torch.float64, {}) == 34 * 65_000 + 16 * 4 + 16384  # 65 whole rows
-    assert _scratch_budget(128, 150_000, torch.float32, {}) == 18 * 6 * 150_000 + 16 * 128 + 16384  # capped
-
-
 def test_fewer_blocks_and_doubled_logits_blocks_only_change_memory():
     g = torch.Generator().manual_seed(13)
     a = torch.randn(16, 3000, generator=g, dtype=F64).log_softmax(-1)

@@ -124,11 +124,14 @@ class WarmServer:
                 if self.dead:
                     raise WorkerLost(f"{what}: {self.dead}")
                 left = end - time.monotonic()
-                if left <= 0:
-                    raise WorkerLost(f"{what}: no answer from the warm server within {timeout:g} s")
-                ready, _, _ = select.select([self.sock], [], [], min(left, 0.05))
+                # Read what is waiting before giving up: a server started long ago may have said "ready" while
+                # nobody was listening, and a wait whose time is spent (timeout 0) must still see that.
+                ready, _, _ = select.select([self.sock], [], [], min(max(left, 0.0), 0.05))
                 if ready:
                     self._read_one()
+                    continue
+                if left <= 0:
+                    raise WorkerLost(f"{what}: no answer from the warm server within {timeout:g} s")
 
     def alive(self) -> bool:
         if self.dead is not None:
