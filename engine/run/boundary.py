@@ -31,7 +31,6 @@ import itertools
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ import torch
 
 from engine.run import unimplemented
 from engine.run.call_loop import Malformed, Refused, pack, unpack
-from engine.run.isolation import WorkerLost, worker_env
+from engine.run.isolation import WorkerLost, exit_text, kill_group, worker_env
 
 LOOP = Path(__file__).with_name("call_loop.py")
 MAX_HEADER = 1 << 16
@@ -296,7 +295,7 @@ class Connection:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "the candidate's process closed its pipe"
-        how = self._describe_exit(code) if self._describe_exit else _exit_text(code)
+        how = self._describe_exit(code) if self._describe_exit else exit_text(code)
         tail = self.tail()
         return f"the candidate's process {how}" + (f" (last output: {tail})" if tail else "")
 
@@ -474,13 +473,6 @@ class Connection:
             pass
 
 
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def pipes() -> tuple[int, int, int, int]:
@@ -505,14 +497,9 @@ def spawn(argv_for: Callable[[int, int], list[str]], env: dict[str, str],
 
     def kill() -> None:
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the candidate's own children too
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+            kill_group(proc)  # the candidate's own children too
+        else:
+            proc.wait()
 
     return Connection(proc, to_w, from_r, log, kill, describe_exit)
 

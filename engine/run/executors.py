@@ -216,12 +216,9 @@ def _exit_reason(proc) -> str:
     code = proc.exitcode
     if code is None:
         return "did not exit"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    from engine.run.isolation import exit_text
+
+    return exit_text(code)
 
 
 def _preload_modules() -> list[str]:

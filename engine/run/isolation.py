@@ -719,3 +719,25 @@ def _require_loaded(msg: dict, key: str, close: Callable[[], None], init: dict, 
         close()
         raise UsageError(f"--impl {init['shown']} {'; '.join(problems)}; the {init['method']} interface "
                          f"needs {', '.join(init['names'])} (see contracts interface {init['method']})")
+
+
+def exit_text(code: int) -> str:
+    """How a process ended, for a one-line failure: 'exited with code 3', 'was killed by SIGKILL'."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started in a session of its own, and everything it started; reap it (10 s at most)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass

@@ -433,15 +433,9 @@ class Sandbox:
         if self.killed:
             return
         self.killed = True
-        proc = self._server.proc
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        from engine.run.isolation import kill_group
+
+        kill_group(self._server.proc)
         self._server.dead = "the candidate's sandbox was closed"
 
     def close(self) -> None:
