@@ -127,6 +127,8 @@ def test_every_method_reads_a_0_1_mask_of_any_real_dtype_as_the_bool_mask():
     from methods.tapo.objective import tapo_loss
     from methods.tar.fps import farthest_point_prototypes
     from methods.tar.harness import kl_to_base
+    from methods.grpo.loss import group_advantages, grpo_loss
+    from methods.gspo.loss import gspo_loss, sequence_ratio
     from methods.tar.replay import adaptive_replay_loss
 
     g = torch.Generator().manual_seed(0)
@@ -143,6 +145,10 @@ def test_every_method_reads_a_0_1_mask_of_any_real_dtype_as_the_bool_mask():
         lambda m: float(tapo_loss(lt, lt - 0.1, torch.tensor([1.0, -1.0], dtype=torch.float64), m, 0.1, 0.3)[0]),
         lambda m: farthest_point_prototypes(emb, m.reshape(-1)[:4], k=2).tolist(),
         lambda m: float(kl_to_base(la.log_softmax(-1), la.flip(0), m)),
+        lambda m: float(grpo_loss(lt, lt - 0.1, torch.tensor([1.0, -1.0], dtype=torch.float64), m)[0]),
+        lambda m: group_advantages(torch.tensor([1.0, 2.0], dtype=torch.float64), 2, mask=m).tolist(),
+        lambda m: float(gspo_loss(lt, lt - 0.1, torch.tensor([1.0, -1.0], dtype=torch.float64), m)[0]),
+        lambda m: sequence_ratio(lt, lt - 0.1, m).tolist(),
     ]
     for call in calls:
         want = call(mask)
