@@ -17,7 +17,7 @@ from engine.cli import app
 from engine.spec import registry
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = {"tapo-trajectory": "tapo", "mrtpo": "mrtpo", "tar-adaptive-replay": "tar"}
+METHODS = {"tapo-trajectory": "tapo", "mrtpo": "mrtpo", "tar-adaptive-replay": "tar", "grpo": "grpo", "gspo": "gspo"}
 
 runner = CliRunner()
 
@@ -31,6 +31,8 @@ def _interface(method: str) -> dict:
 def _default(p: inspect.Parameter) -> str | None:
     if p.default is inspect.Parameter.empty:
         return None
+    if isinstance(p.default, str):  # declared quoted, as the scaffold writes it: agg='token-mean'
+        return repr(p.default)
     return f"torch.{str(p.default).split('.')[-1]}" if "torch." in str(p.default) else str(p.default)
 
 
@@ -49,7 +51,11 @@ def test_the_interface_is_declared_whole_and_is_the_registered_signatures(method
     impl = registry.load().get_implementation(METHODS[method])
     declared = {f["name"]: f for f in data["functions"]}
     assert sorted(declared) == sorted(impl.functions)
-    called = _called_by_checks(METHODS[method])
+    from engine.spec.loader import load_spec
+
+    spec = load_spec(ROOT / "specs" / f"{method}.yaml", ROOT).data
+    called = _called_by_checks(METHODS[method]) | {
+        c["params"]["function"] for c in spec["contracts"] if "function" in (c.get("params") or {})}
     assert called and called <= set(declared), f"called but not declared: {sorted(called - set(declared))}"
     for name, f in declared.items():
         assert f["signature"] and f["summary"] and f["returns"], name
@@ -99,6 +105,14 @@ def test_declared_result_keys_are_the_returned_ones():
     _, met = tapo_loss(lt.clone().requires_grad_(True), lt, torch.tensor([1.0, -1.0], dtype=torch.float64), mask,
                        0.1, 0.3)
     assert set(met) == _keys("tapo-trajectory", "tapo_loss", "metrics")
+    from methods.grpo.loss import grpo_loss
+    from methods.gspo.loss import gspo_loss
+
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    _, met = grpo_loss(lt, lt - 0.1, adv, mask, dual_clip=2.0, ref_logp=lt - 0.2, beta=0.1)
+    assert set(met) == _keys("grpo", "grpo_loss", "metrics")
+    _, met = gspo_loss(lt, lt - 0.1, adv, mask)
+    assert set(met) == _keys("gspo", "gspo_loss", "metrics")
 
 
 # --- the declared conventions, in the shipped implementations -------------------------------------
@@ -113,6 +127,8 @@ def test_every_method_reads_a_0_1_mask_of_any_real_dtype_as_the_bool_mask():
     from methods.tapo.objective import tapo_loss
     from methods.tar.fps import farthest_point_prototypes
     from methods.tar.harness import kl_to_base
+    from methods.grpo.loss import group_advantages, grpo_loss
+    from methods.gspo.loss import gspo_loss, sequence_ratio
     from methods.tar.replay import adaptive_replay_loss
 
     g = torch.Generator().manual_seed(0)
@@ -129,6 +145,10 @@ def test_every_method_reads_a_0_1_mask_of_any_real_dtype_as_the_bool_mask():
         lambda m: float(tapo_loss(lt, lt - 0.1, torch.tensor([1.0, -1.0], dtype=torch.float64), m, 0.1, 0.3)[0]),
         lambda m: farthest_point_prototypes(emb, m.reshape(-1)[:4], k=2).tolist(),
         lambda m: float(kl_to_base(la.log_softmax(-1), la.flip(0), m)),
+        lambda m: float(grpo_loss(lt, lt - 0.1, torch.tensor([1.0, -1.0], dtype=torch.float64), m)[0]),
+        lambda m: group_advantages(torch.tensor([1.0, 2.0], dtype=torch.float64), 2, mask=m).tolist(),
+        lambda m: float(gspo_loss(lt, lt - 0.1, torch.tensor([1.0, -1.0], dtype=torch.float64), m)[0]),
+        lambda m: sequence_ratio(lt, lt - 0.1, m).tolist(),
     ]
     for call in calls:
         want = call(mask)

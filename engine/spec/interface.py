@@ -14,8 +14,8 @@ with nothing said about their arguments.
 
 Nothing here imports torch or runs code named in a spec: the scaffold writes
 defaults only from the schema's short literal forms (None, True, False, a
-number, torch.<name>), and every text from the spec goes into a docstring
-escaped, never into code.
+number, torch.<name>, a quoted word of letters, digits, _ . -), and every text
+from the spec goes into a docstring escaped, never into code.
 """
 
 from __future__ import annotations
