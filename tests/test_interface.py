@@ -84,6 +84,8 @@ def test_the_scaffold_has_real_signatures_and_docstrings(method, tmp_path):
         assert "Returns:" in ns[name].__doc__, name
         with pytest.raises(NotImplementedError):
             ns[name](*[None] * sum(p.default is inspect.Parameter.empty for p in got.parameters.values()))
+    # A shape and a dtype with the same text ("same as z") read once, not twice in a row.
+    assert not re.search(r"(same as \w+) \1", r.stdout), r.stdout
 
 
 def _keys(method: str, function: str, value: str) -> set[str]:

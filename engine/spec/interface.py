@@ -182,7 +182,9 @@ def signature(f: Function) -> str:
 
 def _describe(item: Any) -> str:
     get = item.get if isinstance(item, dict) else (lambda k: getattr(item, k, None))
-    bits = [b for b in (get("shape"), get("dtype")) if b]
+    shape, dtype = get("shape"), get("dtype")
+    # "same as z" for both reads once, not "same as z same as z".
+    bits = [b for b in ((shape, dtype) if shape != dtype else (shape,)) if b]
     return f"{get('type')}" + (f" {' '.join(bits)}" if bits else "")
 
 
