@@ -35,6 +35,31 @@ def _alternate(a, b, n: int, before_a=None) -> tuple[list[float], list[float]]:
     return ta, tb
 
 
+def _stage1(ev, fresh: Candidates):
+    """A timed call: evaluator `ev`'s stage 1 on a new candidate, which must pass the fixture."""
+    def go():
+        r = ev.stage(1, str(fresh()))
+        if r.metrics["combined_score"] != 0.5:
+            raise RuntimeError(f"stage 1 did not pass the fixture: {r.artifacts.get('verdict')}")
+    return go
+
+
+def _spares_ready(*evaluators) -> None:
+    """Untimed: what OpenEvolve's LLM round trip between two candidates gives the evaluators' spare templates."""
+    for ev in evaluators:
+        for box in list(ev._pool._spares.values()) if ev._pool else []:
+            box.wait_ready(120)
+
+
+def _check_spares_ready() -> None:
+    """Untimed: the spare sandboxes `check --impl`'s pools started are ready."""
+    from engine.run import sandbox
+
+    for pool in list(sandbox._POOLS.values()):
+        for box in list(pool._spares.values()):
+            box.wait_ready(120)
+
+
 def run(device: str = "cpu", repeats: int = 5, check_repeats: int = 3) -> list[Row]:
     from typer.testing import CliRunner
 
@@ -54,22 +79,13 @@ def run(device: str = "cpu", repeats: int = 5, check_repeats: int = 3) -> list[R
         plain = Evaluator(METHOD, receipts=tmp / "plain", device=device, sandbox=False)
 
         def stage1(ev):
-            def go():
-                r = ev.stage(1, str(fresh()))
-                if r.metrics["combined_score"] != 0.5:
-                    raise RuntimeError(f"stage 1 did not pass the fixture: {r.artifacts.get('verdict')}")
-            return go
-
-        def spare_ready():
-            """Untimed: what OpenEvolve's LLM round trip between two candidates gives the spare template."""
-            for box in list(boxed._pool._spares.values()) if boxed._pool else []:
-                box.wait_ready(120)
+            return _stage1(ev, fresh)
 
         t0 = time.perf_counter()
         stage1(boxed)()
         first_boxed = time.perf_counter() - t0
         stage1(plain)()
-        tb, tp = _alternate(stage1(boxed), stage1(plain), repeats, before_a=spare_ready)
+        tb, tp = _alternate(stage1(boxed), stage1(plain), repeats, before_a=lambda: _spares_ready(boxed))
         mb, mp = statistics.median(tb), statistics.median(tp)
         rows.append(Row(
             name="evolve stage 1, sandboxed, warm", shape="4 value/gradient contracts x 1 seed, a new candidate "
@@ -107,12 +123,7 @@ def run(device: str = "cpu", repeats: int = 5, check_repeats: int = 3) -> list[R
         for _ in range(2):  # the sandboxed side's second call starts the spare the timed calls use
             check()()
             check("--no-sandbox")()
-        def spare_ready_check():
-            for pool in list(sandbox._POOLS.values()):
-                for box in list(pool._spares.values()):
-                    box.wait_ready(120)
-
-        tb, tp = _alternate(check(), check("--no-sandbox"), check_repeats, before_a=spare_ready_check)
+        tb, tp = _alternate(check(), check("--no-sandbox"), check_repeats, before_a=_check_spares_ready)
         mb, mp = statistics.median(tb), statistics.median(tp)
         rows.append(Row(
             name="check --impl (full), sandboxed, warm", shape="every contract x budget seeds, candidate and spec "
@@ -149,22 +160,15 @@ def boundary(device: str = "cpu", repeats: int = 4, check_repeats: int = 1) -> l
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-boundary-") as tmp:
         tmp = Path(tmp)
-        fresh = _Candidates(tmp)
+        fresh = Candidates(tmp)
         across = Evaluator(METHOD, receipts=tmp / "across", device=device)
         old = Evaluator(METHOD, receipts=tmp / "beside", device=device)
 
         def stage1(ev):
-            def go():
-                r = ev.stage(1, str(fresh()))
-                if r.metrics["combined_score"] != 0.5:
-                    raise RuntimeError(f"stage 1 did not pass the fixture: {r.artifacts.get('verdict')}")
-            return go
+            return _stage1(ev, fresh)
 
         def spares_ready():
-            """Untimed: what OpenEvolve's LLM round trip between two candidates gives the spares."""
-            for ev in (across, old):
-                for box in list(ev._pool._spares.values()) if ev._pool else []:
-                    box.wait_ready(120)
+            _spares_ready(across, old)
 
         t0 = time.perf_counter()
         stage1(across)()
@@ -192,13 +196,7 @@ def boundary(device: str = "cpu", repeats: int = 4, check_repeats: int = 1) -> l
 
         check()
         beside(True, check)()
-
-        def spare_ready_check():
-            for pool in list(sandbox._POOLS.values()):
-                for box in list(pool._spares.values()):
-                    box.wait_ready(120)
-
-        ta, tb = _alternate(check, beside(True, check), check_repeats, before_a=spare_ready_check)
+        ta, tb = _alternate(check, beside(True, check), check_repeats, before_a=_check_spares_ready)
         ma, mb = statistics.median(ta), statistics.median(tb)
         rows.append(Row(
             name="check --impl (full), boundary, sandboxed", shape="every contract x budget seeds, candidate and "

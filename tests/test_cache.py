@@ -382,10 +382,7 @@ def test_concurrent_commands_leave_a_readable_cache(tmp_path):
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
-    monkeypatch.setattr("engine.paths.project_root", lambda: root)
-    return root, specs, receipts
+    return G.toy_project(tmp_path, monkeypatch)
 
 
 def _assess(path, root, specs, store):

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 import engine.cli as cli
 import engine.store.receipts
 import engine.store.verify
-from engine.spec import registry
 from engine.store import sealed as S
 from engine.store.coverage import facts
 from engine.store.records import Receipt
@@ -28,10 +27,7 @@ COMMITTED = sorted((ROOT / "receipts").glob("*/*.json"))
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    root, specs, receipts = G.make_layout(tmp_path)
-    monkeypatch.setattr(registry, "_STATIC", G.TOY_NAMES)
-    monkeypatch.setattr("engine.paths.project_root", lambda: root)
-    return root, specs, receipts
+    return G.toy_project(tmp_path, monkeypatch)
 
 
 def _sealed() -> S.Sealed:

@@ -57,6 +57,18 @@ def ref_loss_grad(lt, lb, mask):
     return loss, torch.tensor(grad, dtype=F64).reshape(lt.shape), gates, weights
 
 
+def replay_matches_reference(lt_j, lb_j, mask, loss_abs: float):
+    """adaptive_replay_loss and its gradient at (junked) lt_j against the float64 reference, to 1e-12 relative
+    (absolute `loss_abs` for the loss, 1e-15 for the gradient); returns (loss, grad, reference gates, weights)."""
+    x = lt_j.clone().requires_grad_(True)
+    loss, _ = adaptive_replay_loss(x, lb_j, mask)
+    grad = grad_of(loss, x)
+    r_loss, r_grad, r_gates, r_w = ref_loss_grad(lt_j, lb_j, mask)
+    assert loss.item() == pytest.approx(r_loss, rel=1e-12, abs=loss_abs)
+    torch.testing.assert_close(grad, r_grad, rtol=1e-12, atol=1e-15)
+    return loss, grad, r_gates, r_w
+
+
 # --- soft gate -----------------------------------------------------------------------
 
 
@@ -158,12 +170,7 @@ def test_replay_gradient_matches_analytic_and_locality():
     g = torch.Generator().manual_seed(1)
     for _ in range(20):
         _, _, mask, lt_j, lb_j = replay_case(g, 6, 11)
-        x = lt_j.clone().requires_grad_(True)
-        loss, m = adaptive_replay_loss(x, lb_j, mask)
-        grad = grad_of(loss, x)
-        r_loss, r_grad, r_gates, r_w = ref_loss_grad(lt_j, lb_j, mask)
-        assert loss.item() == pytest.approx(r_loss, rel=1e-12, abs=1e-300)
-        torch.testing.assert_close(grad, r_grad, rtol=1e-12, atol=1e-15)
+        _, grad, r_gates, r_w = replay_matches_reference(lt_j, lb_j, mask, loss_abs=1e-300)
         on = mask & (torch.tensor(r_gates, dtype=F64) > 0)[:, None] & (torch.tensor(r_w, dtype=F64) > 0)
         assert (grad[~on] == 0).all() and (grad[on] != 0).all()
 
@@ -192,12 +199,7 @@ def test_replay_gradient_has_no_second_order_path():
 def test_replay_split_merge_and_zero_gate_rows(B, T, seed):
     g = torch.Generator().manual_seed(seed)
     _, _, mask, lt_j, lb_j = replay_case(g, B, T)
-    x = lt_j.clone().requires_grad_(True)
-    loss, _ = adaptive_replay_loss(x, lb_j, mask)
-    grad = grad_of(loss, x)
-    r_loss, r_grad, _, _ = ref_loss_grad(lt_j, lb_j, mask)
-    assert loss.item() == pytest.approx(r_loss, rel=1e-12, abs=1e-15)
-    torch.testing.assert_close(grad, r_grad, rtol=1e-12, atol=1e-15)
+    loss, _, _, _ = replay_matches_reference(lt_j, lb_j, mask, loss_abs=1e-15)
     # Appending m zero-gate rows scales the loss by B / (B + m).
     zlt, zlb, zm = zero_gate_case(g, 2, T)
     big, _ = adaptive_replay_loss(torch.cat([lt_j, zlt]), torch.cat([lb_j, zlb]), torch.cat([mask, zm]))

@@ -32,6 +32,26 @@ async def no_blink(pilot):
     await pilot.pause()
 
 
+async def settled(pilot):
+    await settle(pilot.app, pilot)
+
+
+async def still(pilot, wait: float | None = None):
+    """After a pause (of `wait` seconds, or one refresh), with no blinking cursor."""
+    await pilot.pause(wait)
+    await no_blink(pilot)
+
+
+def keys_after(start, keys: tuple[str, ...], then=settled):
+    """run_before: `start`, then `keys` pressed, then `then` (the app settled by default)."""
+    async def go(pilot):
+        await start(pilot)
+        await pilot.press(*keys)
+        await then(pilot)
+
+    return go
+
+
 def open_failed_receipt(pilot, tab: str | None = None):
     async def go():
         await loaded(pilot)
@@ -88,44 +108,24 @@ def test_gate_tab(app, snap_compare, size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_promote_refused_while_the_gate_is_closed(app, snap_compare, size):
-    async def go(pilot):
-        await loaded(pilot)
-        await pilot.press("5", "p")
-        await settle(pilot.app, pilot)
-
-    assert snap_compare(app, terminal_size=size, run_before=go)
+    assert snap_compare(app, terminal_size=size, run_before=keys_after(loaded, ("5", "p")))
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_command_palette(app, snap_compare, size):
-    async def go(pilot):
-        await loaded(pilot)
-        await pilot.press("ctrl+p")
-        await pilot.pause(0.5)  # the palette searches its providers asynchronously
-        await no_blink(pilot)
-
+    # the palette searches its providers asynchronously: half a second for them
+    go = keys_after(loaded, ("ctrl+p",), then=lambda pilot: still(pilot, 0.5))
     assert snap_compare(app, terminal_size=size, run_before=go)
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_diff_screen(app, snap_compare, size):
-    async def go(pilot):
-        await open_failed_receipt(pilot)
-        await pilot.press("d")
-        await settle(pilot.app, pilot)
-
-    assert snap_compare(app, terminal_size=size, run_before=go)
+    assert snap_compare(app, terminal_size=size, run_before=keys_after(open_failed_receipt, ("d",)))
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_check_form(app, snap_compare, size):
-    async def go(pilot):
-        await loaded(pilot)
-        await pilot.press("c")
-        await pilot.pause()
-        await no_blink(pilot)
-
-    assert snap_compare(app, terminal_size=size, run_before=go)
+    assert snap_compare(app, terminal_size=size, run_before=keys_after(loaded, ("c",), then=still))
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -10,11 +10,13 @@ an error that stops the app.
 from __future__ import annotations
 
 from textual.binding import Binding
+from textual.containers import VerticalScroll
 from textual.coordinate import Coordinate
 from textual.message import Message
 from rich.cells import cell_len
 from rich.text import Text
-from textual.widgets import DataTable, Input, Static, Tree
+from textual.widget import Widget
+from textual.widgets import DataTable, Input, Static, TabPane, Tree
 
 from tui import fmt
 
@@ -178,6 +180,18 @@ class DataStatic(Static):
 
     def update(self, content="", **kwargs) -> None:
         super().update(fmt.clean(content), **kwargs)
+
+
+def table_tab(title: str, pane_id: str, note_id: str, table_id: str, cursor_type: str = "row",
+              *after: Widget) -> TabPane:
+    """A tab of a note line (DataStatic `note_id`) above a VimTable `table_id`, then `after`."""
+    return TabPane(title, DataStatic("", id=note_id), VimTable(id=table_id, cursor_type=cursor_type), *after,
+                   id=pane_id)
+
+
+def scroll_tab(title: str, pane_id: str, view_id: str, scroll_id: str | None = None) -> TabPane:
+    """A tab of one scrolled DataStatic `view_id`."""
+    return TabPane(title, VerticalScroll(DataStatic("", id=view_id), id=scroll_id), id=pane_id)
 
 
 class FilterBar(Input):

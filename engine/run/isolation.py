@@ -241,14 +241,8 @@ class CandidateRun:
 
     def _start(self) -> _Worker:
         w = self.worker_factory(self.init)
-        try:
-            msg = w.recv(self.startup_s)
-        except WorkerLost as lost:
-            w.close(kill=True)
-            raise WorkerLost(f"while loading the candidate: {lost}") from None
-        _require_loaded(msg, "type", lambda: w.close(kill=True), self.init, "the worker")
-        if msg.get("note") and msg["note"] not in self.notes:
-            self.notes.append(str(msg["note"]))
+        msg = _load_report(lambda: w.recv(self.startup_s), "type", lambda: w.close(kill=True), self.init, "the worker",
+                           self.notes)
         if not self.checked_interface:
             self.loaded = msg
         self.checked_interface = True
@@ -388,14 +382,8 @@ class Supervised:
         conn, inside, cwd, env = self.confinement.callee()
         init = {"target": inside, "names": self.init["names"], "device": self.init["device"],
                 "threads": self.init["threads"], "memory_mb": self.init["memory_mb"], "cwd": cwd, "env": env}
-        try:
-            msg = conn.load(init, self.startup_s)
-        except WorkerLost as lost:
-            conn.close(kill=True)
-            raise WorkerLost(f"while loading the candidate: {lost}") from None
-        _require_loaded(msg, "op", lambda: conn.close(kill=True), self.init, "the candidate's process")
-        if msg.get("note") and str(msg["note"]) not in self.notes:
-            self.notes.append(str(msg["note"]))
+        _load_report(lambda: conn.load(init, self.startup_s), "op", lambda: conn.close(kill=True), self.init,
+                     "the candidate's process", self.notes)
         self.conn = conn
         self.impl = conn.implementation(self.init["name"], self.init["names"])
 
@@ -697,6 +685,22 @@ def check_options(impl: str | None, all_: bool, jobs: int, executor: str, addres
 
 __all__ = ["CandidateRun", "CandidateSession", "Confinement", "Supervised", "Unit", "check_options", "make_runner", "run_candidate",
            "single_function_mutants", "worker_env"]
+
+
+def _load_report(receive: Callable[[], dict], key: str, close: Callable[[], None], init: dict, who: str,
+                 notes: list[str]) -> dict:
+    """The candidate's load report, received, for a worker and a call-loop process alike: a process lost while
+    loading is closed (killed) and reported lost; the report is checked (_require_loaded); a note it carries
+    joins `notes` once."""
+    try:
+        msg = receive()
+    except WorkerLost as lost:
+        close()
+        raise WorkerLost(f"while loading the candidate: {lost}") from None
+    _require_loaded(msg, key, close, init, who)
+    if msg.get("note") and str(msg["note"]) not in notes:
+        notes.append(str(msg["note"]))
+    return msg
 
 
 def _require_loaded(msg: dict, key: str, close: Callable[[], None], init: dict, who: str) -> None:

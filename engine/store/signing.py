@@ -56,14 +56,19 @@ def load_public_pem(pem: bytes, where: str):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    return _loaded_key(lambda: serialization.load_pem_public_key(pem), Ed25519PublicKey, where,
+                       "a PEM public key", "an ed25519 public key", "use the .pub file `contracts keys generate` wrote")
+
+
+def _loaded_key(load, want: type, where: str, form: str, kind: str, fix: str):
+    """`load()`'s key when it is a `want`; otherwise KeyProblem naming `where`, what it is not, and `fix`."""
     try:
-        key = serialization.load_pem_public_key(pem)
+        key = load()
     except (ValueError, TypeError) as err:
-        raise KeyProblem(f"{where}: not a PEM public key ({str(err).splitlines()[0] if str(err) else 'unreadable'}); "
-                         "use the .pub file `contracts keys generate` wrote") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise KeyProblem(f"{where}: a {type(key).__name__}, not an ed25519 public key; "
-                         "use the .pub file `contracts keys generate` wrote")
+        why = str(err).splitlines()[0] if str(err) else "unreadable"
+        raise KeyProblem(f"{where}: not {form} ({why}); {fix}") from None
+    if not isinstance(key, want):
+        raise KeyProblem(f"{where}: a {type(key).__name__}, not {kind}; {fix}")
     return key
 
 
@@ -76,15 +81,9 @@ def _load_private(path: Path):
             pem = f.read(MAX_KEY_BYTES + 1)
     except OSError as err:
         raise KeyProblem(f"signing key {path.name}: cannot read ({err.strerror or err})") from None
-    try:
-        key = serialization.load_pem_private_key(pem, password=None)
-    except (ValueError, TypeError) as err:
-        raise KeyProblem(f"signing key {path.name}: not an unencrypted PEM private key ({str(err).splitlines()[0]}); "
-                         "make one with contracts keys generate PATH") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise KeyProblem(f"signing key {path.name}: a {type(key).__name__}, not ed25519; "
-                         "make one with contracts keys generate PATH")
-    return key
+    return _loaded_key(lambda: serialization.load_pem_private_key(pem, password=None), Ed25519PrivateKey,
+                       f"signing key {path.name}", "an unencrypted PEM private key", "ed25519",
+                       "make one with contracts keys generate PATH")
 
 
 def generate(path: Path) -> str:

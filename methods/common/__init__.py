@@ -4,7 +4,7 @@ from methods.common import paired
 from methods.common.masking import masked_mean, masked_sum, valid_where
 from methods.common.policy import TinyGRUPolicy, make_policy, param_l2_change, snapshot, state_copy
 from methods.common.rollout import Rollout, sample, sequence_logprobs
-from methods.common.grpo import group_advantages, grpo_token_loss
+from methods.common.grpo import group_advantages, grpo_control_update, grpo_token_loss
 from methods.common.tasks import TargetTokenTask
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "sample",
     "sequence_logprobs",
     "group_advantages",
+    "grpo_control_update",
     "grpo_token_loss",
     "TargetTokenTask",
 ]

@@ -3,6 +3,8 @@ checks, so there is no second copy of the control's loss or its group advantages
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from methods.grpo.loss import group_advantages as _group_advantages
@@ -19,3 +21,21 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
     """The control's loss: GRPO with the per-token ratio clipped to [1 - clip_eps, 1 + clip_eps], token mean over
     the call's valid tokens (methods.grpo.grpo_loss's defaults)."""
     return grpo_loss(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps)
+
+
+def grpo_control_update(ctx: Any, policy: torch.nn.Module, opt: torch.optim.Optimizer, prompts: torch.Tensor,
+                        max_new_tokens: int, generator: torch.Generator, group_size: int,
+                        rewards: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """One update of a paired run's GRPO control arm: sample a response per prompt row (groups of `group_size`
+    consecutive rows), score it with `rewards(prompts, responses, mask)` -> [B], and take one optimizer step on
+    grpo_token_loss of the group advantages, the sampled tokens and the step counted by ctx.meter."""
+    from methods.common.rollout import sample, sequence_logprobs
+
+    roll = sample(policy, prompts, max_new_tokens, generator)
+    ctx.meter.add_tokens(roll.n_tokens)
+    adv = group_advantages(rewards(roll.prompts, roll.responses, roll.mask), group_size)
+    logp, _ = sequence_logprobs(policy, roll.prompts, roll.responses)
+    loss, _ = grpo_token_loss(logp, roll.old_logp, adv.to(logp.dtype), roll.mask)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    ctx.meter.optimizer_step(opt)

@@ -96,8 +96,7 @@ def kl_dropped():
 def kl_reversed():
     """k3 with the ratio the wrong way up: pi/pi_ref - log(pi/pi_ref) - 1."""
     def kl(logp, ref_logp, m, cdt):
-        zero = torch.zeros((), dtype=cdt, device=logp.device)
-        d = torch.where(m, logp.to(cdt) - ref_logp.detach().to(cdt), zero)
+        d = L.log_ratio(logp, ref_logp, m, cdt)
         return d.exp() - d - 1.0
 
     return _loss("grpo.kl_reversed", kl_fn=kl)

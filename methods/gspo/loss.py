@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from methods.grpo.loss import check_clip, check_pair, clipped_surrogate, compute_dtype, masked_advantages
+from methods.grpo.loss import check_clip, check_pair, clipped_surrogate, compute_dtype, log_ratio, masked_advantages
 
 FORMS = ("sequence", "token")
 LOG_RATIO_CLAMP = 10.0
@@ -44,10 +44,8 @@ def _check_clamp(log_ratio_clamp) -> None:
 
 def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, m: torch.Tensor, cdt: torch.dtype):
     """(log s_i [B] before the clamp, with gradient; valid tokens per row [B])."""
-    zero = torch.zeros((), dtype=cdt, device=logp.device)
-    lr = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
     n_row = m.sum(dim=-1)
-    return lr.sum(dim=-1) / n_row.clamp_min(1).to(cdt), n_row
+    return log_ratio(logp, old_logp, m, cdt).sum(dim=-1) / n_row.clamp_min(1).to(cdt), n_row
 
 
 def clamp_log_ratio(log_s: torch.Tensor, clamp: float) -> torch.Tensor:

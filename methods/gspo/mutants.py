@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.spec import registry
-from methods.grpo.loss import clipped_surrogate
+from methods.grpo.loss import clipped_surrogate, log_ratio as masked_log_ratio
 from methods.grpo.mutants import clip_clamped, in_input_dtype
 from methods.gspo import loss as L
 from methods.gspo.impl import IMPL
@@ -18,11 +18,10 @@ def _built(name, **parts):
 
 
 def _log_ratio(divide):
+    """L.sequence_log_ratio with each row's sum divided by divide(valid tokens per row, mask) instead."""
     def log_ratio(logp, old_logp, m, cdt):
-        zero = torch.zeros((), dtype=cdt, device=logp.device)
-        lr = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
         n_row = m.sum(dim=-1)
-        return lr.sum(dim=-1) / divide(n_row, m).to(cdt), n_row
+        return masked_log_ratio(logp, old_logp, m, cdt).sum(dim=-1) / divide(n_row, m).to(cdt), n_row
 
     return log_ratio
 
@@ -99,13 +98,7 @@ def token_no_stop_gradient():
 @registry.mutant("gspo.empty_row_nan", base="gspo")
 def empty_row_nan():
     """The mean over responses divides by B and each row by its unguarded count: an empty row gives NaN."""
-    def log_ratio(logp, old_logp, m, cdt):
-        zero = torch.zeros((), dtype=cdt, device=logp.device)
-        lr = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), zero)
-        n_row = m.sum(dim=-1)
-        return lr.sum(dim=-1) / n_row.to(cdt), n_row
-
-    return _built("gspo.empty_row_nan", log_ratio_fn=log_ratio,
+    return _built("gspo.empty_row_nan", log_ratio_fn=_log_ratio(lambda n_row, m: n_row),
                   row_fn=lambda per_token, n_row: per_token.sum(dim=-1) / n_row.to(per_token.dtype),
                   mean_fn=lambda per_row, has, rows: per_row.mean())
 

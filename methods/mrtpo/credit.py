@@ -128,6 +128,29 @@ def js_block_shape(n: int, V: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tu
     return max(1, block // V), min(V, block)
 
 
+def _js_blocks(logp_a: torch.Tensor, logp_b: torch.Tensor, rows_per_block: int, cols_per_block: int,
+               cdt: torch.dtype):
+    """js_distance's blocks in order, each as (first row, end row, columns, la, lb, scratch): rows over the
+    flattened leading positions, la/lb the blocks in `cdt` (copied into the one reused scratch only where an
+    input is in another dtype), for _block_terms(la, lb, scratch)."""
+    V = logp_a.shape[-1]
+    upcast_a, upcast_b = logp_a.dtype != cdt, logp_b.dtype != cdt
+    ws = _Workspace(rows_per_block * cols_per_block, cdt, logp_a.device, upcast_a or upcast_b)
+    row0 = 0
+    for va, vb in zip(_row_views(logp_a), _row_views(logp_b)):
+        for r in range(0, va.shape[0], rows_per_block):
+            r1 = min(r + rows_per_block, va.shape[0])
+            for c in range(0, V, cols_per_block):
+                c1 = min(c + cols_per_block, V)
+                la, lb = va[r:r1, c:c1], vb[r:r1, c:c1]
+                if upcast_a:
+                    la = ws.view("la", r1 - r, c1 - c).copy_(la)
+                if upcast_b:
+                    lb = ws.view("lb", r1 - r, c1 - c).copy_(lb)
+                yield row0 + r, row0 + r1, c1 - c, la, lb, ws
+        row0 += va.shape[0]
+
+
 def js_distance(
     logp_a: torch.Tensor,
     logp_b: torch.Tensor,
@@ -173,23 +196,8 @@ def js_distance(
     if n == 0:
         return acc.to(cdt).reshape(lead)
     rows_per_block, cols_per_block = js_block_shape(n, V, chunk_elems)
-    block = rows_per_block * cols_per_block
-    upcast_a, upcast_b = logp_a.dtype != cdt, logp_b.dtype != cdt
-    ws = _Workspace(block, cdt, logp_a.device, upcast_a or upcast_b)
-    row0 = 0
-    for va, vb in zip(_row_views(logp_a), _row_views(logp_b)):
-        for r in range(0, va.shape[0], rows_per_block):
-            r1 = min(r + rows_per_block, va.shape[0])
-            for c in range(0, V, cols_per_block):
-                c1 = min(c + cols_per_block, V)
-                la, lb = va[r:r1, c:c1], vb[r:r1, c:c1]
-                if upcast_a:
-                    la = ws.view("la", r1 - r, c1 - c).copy_(la)
-                if upcast_b:
-                    lb = ws.view("lb", r1 - r, c1 - c).copy_(lb)
-                part = _block_terms(la, lb, ws).sum(dim=-1)
-                acc[row0 + r : row0 + r1] += part
-        row0 += va.shape[0]
+    for r0, r1, _, la, lb, ws in _js_blocks(logp_a, logp_b, rows_per_block, cols_per_block, cdt):
+        acc[r0:r1] += _block_terms(la, lb, ws).sum(dim=-1)
     q = acc.div_(LN2).clamp_(0.0, 1.0).sqrt_()
     return q.to(cdt).reshape(lead)
 
@@ -235,6 +243,26 @@ def _empty_flags(empty_block, K: int, B: int, device) -> torch.Tensor:
     return e.expand(K, B)
 
 
+def _checked_inputs(fn: str, beta, full: torch.Tensor, full_name: str, loo_in, loo_name: str, mask: torch.Tensor):
+    """The arguments both credit_weights entry points share, checked alike: (beta as float, the leave-one-out
+    list, mask as bool). Every error is a ValueError that starts with `fn`."""
+    beta = float(beta)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"{fn}: beta must be in [0, 1], got {beta}")
+    if full.dim() != 3:
+        raise ValueError(f"{fn}: {full_name} must be [B, T, V], got {tuple(full.shape)}")
+    B, T, V = full.shape
+    if tuple(mask.shape) != (B, T):
+        raise ValueError(f"{fn}: mask must be [B, T] = {(B, T)}, got {tuple(mask.shape)}")
+    loo = _as_loo_list(loo_in)
+    if not loo:
+        raise ValueError(f"{fn}: need at least one reward (K >= 1)")
+    for k, lk in enumerate(loo):
+        if lk is not None and tuple(lk.shape) != (B, T, V):
+            raise ValueError(f"{fn}: {loo_name}[{k}] must be [B, T, V] = {(B, T, V)}, got {tuple(lk.shape)}")
+    return beta, loo, as_bool_mask(mask, prefix=f"{fn}: ")
+
+
 def credit_weights(
     logp_all: torch.Tensor,
     logp_loo: torch.Tensor | Sequence[torch.Tensor | None],
@@ -258,19 +286,9 @@ def credit_weights(
     Masked tokens: w = 0. So each response's weights sum to its valid length.
     Returned in float64 for float64 inputs, float32 otherwise.
     """
-    beta = float(beta)
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"credit_weights: beta must be in [0, 1], got {beta}")
-    if logp_all.dim() != 3:
-        raise ValueError(f"credit_weights: logp_all must be [B, T, V], got {tuple(logp_all.shape)}")
+    beta, loo, m = _checked_inputs("credit_weights", beta, logp_all, "logp_all", logp_loo, "logp_loo", mask)
     B, T, V = logp_all.shape
-    if tuple(mask.shape) != (B, T):
-        raise ValueError(f"credit_weights: mask must be [B, T] = {(B, T)}, got {tuple(mask.shape)}")
-    loo = _as_loo_list(logp_loo)
     K = len(loo)
-    if K == 0:
-        raise ValueError("credit_weights: need at least one reward (K >= 1)")
-    m = as_bool_mask(mask, prefix="credit_weights: ")
     cdt = _compute_dtype(logp_all.dtype)
     empty = _empty_flags(empty_block, K, B, logp_all.device)
     count = m.sum(dim=1).to(cdt)  # [B]
@@ -280,8 +298,6 @@ def credit_weights(
             q = torch.zeros(B, T, dtype=cdt, device=logp_all.device)
             empty_k = torch.ones(B, dtype=torch.bool, device=logp_all.device)
         else:
-            if tuple(lk.shape) != (B, T, V):
-                raise ValueError(f"credit_weights: logp_loo[{k}] must be [B, T, V] = {(B, T, V)}, got {tuple(lk.shape)}")
             q = torch.where(m, js_distance(logp_all, lk, chunk_elems=chunk_elems).to(cdt), 0.0)
             empty_k = empty[k]
         ws.append(_weights_from_q(q, m, count, empty_k, beta))
@@ -323,23 +339,10 @@ def credit_weights_from_logits(
     Masked tokens are never normalised (their q is 0 in any case), so junk there, NaN
     included, is never read.
     """
-    beta = float(beta)
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"credit_weights_from_logits: beta must be in [0, 1], got {beta}")
-    if logits_all.dim() != 3:
-        raise ValueError(f"credit_weights_from_logits: logits_all must be [B, T, V], got {tuple(logits_all.shape)}")
+    beta, loo, m = _checked_inputs("credit_weights_from_logits", beta, logits_all, "logits_all", logits_loo,
+                                   "logits_loo", mask)
     B, T, V = logits_all.shape
-    if tuple(mask.shape) != (B, T):
-        raise ValueError(f"credit_weights_from_logits: mask must be [B, T] = {(B, T)}, got {tuple(mask.shape)}")
-    loo = _as_loo_list(logits_loo)
     K = len(loo)
-    if K == 0:
-        raise ValueError("credit_weights_from_logits: need at least one reward (K >= 1)")
-    for k, lk in enumerate(loo):
-        if lk is not None and tuple(lk.shape) != (B, T, V):
-            raise ValueError(f"credit_weights_from_logits: logits_loo[{k}] must be [B, T, V] = {(B, T, V)}, "
-                             f"got {tuple(lk.shape)}")
-    m = as_bool_mask(mask, prefix="credit_weights_from_logits: ")
     cdt = _compute_dtype(logits_all.dtype)
     device = logits_all.device
     empty = _empty_flags(empty_block, K, B, device)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from methods.common.grpo import group_advantages, grpo_token_loss
+from methods.common.grpo import group_advantages, grpo_control_update, grpo_token_loss
 from methods.common.policy import make_policy as build_policy, param_l2_change, snapshot, state_copy
 from methods.common import paired, sample, sequence_logprobs
 from methods.common.tasks import FIRST_CONTENT
@@ -237,14 +237,8 @@ def grpo_control(impl, ctx) -> None:
     g = paired.stream(ctx, impl, 7)
     for _ in range(updates):
         prompts = make_prompts(n_prompts, g).repeat_interleave(group, dim=0).to(ctx.device)
-        roll = sample(student, prompts, int(p.get("max_new_tokens", 8)), g)
-        ctx.meter.add_tokens(roll.n_tokens)
-        adv = group_advantages(verify(prompts, roll.responses, roll.mask).sum(0), group)
-        logp, _ = sequence_logprobs(student, prompts, roll.responses)
-        loss, _ = grpo_token_loss(logp, roll.old_logp, adv.to(logp.dtype), roll.mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        ctx.meter.optimizer_step(opt)
+        grpo_control_update(ctx, student, opt, prompts, int(p.get("max_new_tokens", 8)), g, group,
+                            lambda pr, responses, mask: verify(pr, responses, mask).sum(0))
 
 
 @paired_run("mrtpo.mechanism")

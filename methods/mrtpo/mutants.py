@@ -60,8 +60,8 @@ def _js_textbook(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
 
 
 def _js_blocked(defect: str):
-    """js_distance's block loop with one defect in the path the default implementation runs:
-    "column_tail_dropped": the column loop stops at the last whole block (V // cols * cols), so a partial
+    """js_distance's block loop (credit._js_blocks) with one defect in the path the default implementation runs:
+    "column_tail_dropped": the column loop skips a block narrower than the others, so a partial
     last column block of a long row is never summed; "float32_accumulation": per-row sums accumulate in
     float32 instead of float64; "rows_one_by_one": one row a block, whatever fits (a loop over rows)."""
 
@@ -76,22 +76,10 @@ def _js_blocked(defect: str):
         rows_per_block, cols = credit.js_block_shape(n, V, chunk_elems)
         if defect == "rows_one_by_one":  # DEFECT: one row a block: a Python loop over rows
             rows_per_block = 1
-        col_end = V // cols * cols if defect == "column_tail_dropped" else V  # DEFECT (the other)
-        upcast_a, upcast_b = logp_a.dtype != cdt, logp_b.dtype != cdt
-        ws = credit._Workspace(rows_per_block * cols, cdt, logp_a.device, upcast_a or upcast_b)
-        row0 = 0
-        for va, vb in zip(credit._row_views(logp_a), credit._row_views(logp_b)):
-            for r in range(0, va.shape[0], rows_per_block):
-                r1 = min(r + rows_per_block, va.shape[0])
-                for c in range(0, col_end, cols):
-                    c1 = min(c + cols, V)
-                    la, lb = va[r:r1, c:c1], vb[r:r1, c:c1]
-                    if upcast_a:
-                        la = ws.view("la", r1 - r, c1 - c).copy_(la)
-                    if upcast_b:
-                        lb = ws.view("lb", r1 - r, c1 - c).copy_(lb)
-                    acc[row0 + r : row0 + r1] += credit._block_terms(la, lb, ws).sum(dim=-1).to(acc_dtype)
-            row0 += va.shape[0]
+        for r0, r1, width, la, lb, ws in credit._js_blocks(logp_a, logp_b, rows_per_block, cols, cdt):
+            if defect == "column_tail_dropped" and width < cols:  # DEFECT (the other): a partial last column block
+                continue
+            acc[r0:r1] += credit._block_terms(la, lb, ws).sum(dim=-1).to(acc_dtype)
         q = acc.div_(LN2).clamp_(0.0, 1.0).sqrt_()
         return q.to(cdt).reshape(lead)
 

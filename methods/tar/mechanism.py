@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.common import TargetTokenTask, group_advantages, grpo_token_loss, make_policy, paired, sample, sequence_logprobs, snapshot
+from methods.common import TargetTokenTask, group_advantages, grpo_control_update, grpo_token_loss, make_policy, paired, sample, sequence_logprobs, snapshot
 from methods.tar.audit import RunAudit
 
 SETTINGS = ("updates", "prompts_per_step", "group_size", "base_samples", "bank_k", "max_new_tokens", "vocab_size",
@@ -155,14 +155,7 @@ def grpo_control(impl, ctx) -> None:
     for step in range(cfg["updates"]):
         gp = prompts[step * cfg["prompts_per_step"]:(step + 1) * cfg["prompts_per_step"]]
         gp = gp.repeat_interleave(cfg["group_size"], dim=0)
-        roll = sample(policy, gp, cfg["max_new_tokens"], gen)
-        ctx.meter.add_tokens(roll.n_tokens)
-        adv = group_advantages(task.verify(gp, roll.responses, roll.mask), cfg["group_size"])
-        logp, _ = sequence_logprobs(policy, roll.prompts, roll.responses)
-        loss, _ = grpo_token_loss(logp, roll.old_logp, adv, roll.mask)
-        opt.zero_grad()
-        loss.backward()
-        ctx.meter.optimizer_step(opt)
+        grpo_control_update(ctx, policy, opt, gp, cfg["max_new_tokens"], gen, cfg["group_size"], task.verify)
 
 
 @paired_run("tar.mechanism")

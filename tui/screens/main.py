@@ -7,13 +7,13 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Header, Static, TabbedContent, Tree
 
 from tui import fmt
 from tui.data import MethodModel, Model
 from tui.screens.base import BACK, COPY, DIFF, FAILURES, FILTER, MARK, FilteredScreen, tab_bindings
-from tui.widgets import DataStatic, FilterBar, KeyBar, MethodTree, VimTable
+from tui.widgets import DataStatic, FilterBar, KeyBar, MethodTree, VimTable, scroll_tab, table_tab
 
 MAX_RECEIPT_ROWS = 300  # a DataTable measures every cell; the store can hold 10,000+ receipts
 TABS = ("contracts", "receipts", "spec", "paper", "gate")
@@ -58,21 +58,11 @@ class MainScreen(FilteredScreen):
             with Vertical(id="right"):
                 yield DataStatic("loading specs and the receipt index ...", id="status")
                 with TabbedContent(id="tabs", initial="contracts"):
-                    with TabPane("1 Contracts", id="contracts"):
-                        yield DataStatic("", id="contracts-note")
-                        yield VimTable(id="contracts-table", cursor_type="cell")
-                    with TabPane("2 Receipts", id="receipts"):
-                        yield DataStatic("", id="receipts-note")
-                        yield VimTable(id="receipts-table")
-                    with TabPane("3 Spec", id="spec"):
-                        with VerticalScroll():
-                            yield DataStatic("", id="spec-view")
-                    with TabPane("4 Paper", id="paper"):
-                        with VerticalScroll():
-                            yield DataStatic("", id="paper-view")
-                    with TabPane("5 Gate", id="gate"):
-                        with VerticalScroll():
-                            yield DataStatic("", id="gate-view")
+                    yield table_tab("1 Contracts", "contracts", "contracts-note", "contracts-table", "cell")
+                    yield table_tab("2 Receipts", "receipts", "receipts-note", "receipts-table")
+                    yield scroll_tab("3 Spec", "spec", "spec-view")
+                    yield scroll_tab("4 Paper", "paper", "paper-view")
+                    yield scroll_tab("5 Gate", "gate", "gate-view")
         yield FilterBar(placeholder="filter (enter: keep, escape: clear)", id="filter")
         yield DataStatic("", id="run-panel")
         yield KeyBar()

@@ -18,7 +18,7 @@ from engine.text import term_safe
 from tui import fmt, plots
 from tui.data import Detail, ReceiptRow, load_detail
 from tui.screens.base import BACK, COPY, DIFF, FAILURES, FILTER, MARK, FilteredScreen, tab_bindings
-from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable
+from tui.widgets import DataStatic, FilterBar, KeyBar, VimTable, scroll_tab, table_tab
 
 MAX_STEP_COLUMNS = 8
 
@@ -51,19 +51,11 @@ class ReceiptScreen(FilteredScreen):
         yield Header(show_clock=False)
         yield DataStatic(self._header_text(), id="receipt-header")
         with TabbedContent(id="receipt-tabs", initial="results"):
-            with TabPane("1 Results", id="results"):
-                yield DataStatic("", id="results-note")
-                yield VimTable(id="results-table", cursor_type="cell")
-            with TabPane("2 Mutants", id="mutants"):
-                yield DataStatic("", id="mutants-note")
-                yield VimTable(id="mutants-table")
-            with TabPane("3 Mechanism", id="mechanism"):
-                yield DataStatic("", id="steps-note")
-                yield VimTable(id="steps-table", cursor_type="cell")
-                yield DataStatic("", id="comparisons")
-            with TabPane("4 Plots", id="plots"):
-                with VerticalScroll(id="plots-scroll"):
-                    yield DataStatic("", id="plots-view")
+            yield table_tab("1 Results", "results", "results-note", "results-table", "cell")
+            yield table_tab("2 Mutants", "mutants", "mutants-note", "mutants-table")
+            yield table_tab("3 Mechanism", "mechanism", "steps-note", "steps-table", "cell",
+                            DataStatic("", id="comparisons"))
+            yield scroll_tab("4 Plots", "plots", "plots-view", "plots-scroll")
             with TabPane("5 Raw JSON", id="raw"):
                 # Log draws only the visible lines; a TextArea spent 0.5 s on a 300 KB receipt.
                 yield Log(id="raw-text", highlight=False, auto_scroll=False)
