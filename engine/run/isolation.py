@@ -397,7 +397,7 @@ class Supervised:
         if msg.get("note") and str(msg["note"]) not in self.notes:
             self.notes.append(str(msg["note"]))
         self.conn = conn
-        self.impl = conn.implementation(self.init["name"], self.init["names"])
+        self.impl = conn.implementation(self.init["name"], self.init["names"], _returns_objects(self.init))
 
     def probe(self) -> None:
         """Start and load the candidate before anything runs: a missing function is a usage error."""
@@ -463,6 +463,17 @@ class Supervised:
             unit.results.append(r)
             on_result(r)
         return True
+
+
+def _returns_objects(init: dict) -> set[str]:
+    """The interface functions the registered implementation annotates as returning a module (a policy)."""
+    from engine.run.boundary import returns_objects
+    from engine.spec import registry
+
+    try:
+        return returns_objects(registry.load().get_implementation(init["implementation"]))
+    except Exception:  # noqa: BLE001 - no registered implementation to read: every function is called across
+        return set()
 
 
 def _contract_calls(plan, contract: dict) -> list[dict]:
