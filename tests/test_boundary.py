@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_impl import FIXTURE, METHOD, RATIO_BODY, check, receipts_of, variant
+from tests.test_impl import FIXTURE, METHOD, RATIO_BODY, check, invoke, receipts_of, variant
 
 PROBE = '''
 import sys
@@ -98,9 +98,13 @@ def peek(policy):
 
 def fields(rec):
     return rec.a * rec.n + rec.b
+
+
+def widen(x, k):
+    return (torch.cat([x] * k) * 2.0).sum()
 '''
 NAMES = ["engine_modules", "patch_the_judge", "square", "refuse", "custom", "leaves", "stub", "text", "an_object",
-         "generator", "through", "give_back", "peek", "fields"]
+         "generator", "through", "give_back", "peek", "fields", "widen"]
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +235,23 @@ def test_a_policy_crosses_as_a_handle_called_back_here_and_its_gradient_trains_i
     assert conn.not_crossable is None  # refused, not moved beside: a candidate cannot choose where it is judged
 
 
+def test_a_budget_is_metered_by_the_call_loop_in_the_candidates_process(remote, impl):
+    """Memory and operations exist only where the candidate runs: the call loop meters the call (and its
+    vector-Jacobian call, on the same meter) and sends the reading; nothing here is counted."""
+    _impl, conn = remote
+    x = torch.ones(1000, dtype=torch.float32, requires_grad=True)
+    with impl.widen.metered() as meter:
+        y = impl.widen(x, 4)
+        fwd_peak, fwd_ops = meter.peak_bytes, meter.ops
+        y.backward()
+    assert meter.measured_in == "candidate" and conn.meter is None
+    assert fwd_peak >= 2 * 4 * 4000 and fwd_ops >= 3  # the [4000] cat and its doubled copy, both alive at once
+    assert meter.ops > fwd_ops and meter.peak_bytes >= fwd_peak  # the backward ran under the same meter
+    assert torch.equal(x.grad, torch.full((1000,), 8.0))
+    impl.widen(x, 2)  # outside the meter: no reading asked for or taken
+    assert len(meter.reports) == 1
+
+
 def test_a_record_crosses_as_its_fields(impl):
     import dataclasses
 
@@ -336,6 +357,27 @@ def test_a_contract_whose_argument_is_a_policy_runs_here_and_calls_the_candidate
     (stmt,) = receipts_of(store)
     iso = stmt["predicate"]["isolation"]
     assert iso["checks_in"] == "supervisor" and "checks_in_candidate" not in iso, iso
+
+
+def test_budget_contracts_are_checked_here_on_the_call_loops_meter_and_freeze_runs_beside(tmp_path):
+    """MRTPO: a budget contract is checked in the supervisor on the candidate's own memory reading (the receipt
+    says measured_in candidate); a contract calling freeze (it returns a module) runs beside, and says why."""
+    from tests.impl_support import ROOT
+
+    store = tmp_path / "r"
+    r = invoke("check", "mrtpo", "--impl", str(ROOT / "tests" / "fixtures" / "my_mrtpo.py"), "--seeds", "42",
+               "--only", "js_vectorised", "--only", "protocol", "--no-mutants", "--no-sandbox", "--receipts",
+               str(store), "--json")
+    assert r.exit_code == 0, r.output
+    (path,) = (store / "mrtpo").glob("*.json")
+    pred = json.loads(path.read_text())["predicate"]
+    iso = pred["isolation"]
+    assert iso["checks_in"] == "mixed"
+    assert [(c["contract"], "freeze returns a policy module" in c["why"]) for c in iso["checks_in_candidate"]] == \
+        [("protocol", True)]
+    assert [c["contract"] for c in iso["measured_in_candidate"]] == ["js_vectorised"]
+    where = {(x["contract"], x["checked_in"], x.get("measured_in")) for x in pred["results"]}
+    assert where == {("js_vectorised", "supervisor", "candidate"), ("protocol", "candidate", None)}
 
 
 def test_a_non_tensor_return_is_an_error_result_that_says_so(tmp_path):

@@ -234,6 +234,48 @@ class _Cross(torch.autograd.Function):
         return (None, *out)
 
 
+class CandidateMeter:
+    """`with remote_fn.metered() as meter:` the calls (and their vector-Jacobian calls) made meanwhile run under
+    the call loop's allocation meter in the candidate's process; read `peak_bytes`, `ops` and `seconds` as the
+    engine's AllocationMeter's. These are the candidate's process's own numbers, reported by it: a budget contract
+    (its memory, its time) can be measured nowhere else, and the receipt says where it was (`measured_in`)."""
+
+    measured_in = "candidate"
+
+    def __init__(self, conn: "Connection"):
+        self.conn = conn
+        self.reports: dict[str, dict] = {}
+
+    def __enter__(self) -> "CandidateMeter":
+        self.conn.meter = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.conn.meter = None
+
+    def note(self, cid: str, head: dict) -> None:
+        got = head.get("metered")
+        if not isinstance(got, dict):
+            return
+        vals = {k: got.get(k) for k in ("peak_bytes", "ops", "seconds")}
+        if not all(type(v) in (int, float) and v >= 0 and v == v for v in vals.values()):
+            raise ReturnRefused("the candidate's process sent a meter reading that is not one")
+        self.reports[cid] = vals  # a vjp's reading includes its call's (the same meter, cumulative)
+        self.conn.metered_calls += 1
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(max((r["peak_bytes"] for r in self.reports.values()), default=0))
+
+    @property
+    def ops(self) -> int:
+        return int(sum(r["ops"] for r in self.reports.values()))
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(r["seconds"] for r in self.reports.values()))
+
+
 class Remote:
     """A candidate function, called across the boundary (same call signature; a generator function's calls
     return a RemoteIterator)."""
@@ -244,6 +286,10 @@ class Remote:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.conn.call(self.name, args, kwargs)
+
+    def metered(self) -> CandidateMeter:
+        """A meter of the calls made while it is entered, taken by the call loop in the candidate's process."""
+        return CandidateMeter(self.conn)
 
     def __repr__(self) -> str:
         return f"<candidate function {self.name}>"
@@ -285,6 +331,8 @@ class Connection:
         self.ready = False  # the call loop said it has imported torch
         self.closed = False
         self.handles: list = []  # the checks' objects the candidate may call back (until the next reset)
+        self.meter: CandidateMeter | None = None  # while set, calls run under the call loop's meter
+        self.metered_calls = 0  # meter readings received
         self.callbacks = 0  # call backs served (the benchmark counts round trips)
 
     # -- frames ---------------------------------------------------------------------------------
@@ -471,6 +519,8 @@ class Connection:
         need = [i for i, t in enumerate(leaves) if grad_mode and t.requires_grad]
         cid = str(next(self._ids))
         head = {"op": "call", "id": cid, "fn": fn, "grad": need, "grad_mode": grad_mode}
+        if self.meter is not None:
+            head["meter"] = True
         graded = [leaves[i] for i in need]
         reply = self.request(head, _pack(payload), graded=graded)
         return self._answer(reply, fn, graded if reply[0].get("op") == "iter" else list(graded), cid)
@@ -491,6 +541,8 @@ class Connection:
         if op != "ok":
             self.lose(f"the candidate's process answered {_printable(op, 40)!r} to a call")
             raise CandidateLost(self.lost)
+        if self.meter is not None:
+            self.meter.note(cid, head)
         try:
             out, outs = unpack(data)
         except Malformed as why:  # whatever it sent, it is not this format
@@ -522,7 +574,10 @@ class Connection:
         return _substitute(out, dict(zip(pick, joined)), [0])
 
     def vjp(self, cid: str, fn: str, grads: list) -> Any:
-        head, data = self.request({"op": "vjp", "id": cid}, _pack(grads))
+        meter = self.meter if self.meter is not None and cid in self.meter.reports else None
+        head, data = self.request({"op": "vjp", "id": cid, **({"meter": True} if meter else {})}, _pack(grads))
+        if meter is not None and head.get("op") == "ok":
+            meter.note(cid, head)
         if head.get("op") == "raised":
             raise exception_from(head)
         if head.get("op") != "ok":
@@ -644,5 +699,5 @@ def implementation(conn: Connection, name: str, names: list[str], beside: set[st
 Connection.implementation = implementation  # type: ignore[attr-defined] - what engine/run/isolation.py calls
 
 
-__all__ = ["CandidateLost", "Connection", "NotCrossable", "Remote", "RemoteIterator", "ReturnRefused",
+__all__ = ["CandidateLost", "CandidateMeter", "Connection", "NotCrossable", "Remote", "RemoteIterator", "ReturnRefused",
            "exception_from", "implementation", "plain", "spawn"]

@@ -19,6 +19,8 @@ functions). No pickle in either direction, so nothing sent from here can run cod
                                                                           or raised {type, message, where, stub}
        next {id} (the next item of generator `id`)                     -> ok ... / raised StopIteration
        vjp {id} + [gradient per differentiable output, or None]        -> ok + [gradient per input, or None]
+       (a call or vjp with `meter`: run under this loop's own allocation meter; the answer adds
+        metered {peak_bytes, ops, seconds}, the call and its vjp counted together)
        reset (drop every graph and generator)                          ; stop
   out  (during a call or next) callback {h, grad_mode} + (args, kwargs)  -> answer {grad: [output tensor indices]}
                                                                           + result, or raised {type, message}
@@ -335,6 +337,92 @@ def _raised(exc: BaseException, root: str, own_file: str | None) -> dict:
     return {"op": "raised", "type": _builtin(exc), "message": text[:4000], "where": _where(exc, root), "stub": stub}
 
 
+_METER: list = []
+
+
+def _meter_class():
+    """The allocation meter, built on first use (TorchDispatchMode is torch's; a spare need not import it)."""
+    if _METER:
+        return _METER[0]
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Meter(TorchDispatchMode):
+        """Peak bytes of tensor storage created and not yet freed inside the block, and ATen operations dispatched:
+        a budget contract's measurement of the candidate's own call, taken here because it exists only here
+        (the same counting as the engine's meter, engine/kinds/meter.py, which this process does not import)."""
+
+        def __init__(self):
+            super().__init__()
+            self.current_bytes = self.peak_bytes = self.ops = 0
+            self.seconds = 0.0
+            self._live: dict = {}
+            self._external: set = set()
+
+        def _release(self, ptr):
+            entry = self._live.get(ptr)
+            if entry is not None:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    self.current_bytes -= entry[0]
+                    del self._live[ptr]
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            self.ops += 1
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr and ptr not in self._live:
+                        self._external.add(ptr)
+            out = func(*args, **kwargs)
+            for t in tree_leaves(out):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                st = t.untyped_storage()
+                ptr, nbytes = st.data_ptr(), st.nbytes()
+                if ptr == 0 or nbytes == 0 or ptr in self._external:
+                    continue
+                entry = self._live.get(ptr)
+                if entry is None:
+                    entry = self._live[ptr] = [nbytes, 0]
+                    self.current_bytes += nbytes
+                    self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+                entry[1] += 1
+                weakref.finalize(t, self._release, ptr)
+            return out
+
+        def report(self) -> dict:
+            return {"peak_bytes": int(self.peak_bytes), "ops": int(self.ops), "seconds": float(self.seconds)}
+
+    _METER.append(Meter)
+    return Meter
+
+
+def _metered(meter, fn):
+    """fn() under `meter` (ATen counts, and the CUDA allocator's peak where the call ran on a GPU)."""
+    import time
+
+    import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    with meter:
+        out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+        meter.peak_bytes = max(meter.peak_bytes, torch.cuda.max_memory_allocated() - before)
+    meter.seconds += time.perf_counter() - start
+    return out
+
+
 def _limit_memory(extra_mb) -> str | None:
     """Cap the address space at what the imports mapped plus `extra_mb` (an unbounded allocation then fails
     inside the call, and crosses as a MemoryError or RuntimeError)."""
@@ -461,6 +549,7 @@ def serve(chan: Channel, init: dict) -> int:
     graphs: dict = {}  # call id -> (input tensors, differentiable output tensors)
     iters: dict = {}  # call id -> (function name, the generator, its inputs that carry gradient)
     active: list = [[]]  # the inputs of the request being served: a callback's graded outputs join them
+    meters: dict = {}  # call id -> its allocation meter (a budget contract's call, and later its vjp)
 
     def callback(index: int, args: tuple, kwargs: dict):
         """Call the supervisor's object `index` (a handle's __call__): its answer's graded outputs become inputs
@@ -486,7 +575,7 @@ def serve(chan: Channel, init: dict) -> int:
     def handle(index: int, kind: str, attrs: dict):
         return Handle(callback, index, kind, attrs)
 
-    def reply(cid, out, fn_name, leaves):
+    def reply(cid, out, fn_name, leaves, extra=None):
         if hasattr(out, "__next__") and not isinstance(out, torch.Tensor):  # a generator: items on demand
             iters[cid] = (fn_name, out, leaves)
             chan.send({"op": "iter", "id": cid})
@@ -503,7 +592,7 @@ def serve(chan: Channel, init: dict) -> int:
             graphs[cid] = ([leaves[i] for i in used], [outs[j] for j in diff])
             while len(graphs) > MAX_GRAPHS:
                 graphs.pop(next(iter(graphs)))
-        chan.send({"op": "ok", "id": cid, "diff": diff, "inputs": used}, pack(plain))
+        chan.send(dict({"op": "ok", "id": cid, "diff": diff, "inputs": used}, **(extra or {})), pack(plain))
 
     while True:
         head, data = chan.recv()
@@ -513,6 +602,7 @@ def serve(chan: Channel, init: dict) -> int:
         if op == "reset":
             graphs.clear()
             iters.clear()
+            meters.clear()
             continue
         fn_name = head.get("fn") if op == "call" else (iters.get(cid) or ("?",))[0]
         try:
@@ -524,8 +614,14 @@ def serve(chan: Channel, init: dict) -> int:
                     t.requires_grad_(True)
                 active[0] = grad
                 with torch.set_grad_enabled(bool(head.get("grad_mode", True))):
-                    out = fn(*args, **kwargs)
-                reply(cid, out, fn_name, grad)
+                    if head.get("meter"):
+                        meters[cid] = meter = _meter_class()()
+                        while len(meters) > MAX_GRAPHS:
+                            meters.pop(next(iter(meters)))
+                        out = _metered(meter, lambda: fn(*args, **kwargs))
+                    else:
+                        out = fn(*args, **kwargs)
+                reply(cid, out, fn_name, grad, {"metered": meters[cid].report()} if head.get("meter") else None)
             elif op == "next":
                 _name, gen, leaves = iters[cid]
                 active[0] = leaves
@@ -536,12 +632,17 @@ def serve(chan: Channel, init: dict) -> int:
                 ins, outs = graphs[cid]
                 gs, _ = unpack(data)
                 pairs = [(o, g) for o, g in zip(outs, gs) if g is not None]
-                if pairs:
-                    grads = torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs],
-                                                allow_unused=True, retain_graph=True)
-                else:
-                    grads = [None] * len(ins)
-                chan.send({"op": "ok", "id": cid, "diff": []}, pack([_plain(g) for g in grads]))
+                meter = meters.get(cid) if head.get("meter") else None
+
+                def backward():
+                    if not pairs:
+                        return [None] * len(ins)
+                    return torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs],
+                                               allow_unused=True, retain_graph=True)
+
+                grads = _metered(meter, backward) if meter is not None else backward()
+                chan.send(dict({"op": "ok", "id": cid, "diff": []}, **({"metered": meter.report()} if meter else {})),
+                          pack([_plain(g) for g in grads]))
             else:
                 chan.send({"op": "raised", "type": "RuntimeError", "message": f"unknown request {op!r}",
                            "where": "", "stub": False})
