@@ -149,7 +149,7 @@ def boundary(device: str = "cpu", repeats: int = 4, check_repeats: int = 1) -> l
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-boundary-") as tmp:
         tmp = Path(tmp)
-        fresh = _Candidates(tmp)
+        fresh = Candidates(tmp)
         across = Evaluator(METHOD, receipts=tmp / "across", device=device)
         old = Evaluator(METHOD, receipts=tmp / "beside", device=device)
 
