@@ -367,8 +367,10 @@ def test_budget_contracts_are_checked_here_on_the_call_loops_meter_and_freeze_ru
     store = tmp_path / "r"
     r = invoke("check", "mrtpo", "--impl", str(ROOT / "tests" / "fixtures" / "my_mrtpo.py"), "--seeds", "42",
                "--only", "js_vectorised", "--only", "protocol", "--no-mutants", "--no-sandbox", "--receipts",
-               str(store), "--json")
+               str(store))
     assert r.exit_code == 0, r.output
+    assert "checks ran in: mixed; beside the candidate: protocol; memory/time measured in the candidate's " \
+        "process: js_vectorised" in r.output
     (path,) = (store / "mrtpo").glob("*.json")
     pred = json.loads(path.read_text())["predicate"]
     iso = pred["isolation"]
