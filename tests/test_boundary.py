@@ -102,9 +102,21 @@ def fields(rec):
 
 def widen(x, k):
     return (torch.cat([x] * k) * 2.0).sum()
+
+
+_KEPT = []
+
+
+def keep(policy, x):
+    _KEPT.append(policy)
+    return policy(x)
+
+
+def use_kept(x):
+    return _KEPT[-1](x)
 '''
 NAMES = ["engine_modules", "patch_the_judge", "square", "refuse", "custom", "leaves", "stub", "text", "an_object",
-         "generator", "through", "give_back", "peek", "fields", "widen"]
+         "generator", "through", "give_back", "peek", "fields", "widen", "keep", "use_kept"]
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +262,18 @@ def test_a_budget_is_metered_by_the_call_loop_in_the_candidates_process(remote, 
     assert torch.equal(x.grad, torch.full((1000,), 8.0))
     impl.widen(x, 2)  # outside the meter: no reading asked for or taken
     assert len(meter.reports) == 1
+
+
+def test_a_handle_kept_past_its_call_reaches_nothing(remote, impl):
+    """A handle lasts for the check call it came with: kept and called in a later one, it is gone."""
+    _impl, conn = remote
+    lin = torch.nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    torch.testing.assert_close(impl.keep(lin, x), lin(x).detach())
+    conn.reset()  # between check calls
+    with pytest.raises(RuntimeError, match="that object of the checks is gone"):
+        impl.use_kept(x)
+    assert conn.lost is None
 
 
 def test_a_record_crosses_as_its_fields(impl):
