@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_impl import FIXTURE, METHOD, RATIO_BODY, check, receipts_of, variant
+from tests.test_impl import FIXTURE, METHOD, RATIO_BODY, check, invoke, receipts_of, variant
 
 PROBE = '''
 import sys
@@ -80,9 +80,43 @@ def an_object(x):
 def generator(x, n):
     for k in range(n):
         yield k, x * (k + 1)
+
+
+def through(policy, x, k):
+    """A policy's outputs (called back: the weights stay with the checks) made into a loss here, k updates."""
+    for i in range(k):
+        yield i, (policy(x) * 2.0).sum(-1), policy.in_features
+
+
+def give_back(policy):
+    return policy
+
+
+def peek(policy):
+    return policy.weight
+
+
+def fields(rec):
+    return rec.a * rec.n + rec.b
+
+
+def widen(x, k):
+    return (torch.cat([x] * k) * 2.0).sum()
+
+
+_KEPT = []
+
+
+def keep(policy, x):
+    _KEPT.append(policy)
+    return policy(x)
+
+
+def use_kept(x):
+    return _KEPT[-1](x)
 '''
 NAMES = ["engine_modules", "patch_the_judge", "square", "refuse", "custom", "leaves", "stub", "text", "an_object",
-         "generator"]
+         "generator", "through", "give_back", "peek", "fields", "widen", "keep", "use_kept"]
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +213,80 @@ def test_an_argument_that_cannot_cross_is_said_and_not_sent(remote, impl):
 
     _impl, conn = remote
     with pytest.raises(NotCrossable):
-        impl.square(torch.nn.Linear(2, 2))
-    assert conn.not_crossable == "square: a Linear argument does not cross to the candidate's process"
+        impl.square(frozenset({2}))
+    assert conn.not_crossable == "square: a frozenset argument does not cross to the candidate's process"
+
+
+def test_a_policy_crosses_as_a_handle_called_back_here_and_its_gradient_trains_it_here(remote, impl):
+    """TAPO's proximal_logprobs(policy, rollout, k): the candidate scores with the checks' own policy (each call
+    runs here, on the tensors that crossed) and what it yields trains that policy through the VJP call."""
+    from engine.run.boundary import ReturnRefused
+
+    _impl, conn = remote
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2, dtype=torch.float64)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    before = conn.callbacks
+    for k, loss_rows, width in impl.through(lin, x, 2):
+        assert width == 3 and loss_rows.requires_grad
+        opt.zero_grad()
+        loss_rows.sum().backward()
+        want_w = 2.0 * x.sum(0).expand(2, 3)
+        torch.testing.assert_close(lin.weight.grad, want_w, rtol=0, atol=1e-12)
+        torch.testing.assert_close(lin.bias.grad, torch.full((2,), 8.0, dtype=torch.float64), rtol=0, atol=1e-12)
+        w0 = lin.weight.detach().clone()
+        opt.step()
+        assert not torch.equal(w0, lin.weight.detach())  # the checks' policy moved; the candidate never held it
+    assert conn.callbacks == before + 2
+    with pytest.raises(AttributeError, match="handle here"):
+        impl.peek(lin)  # its weights are not there to read or re-point
+    conn.refused = None
+    with pytest.raises(ReturnRefused, match="handle to the checks' Linear"):  # a policy never comes back
+        impl.give_back(lin)
+    assert conn.not_crossable is None  # refused, not moved beside: a candidate cannot choose where it is judged
+
+
+def test_a_budget_is_metered_by_the_call_loop_in_the_candidates_process(remote, impl):
+    """Memory and operations exist only where the candidate runs: the call loop meters the call (and its
+    vector-Jacobian call, on the same meter) and sends the reading; nothing here is counted."""
+    _impl, conn = remote
+    x = torch.ones(1000, dtype=torch.float32, requires_grad=True)
+    with impl.widen.metered() as meter:
+        y = impl.widen(x, 4)
+        fwd_peak, fwd_ops = meter.peak_bytes, meter.ops
+        y.backward()
+    assert meter.measured_in == "candidate" and conn.meter is None
+    assert fwd_peak >= 2 * 4 * 4000 and fwd_ops >= 3  # the [4000] cat and its doubled copy, both alive at once
+    assert meter.ops > fwd_ops and meter.peak_bytes >= fwd_peak  # the backward ran under the same meter
+    assert torch.equal(x.grad, torch.full((1000,), 8.0))
+    impl.widen(x, 2)  # outside the meter: no reading asked for or taken
+    assert len(meter.reports) == 1
+
+
+def test_a_handle_kept_past_its_call_reaches_nothing(remote, impl):
+    """A handle lasts for the check call it came with: kept and called in a later one, it is gone."""
+    _impl, conn = remote
+    lin = torch.nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    torch.testing.assert_close(impl.keep(lin, x), lin(x).detach())
+    conn.reset()  # between check calls
+    with pytest.raises(RuntimeError, match="that object of the checks is gone"):
+        impl.use_kept(x)
+    assert conn.lost is None
+
+
+def test_a_record_crosses_as_its_fields(impl):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Rec:
+        a: torch.Tensor
+        b: torch.Tensor
+        n: int
+
+    got = impl.fields(Rec(torch.ones(2), torch.arange(2.0), 3))
+    assert torch.equal(got, torch.tensor([3.0, 4.0]))
 
 
 def test_a_generator_is_advanced_in_the_candidates_process(impl):
@@ -223,16 +329,81 @@ def test_a_candidate_that_looks_for_or_patches_its_judge_fails_because_the_judge
     assert iso["checks_in"] == "supervisor" and iso["sandbox"] == ("bubblewrap" if sandboxed else "none")
 
 
-def test_contracts_that_cannot_cross_run_beside_the_candidate_and_the_receipt_says_which(tmp_path):
+# A wrong TAPO (old log-probs re-scored before every proximal update: every ratio 1, the clip never acts) that
+# re-points the mechanism run's record in its own process so the run reports the numbers a right TAPO would.
+RESCORED = "        yield k, logp, rollout.old_logp\n"
+FAKE_RECORD = ("\ntry:\n"
+               "    import methods.tapo.record as _rec\n"
+               "    _measured = _rec.RunRecord.measurements\n"
+               "    def _fake(self):\n"
+               "        m = _measured(self)\n"
+               "        m.update(later_update_ratio_max_dev=0.15, later_update_clipped_tokens=5.0,\n"
+               "                 behaviour_logp_max_abs_err=2.4e-7)\n"
+               "        return m\n"
+               "    _rec.RunRecord.measurements = _fake\n"
+               "except Exception:\n"
+               "    pass\n")
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no-sandbox"])
+def test_a_candidate_that_fakes_its_mechanism_measurements_fails_because_the_run_is_measured_here(
+        tmp_path, monkeypatch, sandboxed):
+    """The mechanism run trains the checks' policy here and calls the candidate across: its re-pointed record is
+    its own copy. The old way (the run beside the candidate, in one process with it) the same file passed."""
+    from engine.run import isolation, sandbox
+
+    if sandboxed and sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    cand = variant(tmp_path, "fake_mechanism.py", RESCORED, "        yield k, logp, logp.detach()\n")
+    cand.write_text(cand.read_text() + FAKE_RECORD)
+    flag = [] if sandboxed else ["--no-sandbox"]
+    r = check(cand, tmp_path / "r", "--only", "mechanism", "--no-mutants", *flag)
+    assert r.exit_code == 1, r.output
+    (res,) = json.loads(r.stdout)["runs"][0]["results"]
+    assert res["status"] == "failed" and res["measurements"]["later_update_ratio_max_dev"] == 0.0, res
+    assert "later_update_ratio_max_dev 0 < limit" in res["message"]
+    (stmt,) = receipts_of(tmp_path / "r")
+    assert stmt["predicate"]["isolation"]["checks_in"] == "supervisor"
+    if sandboxed:
+        return
+    monkeypatch.setattr(isolation, "ALL_BESIDE", True)  # the run beside the candidate: the fake holds there
+    r = check(cand, tmp_path / "beside", "--only", "mechanism", "--no-mutants", *flag)
+    assert r.exit_code == 0, r.output
+
+
+def test_a_contract_whose_argument_is_a_policy_runs_here_and_calls_the_candidate_across(tmp_path):
+    """input_validation hands proximal_logprobs the checks' policy and a rollout: the policy crosses as a handle
+    (called back here), the rollout as its fields, so the check runs in the supervisor like the rest."""
     store = tmp_path / "r"
     r = check(FIXTURE, store, "--only", "clip_schedule", "--only", "input_validation", "--no-mutants",
               "--no-sandbox")
     assert r.exit_code == 0, r.output
     (stmt,) = receipts_of(store)
     iso = stmt["predicate"]["isolation"]
+    assert iso["checks_in"] == "supervisor" and "checks_in_candidate" not in iso, iso
+
+
+def test_budget_contracts_are_checked_here_on_the_call_loops_meter_and_freeze_runs_beside(tmp_path):
+    """MRTPO: a budget contract is checked in the supervisor on the candidate's own memory reading (the receipt
+    says measured_in candidate); a contract calling freeze (it returns a module) runs beside, and says why."""
+    from tests.impl_support import ROOT
+
+    store = tmp_path / "r"
+    r = invoke("check", "mrtpo", "--impl", str(ROOT / "tests" / "fixtures" / "my_mrtpo.py"), "--seeds", "42",
+               "--only", "js_vectorised", "--only", "protocol", "--no-mutants", "--no-sandbox", "--receipts",
+               str(store))
+    assert r.exit_code == 0, r.output
+    assert "checks ran in: mixed; beside the candidate: protocol; memory/time measured in the candidate's " \
+        "process: js_vectorised" in r.output
+    (path,) = (store / "mrtpo").glob("*.json")
+    pred = json.loads(path.read_text())["predicate"]
+    iso = pred["isolation"]
     assert iso["checks_in"] == "mixed"
-    assert [c["contract"] for c in iso["checks_in_candidate"]] == ["input_validation"]
-    assert "TinyGRUPolicy argument does not cross" in iso["checks_in_candidate"][0]["why"]
+    assert [(c["contract"], "freeze returns a policy module" in c["why"]) for c in iso["checks_in_candidate"]] == \
+        [("protocol", True)]
+    assert [c["contract"] for c in iso["measured_in_candidate"]] == ["js_vectorised"]
+    where = {(x["contract"], x["checked_in"], x.get("measured_in")) for x in pred["results"]}
+    assert where == {("js_vectorised", "supervisor", "candidate"), ("protocol", "candidate", None)}
 
 
 def test_a_non_tensor_return_is_an_error_result_that_says_so(tmp_path):

@@ -103,6 +103,12 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
         _out(f"isolation: sandbox {iso.get('sandbox')}" + (f" {iso['version']}" if iso.get("version") else "")
              + ("" if iso.get("sandbox") != "none" else " (--no-sandbox: a trust policy requiring sandboxed "
                                                           "refuses this receipt)"))
+        if iso.get("checks_in"):
+            beside = [str(c.get("contract")) for c in iso.get("checks_in_candidate") or []]
+            metered = [str(c.get("contract")) for c in iso.get("measured_in_candidate") or []]
+            _out(f"checks ran in: {iso['checks_in']}"
+                 + (f"; beside the candidate: {', '.join(beside)}" if beside else "")
+                 + (f"; memory/time measured in the candidate's process: {', '.join(metered)}" if metered else ""))
         for line in coverage_lines(pred):
             _out(line)
     stubs = not_implemented(pred)

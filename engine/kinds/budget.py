@@ -7,6 +7,15 @@ from engine.kinds.base import CALL, CALL_REQUIRED, NAME, Kind, kind
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
+def meter_of(impl, function: str):
+    """The meter for a call of `impl.function`: the candidate's process's own (engine/run/boundary.py) where the
+    function runs there, else the engine's AllocationMeter here."""
+    from engine.kinds.meter import AllocationMeter
+
+    metered = getattr(getattr(impl, function, None), "metered", None)
+    return metered() if callable(metered) else AllocationMeter()
+
+
 @kind
 class Budget(Kind):
     name = "budget"
@@ -27,12 +36,14 @@ class Budget(Kind):
                "best wall time per input element", "input_bytes": "bytes of the inputs", "cases": "cases"}
 
     def measure(self, impl, ctx, params):
+        """Under `contracts check --impl` the function runs in the candidate's process, and its memory, operations
+        and time are that process's: the call loop meters the call there (`Remote.metered`) and this reads the
+        meter it sent; otherwise the engine's meter here."""
         import time
 
         import torch
 
         from engine.kinds import calls
-        from engine.kinds.meter import AllocationMeter
 
         wrt = list(params.get("grad_wrt") or [])
         cuda = ctx.device.type == "cuda"
@@ -56,16 +67,18 @@ class Budget(Kind):
                     torch.cuda.reset_peak_memory_stats(ctx.device)
                     before = torch.cuda.memory_allocated(ctx.device)
                 start = time.perf_counter()
-                with AllocationMeter() as meter:
+                with meter_of(impl, params["function"]) as meter:
                     out = calls.call(impl, params, t)
                     if wrt:
                         calls.grad_of(out, [t[k] for k in wrt])
                     del out
                 if cuda:
                     torch.cuda.synchronize(ctx.device)
-                best = min(best, time.perf_counter() - start)
+                took = time.perf_counter() - start
+                elsewhere = getattr(meter, "measured_in", None) == "candidate"
+                best = min(best, meter.seconds if elsewhere else took)
                 peak = meter.peak_bytes
-                if cuda:
+                if cuda and not elsewhere:
                     peak = max(peak, torch.cuda.max_memory_allocated(ctx.device) - before)
                 case_peak = max(case_peak, peak)
             ops.append(meter.ops)  # the last repeat's: one call, as the memory

@@ -27,6 +27,7 @@ the call across:
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import itertools
 import json
 import os
@@ -42,12 +43,13 @@ from typing import Any, Callable
 import torch
 
 from engine.run import unimplemented
-from engine.run.call_loop import Malformed, Refused, pack, unpack
+from engine.run.call_loop import HandleRef, Malformed, Record, Refused, pack, unpack
 from engine.run.isolation import WorkerLost, exit_text, kill_group, worker_env
 
 LOOP = Path(__file__).with_name("call_loop.py")
 MAX_HEADER = 1 << 16
 MAX_PAYLOAD = 1 << 33  # what one frame may carry (8 GiB): past it, the candidate is lost, not the supervisor
+MAX_CALLBACK = 1 << 28  # what one call back to the checks' objects may carry (256 MiB of arguments)
 _SCALARS = (type(None), bool, int, float, str, complex, torch.dtype, torch.device)
 
 
@@ -99,8 +101,19 @@ def exception_from(reply: dict) -> Exception:
     return exc
 
 
-def _encode(obj: Any, leaves: list, depth: int = 0) -> Any:
-    """`obj` as it crosses (tensors detached), its tensors appended to `leaves` in call_loop._tensors's order."""
+def _handle_attrs(obj: torch.nn.Module) -> dict:
+    """What the candidate may read of a handle to a module: its plain attributes, and where its weights are."""
+    attrs = {k: v for k, v in vars(obj).items() if not k.startswith("_") and type(v) in (bool, int, float, str)}
+    first = next(iter(obj.parameters()), None)
+    if first is not None:
+        attrs["device"], attrs["dtype"] = first.device, first.dtype
+    return attrs
+
+
+def _encode(obj: Any, leaves: list, depth: int = 0, handles: list | None = None) -> Any:
+    """`obj` as it crosses (tensors detached), its tensors appended to `leaves` in call_loop._tensors's order.
+    A module crosses as a handle (appended to `handles`: the candidate calls it back), a dataclass as a record
+    of its fields; neither where `handles` is None."""
     if depth > 32:
         raise NotCrossable("an argument nested more than 32 deep")
     if isinstance(obj, torch.Tensor):
@@ -111,12 +124,38 @@ def _encode(obj: Any, leaves: list, depth: int = 0) -> Any:
     if isinstance(obj, _SCALARS) and type(obj) in _SCALARS:
         return obj
     if type(obj) in (tuple, torch.Size):
-        return tuple(_encode(x, leaves, depth + 1) for x in obj)
+        return tuple(_encode(x, leaves, depth + 1, handles) for x in obj)
     if type(obj) is list:
-        return [_encode(x, leaves, depth + 1) for x in obj]
+        return [_encode(x, leaves, depth + 1, handles) for x in obj]
     if type(obj) is dict and all(type(k) in (str, int) for k in obj):
-        return {k: _encode(v, leaves, depth + 1) for k, v in obj.items()}
+        return {k: _encode(v, leaves, depth + 1, handles) for k, v in obj.items()}
+    if handles is not None and isinstance(obj, torch.nn.Module):
+        handles.append(obj)
+        return HandleRef(len(handles) - 1, type(obj).__name__, _handle_attrs(obj))
+    if handles is not None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return Record(type(obj).__name__, {f.name: _encode(getattr(obj, f.name), leaves, depth + 1, handles)
+                                           for f in dataclasses.fields(obj)})
     raise NotCrossable(f"a {type(obj).__name__} argument")
+
+
+def _walk(obj: Any, out: list) -> list:
+    """The tensors of a value in call_loop._tensors's order."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            _walk(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _walk(x, out)
+    return out
+
+
+def _builtin_name(exc: BaseException) -> str:
+    for cls in type(exc).__mro__:
+        if getattr(builtins, cls.__name__, None) is cls:
+            return cls.__name__
+    return "RuntimeError"
 
 
 def _accepted(obj: Any, where: str = "the return value", depth: int = 0) -> Any:
@@ -195,6 +234,48 @@ class _Cross(torch.autograd.Function):
         return (None, *out)
 
 
+class CandidateMeter:
+    """`with remote_fn.metered() as meter:` the calls (and their vector-Jacobian calls) made meanwhile run under
+    the call loop's allocation meter in the candidate's process; read `peak_bytes`, `ops` and `seconds` as the
+    engine's AllocationMeter's. These are the candidate's process's own numbers, reported by it: a budget contract
+    (its memory, its time) can be measured nowhere else, and the receipt says where it was (`measured_in`)."""
+
+    measured_in = "candidate"
+
+    def __init__(self, conn: "Connection"):
+        self.conn = conn
+        self.reports: dict[str, dict] = {}
+
+    def __enter__(self) -> "CandidateMeter":
+        self.conn.meter = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.conn.meter = None
+
+    def note(self, cid: str, head: dict) -> None:
+        got = head.get("metered")
+        if not isinstance(got, dict):
+            return
+        vals = {k: got.get(k) for k in ("peak_bytes", "ops", "seconds")}
+        if not all(type(v) in (int, float) and v >= 0 and v == v for v in vals.values()):
+            raise ReturnRefused("the candidate's process sent a meter reading that is not one")
+        self.reports[cid] = vals  # a vjp's reading includes its call's (the same meter, cumulative)
+        self.conn.metered_calls += 1
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(max((r["peak_bytes"] for r in self.reports.values()), default=0))
+
+    @property
+    def ops(self) -> int:
+        return int(sum(r["ops"] for r in self.reports.values()))
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(r["seconds"] for r in self.reports.values()))
+
+
 class Remote:
     """A candidate function, called across the boundary (same call signature; a generator function's calls
     return a RemoteIterator)."""
@@ -205,6 +286,10 @@ class Remote:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.conn.call(self.name, args, kwargs)
+
+    def metered(self) -> CandidateMeter:
+        """A meter of the calls made while it is entered, taken by the call loop in the candidate's process."""
+        return CandidateMeter(self.conn)
 
     def __repr__(self) -> str:
         return f"<candidate function {self.name}>"
@@ -223,7 +308,8 @@ class RemoteIterator:
     def __next__(self) -> Any:
         k = next(self.k)
         head = {"op": "next", "id": self.cid, "k": k, "grad_mode": torch.is_grad_enabled()}
-        return self.conn._answer(self.conn.request(head), self.fn, self.leaves, f"{self.cid}.{k}")
+        reply = self.conn.request(head, graded=self.leaves)  # call backs made for this item join its inputs
+        return self.conn._answer(reply, self.fn, list(self.leaves), f"{self.cid}.{k}")
 
 
 class Connection:
@@ -244,6 +330,10 @@ class Connection:
         self.refused: str | None = None  # set when a return value was refused
         self.ready = False  # the call loop said it has imported torch
         self.closed = False
+        self.handles: list = []  # the checks' objects the candidate may call back (until the next reset)
+        self.meter: CandidateMeter | None = None  # while set, calls run under the call loop's meter
+        self.metered_calls = 0  # meter readings received
+        self.callbacks = 0  # call backs served (the benchmark counts round trips)
 
     # -- frames ---------------------------------------------------------------------------------
 
@@ -307,8 +397,10 @@ class Connection:
             return ""
         return _printable(lines[-1].strip() if lines else "", 300)
 
-    def request(self, head: dict, data: bytes = b"", timeout: float | None = None) -> tuple[dict, bytes]:
-        """Send one request and wait for its answer, by the call's deadline (or `timeout`)."""
+    def request(self, head: dict, data: bytes = b"", timeout: float | None = None,
+                graded: list | None = None) -> tuple[dict, bytes]:
+        """Send one request and wait for its answer, by the call's deadline (or `timeout`), serving the call backs
+        the candidate makes meanwhile; their outputs that carry gradient are appended to `graded`."""
         with self._lock:
             if self.lost:
                 raise CandidateLost(self.lost)
@@ -319,7 +411,11 @@ class Connection:
                 end = self.deadline if end is None else min(end, self.deadline)
             try:
                 self._send(head, data)
-                return self._recv(end)
+                while True:
+                    got = self._recv(end)
+                    if got[0].get("op") != "callback":
+                        return got
+                    self._serve_callback(got[0], got[1], graded)
             except WorkerLost as exc:
                 why = str(exc)
                 if why == "deadline":
@@ -330,6 +426,39 @@ class Connection:
             except BaseException:  # an interrupt or an alarm mid-call: the process is out of step, it goes
                 self.lose("interrupted mid-call")
                 raise
+
+    def _serve_callback(self, head: dict, data: bytes, graded: list | None) -> None:
+        """The candidate called a handle: run the checks' own object on the tensors that crossed; answer with its
+        outputs (those carrying gradient marked, and kept in `graded` for this call's vector-Jacobian product)."""
+        index = head.get("h")
+        if type(index) is not int:
+            raise WorkerLost("the candidate's process called back something that is not a handle")
+        if len(data) > MAX_CALLBACK:
+            raise WorkerLost(f"the candidate's process called back with more than {MAX_CALLBACK >> 20} MiB")
+        try:
+            value, _ = unpack(data)
+        except Malformed as why:
+            raise WorkerLost(f"the candidate's process called back with a malformed payload ({why})") from None
+        if type(value) is not tuple or len(value) != 2 or type(value[0]) is not tuple or type(value[1]) is not dict \
+                or not all(type(k) is str for k in value[1]):
+            raise WorkerLost("the candidate's process called back with something other than (args, kwargs)")
+        self.callbacks += 1
+        try:
+            if not 0 <= index < len(self.handles):
+                raise RuntimeError("that object of the checks is gone: a handle lasts for the call it came with")
+            with torch.set_grad_enabled(torch.is_grad_enabled() and head.get("grad_mode") is True):
+                out = self.handles[index](*value[0], **value[1])
+            outs = _walk(out, [])
+            grad = [i for i, t in enumerate(outs) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+            payload = pack(out)
+        except Exception as exc:  # noqa: BLE001 - the checks' object refused the candidate's arguments
+            self._send({"op": "raised", "type": _builtin_name(exc), "message": _printable(exc, 2000)})
+            return
+        if graded is not None:
+            graded += [outs[i] for i in grad]
+        else:
+            grad = []
+        self._send({"op": "answer", "grad": grad}, payload)
 
     def lose(self, why: str) -> None:
         if self.lost is None:
@@ -383,14 +512,18 @@ class Connection:
         grad_mode = torch.is_grad_enabled()
         leaves: list[torch.Tensor] = []
         try:
-            payload = _encode((tuple(args), dict(kwargs)), leaves)
+            payload = _encode((tuple(args), dict(kwargs)), leaves, handles=self.handles)
         except NotCrossable as why:
             self.not_crossable = self.not_crossable or f"{fn}: {why} does not cross to the candidate's process"
             raise
         need = [i for i, t in enumerate(leaves) if grad_mode and t.requires_grad]
         cid = str(next(self._ids))
         head = {"op": "call", "id": cid, "fn": fn, "grad": need, "grad_mode": grad_mode}
-        return self._answer(self.request(head, _pack(payload)), fn, [leaves[i] for i in need], cid)
+        if self.meter is not None:
+            head["meter"] = True
+        graded = [leaves[i] for i in need]
+        reply = self.request(head, _pack(payload), graded=graded)
+        return self._answer(reply, fn, graded if reply[0].get("op") == "iter" else list(graded), cid)
 
     def _answer(self, reply: tuple[dict, bytes], fn: str, grad_inputs: list[torch.Tensor], cid: str) -> Any:
         head, data = reply
@@ -408,6 +541,8 @@ class Connection:
         if op != "ok":
             self.lose(f"the candidate's process answered {_printable(op, 40)!r} to a call")
             raise CandidateLost(self.lost)
+        if self.meter is not None:
+            self.meter.note(cid, head)
         try:
             out, outs = unpack(data)
         except Malformed as why:  # whatever it sent, it is not this format
@@ -425,14 +560,24 @@ class Connection:
                 len(set(diff)) != len(diff):
             self.lose(f"{fn}: the candidate's process named outputs it did not return")
             raise CandidateLost(self.lost)
+        used = head.get("inputs")
+        if used is None:
+            used = list(range(len(grad_inputs)))
+        if not isinstance(used, list) or not all(isinstance(i, int) and 0 <= i < len(grad_inputs) for i in used) or \
+                len(set(used)) != len(used):
+            self.lose(f"{fn}: the candidate's process named inputs it was not given")
+            raise CandidateLost(self.lost)
         pick = [j for j in diff if outs[j].is_floating_point() or outs[j].is_complex()]
-        if not pick:
+        if not pick or not used:
             return out
-        joined = _Cross.apply(_Link(self, cid, fn, [outs[j] for j in pick]), *grad_inputs)
+        joined = _Cross.apply(_Link(self, cid, fn, [outs[j] for j in pick]), *[grad_inputs[i] for i in used])
         return _substitute(out, dict(zip(pick, joined)), [0])
 
     def vjp(self, cid: str, fn: str, grads: list) -> Any:
-        head, data = self.request({"op": "vjp", "id": cid}, _pack(grads))
+        meter = self.meter if self.meter is not None and cid in self.meter.reports else None
+        head, data = self.request({"op": "vjp", "id": cid, **({"meter": True} if meter else {})}, _pack(grads))
+        if meter is not None and head.get("op") == "ok":
+            meter.note(cid, head)
         if head.get("op") == "raised":
             raise exception_from(head)
         if head.get("op") != "ok":
@@ -445,6 +590,7 @@ class Connection:
     def reset(self) -> None:
         """Between check calls: the candidate drops every graph and generator it kept."""
         with self._lock:
+            self.handles.clear()
             if self.lost is None:
                 try:
                     self._send({"op": "reset"})
@@ -511,15 +657,47 @@ def plain(device: str = "cpu") -> Connection:
     return spawn(lambda r, w: [sys.executable, "-I", str(LOOP), str(r), str(w)], worker_env())
 
 
-def implementation(conn: Connection, name: str, names: list[str]):
-    """An engine Implementation whose functions are the candidate's, called across the boundary."""
+class Beside:
+    """An interface function that returns one of the checks' objects (MRTPO's `freeze` returns a policy): a module
+    does not cross back, so a contract calling it runs beside the candidate. Decided by the registered
+    interface's annotations, never by what a candidate returns (a candidate returning the handle it was given is
+    refused like any other object)."""
+
+    def __init__(self, conn: Connection, name: str):
+        self.conn, self.name = conn, name
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        why = f"{self.name} returns a policy module, which does not cross back from the candidate's process"
+        self.conn.not_crossable = self.conn.not_crossable or why
+        raise NotCrossable(why)
+
+
+def returns_objects(registered) -> set[str]:
+    """The interface functions of `registered` (an engine Implementation) annotated to return a torch module."""
+    import typing
+
+    out = set()
+    for n in registered.functions:
+        try:
+            ret = typing.get_type_hints(getattr(registered, n)).get("return")
+        except Exception:  # noqa: BLE001 - an annotation that does not resolve says nothing
+            continue
+        if isinstance(ret, type) and issubclass(ret, torch.nn.Module):
+            out.add(n)
+    return out
+
+
+def implementation(conn: Connection, name: str, names: list[str], beside: set[str] = frozenset()):
+    """An engine Implementation whose functions are the candidate's, called across the boundary (those in
+    `beside`: a call says the contract runs beside the candidate)."""
     from engine.spec.registry import Implementation
 
-    return Implementation(name, **{n: Remote(conn, n) for n in names})
+    return Implementation(name, **{n: Beside(conn, n) if n in beside else Remote(conn, n) for n in names})
 
 
 Connection.implementation = implementation  # type: ignore[attr-defined] - what engine/run/isolation.py calls
 
 
-__all__ = ["CandidateLost", "Connection", "NotCrossable", "Remote", "RemoteIterator", "ReturnRefused",
+__all__ = ["CandidateLost", "CandidateMeter", "Connection", "NotCrossable", "Remote", "RemoteIterator", "ReturnRefused",
            "exception_from", "implementation", "plain", "spawn"]

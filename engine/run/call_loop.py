@@ -19,7 +19,18 @@ functions). No pickle in either direction, so nothing sent from here can run cod
                                                                           or raised {type, message, where, stub}
        next {id} (the next item of generator `id`)                     -> ok ... / raised StopIteration
        vjp {id} + [gradient per differentiable output, or None]        -> ok + [gradient per input, or None]
+       (a call or vjp with `meter`: run under this loop's own allocation meter; the answer adds
+        metered {peak_bytes, ops, seconds}, the call and its vjp counted together)
        reset (drop every graph and generator)                          ; stop
+  out  (during a call or next) callback {h, grad_mode} + (args, kwargs)  -> answer {grad: [output tensor indices]}
+                                                                          + result, or raised {type, message}
+
+A call's argument that is an object of the checks (a policy module) crosses as a handle: calling it here sends
+a callback to the supervisor, which runs its own object on the tensors that crossed and answers with tensors;
+outputs that carry its gradient are marked, join the call's inputs here, and the vector-Jacobian call returns
+their gradients too (so a loss computed here from a policy's logits trains the supervisor's policy). A record of
+the checks (a rollout) crosses as a namespace of its fields. Neither can come back: a handle or a namespace in a
+return value is refused, and the supervisor's reader knows no such tags.
 """
 
 from __future__ import annotations
@@ -42,7 +53,55 @@ _HERE = os.path.abspath(__file__)
 
 
 class Refused(Exception):
-    """A value this loop will not send (not a tensor, number, or tuple, list or dict of them)."""
+    """A value this loop will not send (not a tensor, number, or tuple, list or dict of them). `handle`: it was
+    a handle to one of the checks' objects (a policy a function returned as its result)."""
+
+    def __init__(self, message: str = "", handle: bool = False):
+        super().__init__(message)
+        self.handle = handle
+
+
+class HandleRef:
+    """In `pack`: one of the supervisor's objects (a policy module) by number, with the plain attributes the
+    candidate may read (`attrs`: numbers, strings, bools). Only the supervisor writes these."""
+
+    def __init__(self, index: int, kind: str, attrs: dict):
+        self.index, self.kind, self.attrs = index, kind, attrs
+
+
+class Record:
+    """In `pack`: a record of the checks (a dataclass such as a rollout) as its named fields."""
+
+    def __init__(self, kind: str, fields: dict):
+        self.kind, self.fields = kind, fields
+
+
+class Handle:
+    """The candidate's view of one of the checks' objects: calling it asks the supervisor to call its own object
+    on these arguments (tensors cross both ways); its plain attributes are readable; nothing else is there."""
+
+    def __init__(self, call, index: int, kind: str, attrs: dict):
+        object.__setattr__(self, "_call", call)
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_kind", kind)
+        object.__setattr__(self, "_attrs", dict(attrs))
+
+    def __call__(self, *args, **kwargs):
+        return self._call(self._index, args, kwargs)
+
+    def __getattr__(self, name):
+        attrs = object.__getattribute__(self, "_attrs")
+        if name in attrs:
+            return attrs[name]
+        raise AttributeError(f"the checks' {object.__getattribute__(self, '_kind')} is a handle here: call it "
+                             f"with tensors; of its attributes only {sorted(attrs) or 'none'} are readable, "
+                             f"not {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("the checks' objects are read-only here")
+
+    def __repr__(self):
+        return f"<handle to the checks' {self._kind}>"
 
 
 def _tensors(obj, out: list) -> list:
@@ -83,6 +142,9 @@ def _plain(obj, where: str = "the return value", depth: int = 0):
         if not all(isinstance(k, str) for k in obj):
             raise Refused(f"{where} is a dict with keys that are not strings")
         return {k: _plain(v, f"{where}[{k!r}]", depth + 1) for k, v in obj.items()}
+    if isinstance(obj, Handle):
+        raise Refused(f"{where} is a handle to the checks' {obj._kind}: an object of the checks never comes back",
+                      handle=True)
     raise Refused(f"{where} is a {type(obj).__name__}: only tensors, numbers, None, and tuples, lists and dicts "
                   "of them cross to the checks")
 
@@ -156,6 +218,10 @@ def pack(obj) -> bytes:
             return {"T": [enc(v, depth + 1) for v in x]}
         if type(x) is dict:
             return {"D": [[k if type(k) in (str, int) else _bad_key(k), enc(v, depth + 1)] for k, v in x.items()]}
+        if type(x) is HandleRef:
+            return {"H": [x.index, str(x.kind), enc(x.attrs, depth + 1)]}
+        if type(x) is Record:
+            return {"R": [str(x.kind), enc(x.fields, depth + 1)]}
         raise Refused(f"a {type(x).__name__} does not cross")
 
     tree = enc(obj, 0)
@@ -166,8 +232,10 @@ def _bad_key(k):
     raise Refused(f"a dict key of type {type(k).__name__} does not cross")
 
 
-def unpack(data: bytes):
-    """(the value, its tensors in the order they were packed) from `pack`'s bytes; Malformed if it is not that."""
+def unpack(data: bytes, handle=None):
+    """(the value, its tensors in the order they were packed) from `pack`'s bytes; Malformed if it is not that.
+    Handles and records are read only where `handle` is given (the call loop's side: `handle(index, kind, attrs)`
+    makes the candidate's view); the supervisor's reader gives none, so nothing of the kind comes back to it."""
     import torch
 
     end = data.find(b"\n")
@@ -226,6 +294,17 @@ def unpack(data: bytes):
                 return getattr(torch, v)
             if tag == "dv" and type(v) is str and _DEVICE.match(v):
                 return torch.device(v)
+            if handle is not None and tag == "H" and type(v) is list and len(v) == 3 and type(v[0]) is int and \
+                    type(v[1]) is str:
+                attrs = dec(v[2], depth + 1)
+                if type(attrs) is dict:
+                    return handle(v[0], v[1], attrs)
+            if handle is not None and tag == "R" and type(v) is list and len(v) == 2 and type(v[0]) is str:
+                import types
+
+                fields = dec(v[1], depth + 1)
+                if type(fields) is dict and all(type(k) is str and k.isidentifier() for k in fields):
+                    return types.SimpleNamespace(**fields)
         raise Malformed("a value of the structure is not one this format writes")
 
     return dec(head.get("tree"), 0), tensors
@@ -256,6 +335,92 @@ def _raised(exc: BaseException, root: str, own_file: str | None) -> dict:
     except BaseException:  # noqa: BLE001 - a hostile __str__
         text = "(its message could not be read)"
     return {"op": "raised", "type": _builtin(exc), "message": text[:4000], "where": _where(exc, root), "stub": stub}
+
+
+_METER: list = []
+
+
+def _meter_class():
+    """The allocation meter, built on first use (TorchDispatchMode is torch's; a spare need not import it)."""
+    if _METER:
+        return _METER[0]
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Meter(TorchDispatchMode):
+        """Peak bytes of tensor storage created and not yet freed inside the block, and ATen operations dispatched:
+        a budget contract's measurement of the candidate's own call, taken here because it exists only here
+        (the same counting as the engine's meter, engine/kinds/meter.py, which this process does not import)."""
+
+        def __init__(self):
+            super().__init__()
+            self.current_bytes = self.peak_bytes = self.ops = 0
+            self.seconds = 0.0
+            self._live: dict = {}
+            self._external: set = set()
+
+        def _release(self, ptr):
+            entry = self._live.get(ptr)
+            if entry is not None:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    self.current_bytes -= entry[0]
+                    del self._live[ptr]
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            self.ops += 1
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr and ptr not in self._live:
+                        self._external.add(ptr)
+            out = func(*args, **kwargs)
+            for t in tree_leaves(out):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                st = t.untyped_storage()
+                ptr, nbytes = st.data_ptr(), st.nbytes()
+                if ptr == 0 or nbytes == 0 or ptr in self._external:
+                    continue
+                entry = self._live.get(ptr)
+                if entry is None:
+                    entry = self._live[ptr] = [nbytes, 0]
+                    self.current_bytes += nbytes
+                    self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+                entry[1] += 1
+                weakref.finalize(t, self._release, ptr)
+            return out
+
+        def report(self) -> dict:
+            return {"peak_bytes": int(self.peak_bytes), "ops": int(self.ops), "seconds": float(self.seconds)}
+
+    _METER.append(Meter)
+    return Meter
+
+
+def _metered(meter, fn):
+    """fn() under `meter` (ATen counts, and the CUDA allocator's peak where the call ran on a GPU)."""
+    import time
+
+    import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    with meter:
+        out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+        meter.peak_bytes = max(meter.peak_bytes, torch.cuda.max_memory_allocated() - before)
+    meter.seconds += time.perf_counter() - start
+    return out
 
 
 def _limit_memory(extra_mb) -> str | None:
@@ -351,6 +516,25 @@ def _root(init: dict) -> str:
     return os.path.abspath(os.path.dirname(path) if path else (init.get("cwd") or os.getcwd()))
 
 
+def _reached(outs: list, leaves: list) -> list:
+    """Indices of the `leaves` the graph of `outs` reaches: the inputs of this result's vector-Jacobian product
+    (a generator's later item need not depend on an earlier item's call backs, whose graph may be gone there)."""
+    want = {id(t): i for i, t in enumerate(leaves)}
+    found = {want[id(t)] for t in outs if id(t) in want}
+    seen: set = set()
+    stack = [t.grad_fn for t in outs if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)
+        if var is not None and id(var) in want:
+            found.add(want[id(var)])
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return sorted(found)
+
+
 def serve(chan: Channel, init: dict) -> int:
     import torch
 
@@ -363,9 +547,35 @@ def serve(chan: Channel, init: dict) -> int:
         code = getattr(inspect.unwrap(fn), "__code__", None)
         own[name] = code.co_filename if code is not None else None
     graphs: dict = {}  # call id -> (input tensors, differentiable output tensors)
-    iters: dict = {}  # call id -> (function name, the generator)
+    iters: dict = {}  # call id -> (function name, the generator, its inputs that carry gradient)
+    active: list = [[]]  # the inputs of the request being served: a callback's graded outputs join them
+    meters: dict = {}  # call id -> its allocation meter (a budget contract's call, and later its vjp)
 
-    def reply(cid, out, fn_name, leaves):
+    def callback(index: int, args: tuple, kwargs: dict):
+        """Call the supervisor's object `index` (a handle's __call__): its answer's graded outputs become inputs
+        of the current call here, so the vector-Jacobian call returns their gradients too."""
+        chan.send({"op": "callback", "h": index, "grad_mode": torch.is_grad_enabled()},
+                  pack((tuple(args), dict(kwargs))))
+        head, data = chan.recv()
+        if head is None:
+            raise RuntimeError("the checks' side closed the boundary mid-call")
+        if head.get("op") == "raised":
+            cls = getattr(builtins, str(head.get("type")), None)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                cls = RuntimeError
+            raise cls(str(head.get("message")))
+        if head.get("op") != "answer":
+            raise RuntimeError("the checks' side did not answer the call back")
+        out, tensors = unpack(data)
+        for i in head.get("grad") or []:
+            tensors[i].requires_grad_(True)
+            active[0].append(tensors[i])
+        return out
+
+    def handle(index: int, kind: str, attrs: dict):
+        return Handle(callback, index, kind, attrs)
+
+    def reply(cid, out, fn_name, leaves, extra=None):
         if hasattr(out, "__next__") and not isinstance(out, torch.Tensor):  # a generator: items on demand
             iters[cid] = (fn_name, out, leaves)
             chan.send({"op": "iter", "id": cid})
@@ -377,11 +587,12 @@ def serve(chan: Channel, init: dict) -> int:
             return
         outs = _tensors(out, [])
         diff = [j for j, t in enumerate(outs) if t.requires_grad] if leaves else []
+        used = _reached([outs[j] for j in diff], leaves) if diff else []
         if diff:
-            graphs[cid] = (leaves, [outs[j] for j in diff])
+            graphs[cid] = ([leaves[i] for i in used], [outs[j] for j in diff])
             while len(graphs) > MAX_GRAPHS:
                 graphs.pop(next(iter(graphs)))
-        chan.send({"op": "ok", "id": cid, "diff": diff}, pack(plain))
+        chan.send(dict({"op": "ok", "id": cid, "diff": diff, "inputs": used}, **(extra or {})), pack(plain))
 
     while True:
         head, data = chan.recv()
@@ -391,20 +602,29 @@ def serve(chan: Channel, init: dict) -> int:
         if op == "reset":
             graphs.clear()
             iters.clear()
+            meters.clear()
             continue
         fn_name = head.get("fn") if op == "call" else (iters.get(cid) or ("?",))[0]
         try:
             if op == "call":
                 fn = found[fn_name]
-                (args, kwargs), leaves = unpack(data)
+                (args, kwargs), leaves = unpack(data, handle)
                 grad = [leaves[i] for i in head.get("grad") or []]
                 for t in grad:
                     t.requires_grad_(True)
+                active[0] = grad
                 with torch.set_grad_enabled(bool(head.get("grad_mode", True))):
-                    out = fn(*args, **kwargs)
-                reply(cid, out, fn_name, grad)
+                    if head.get("meter"):
+                        meters[cid] = meter = _meter_class()()
+                        while len(meters) > MAX_GRAPHS:
+                            meters.pop(next(iter(meters)))
+                        out = _metered(meter, lambda: fn(*args, **kwargs))
+                    else:
+                        out = fn(*args, **kwargs)
+                reply(cid, out, fn_name, grad, {"metered": meters[cid].report()} if head.get("meter") else None)
             elif op == "next":
                 _name, gen, leaves = iters[cid]
+                active[0] = leaves
                 with torch.set_grad_enabled(bool(head.get("grad_mode", True))):
                     item = next(gen)
                 reply(f"{cid}.{head.get('k')}", item, fn_name, leaves)
@@ -412,12 +632,17 @@ def serve(chan: Channel, init: dict) -> int:
                 ins, outs = graphs[cid]
                 gs, _ = unpack(data)
                 pairs = [(o, g) for o, g in zip(outs, gs) if g is not None]
-                if pairs:
-                    grads = torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs],
-                                                allow_unused=True, retain_graph=True)
-                else:
-                    grads = [None] * len(ins)
-                chan.send({"op": "ok", "id": cid, "diff": []}, pack([_plain(g) for g in grads]))
+                meter = meters.get(cid) if head.get("meter") else None
+
+                def backward():
+                    if not pairs:
+                        return [None] * len(ins)
+                    return torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs],
+                                               allow_unused=True, retain_graph=True)
+
+                grads = _metered(meter, backward) if meter is not None else backward()
+                chan.send(dict({"op": "ok", "id": cid, "diff": []}, **({"metered": meter.report()} if meter else {})),
+                          pack([_plain(g) for g in grads]))
             else:
                 chan.send({"op": "raised", "type": "RuntimeError", "message": f"unknown request {op!r}",
                            "where": "", "stub": False})

@@ -335,14 +335,19 @@ def single_function_mutants(plan) -> list[tuple[dict, str]]:
 
 
 # Contracts that measure the implementation's own memory or time: those numbers exist only in the process that
-# runs it, so they run there, beside the candidate (the receipt lists them under isolation.checks_in_candidate).
+# runs it. The `budget` kind's are taken there by the call loop's own meter (engine/run/boundary.py:
+# CandidateMeter) and checked here (the result says `measured_in: candidate`); any other contract measuring them
+# (a bespoke check metering with the engine's code) runs beside the candidate (isolation.checks_in_candidate).
 RESOURCE_METRICS = frozenset({"peak_ratio", "scratch_budget_ratio", "memory_budget_ratio", "peak_memory_ratio",
                               "ns_per_element"})
 
 
 def measured_beside(contract: dict) -> bool:
-    """True for a contract whose measurements can only be taken in the candidate's process (its memory, its time)."""
-    return contract.get("tier") == "budget" or contract.get("kind") == "budget" or any(
+    """True for a contract whose measurements can only be taken in the candidate's process by engine code (its
+    memory, its time, outside the `budget` kind, which the call loop meters)."""
+    if contract.get("kind") == "budget":
+        return False
+    return contract.get("tier") == "budget" or any(
         e.get("metric") in RESOURCE_METRICS for e in contract.get("expect") or [])
 
 
@@ -377,6 +382,7 @@ class Supervised:
         self.impl = None
         self.load_failure: str | None = None
         self.notes: list[str] = []
+        self.measured_in_candidate: dict[str, None] = {}  # contract ids metered by the call loop (ordered)
 
     def _start(self) -> None:
         conn, inside, cwd, env = self.confinement.callee()
@@ -385,7 +391,7 @@ class Supervised:
         _load_report(lambda: conn.load(init, self.startup_s), "op", lambda: conn.close(kill=True), self.init,
                      "the candidate's process", self.notes)
         self.conn = conn
-        self.impl = conn.implementation(self.init["name"], self.init["names"])
+        self.impl = conn.implementation(self.init["name"], self.init["names"], _returns_objects(self.init))
 
     def probe(self) -> None:
         """Start and load the candidate before anything runs: a missing function is a usage error."""
@@ -428,7 +434,12 @@ class Supervised:
                     impl = impl.replace(f"{self.init['name']}+{unit.replace['mutant']}", **{fn: getattr(mutated, fn)})
                 conn.not_crossable = conn.refused = None
                 conn.deadline_s = self.timeout_s  # on every wait for the candidate, not on the checks' own work
+                metered = conn.metered_calls
                 r = runner.call(impl, call["contract"], call["seed"], call["dtype"], record_mechanism)
+                r = {**r, "checked_in": "supervisor"}
+                if conn.metered_calls > metered:  # its memory/time: the call loop's meter, in the candidate
+                    r["measured_in"] = "candidate"
+                    self.measured_in_candidate.setdefault(call["contract"]["id"], None)
                 if conn.not_crossable is not None:
                     del runner.mechanism[mech0:]
                     self.notes_crossing = conn.not_crossable
@@ -451,6 +462,17 @@ class Supervised:
             unit.results.append(r)
             on_result(r)
         return True
+
+
+def _returns_objects(init: dict) -> set[str]:
+    """The interface functions the registered implementation annotates as returning a module (a policy)."""
+    from engine.run.boundary import returns_objects
+    from engine.spec import registry
+
+    try:
+        return returns_objects(registry.load().get_implementation(init["implementation"]))
+    except Exception:  # noqa: BLE001 - no registered implementation to read: every function is called across
+        return set()
 
 
 def _contract_calls(plan, contract: dict) -> list[dict]:
@@ -499,6 +521,8 @@ class CandidateSession:
             self.cand.load_failure = self.sup.load_failure
         self.cand.on_result = on_result
         self.cand.run(unit)
+        for r in unit.results:
+            r["checked_in"] = "candidate"
         self.runner.mechanism += unit.mechanism
 
     def record(self) -> dict:
@@ -508,6 +532,11 @@ class CandidateSession:
         if self.beside:
             rec["checks_in_candidate"] = [{"contract": c, "why": self.why_beside.get(c, "a framework target")}
                                           for c in self.beside]
+        if self.sup is not None and self.sup.measured_in_candidate:
+            rec["measured_in_candidate"] = [
+                {"contract": c, "why": "its memory, operations and time are the candidate's process's own: the call "
+                                      "loop metered the call there and sent the reading; the check ran here"}
+                for c in self.sup.measured_in_candidate]
         return rec
 
     def close(self) -> None:
