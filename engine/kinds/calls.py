@@ -96,8 +96,17 @@ def worst(diff: torch.Tensor) -> tuple[float, list[int] | None]:
     d = torch.nan_to_num(diff.detach().to("cpu", torch.float64), nan=math.inf)
     flat = int(torch.argmax(d))
     value = float(d.flatten()[flat])
-    where = [int(i) for i in torch.unravel_index(torch.tensor(flat), d.shape)] if d.dim() else []
-    return value, where
+    return value, unravel(flat, tuple(d.shape))
+
+
+def unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    """The position of a row-major flat index. Plain arithmetic: torch.unravel_index's argument check imports
+    torch.fx's symbolic shapes and sympy, seconds of a contract's first call."""
+    where = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        where.append(i)
+    return where[::-1]
 
 
 def log_case(ctx: Any, case: int, drawn: dict[str, Any], metrics: dict[str, Any], where: dict | None = None,
