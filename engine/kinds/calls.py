@@ -29,9 +29,10 @@ def on_device(ctx: Any, x: Any, dtype: torch.dtype | None = None) -> Any:
     """A fresh leaf on the device in the dtype under test (bool and integer tensors keep their dtype)."""
     if not isinstance(x, torch.Tensor):
         return x
+    # One copy (copy=True), not a cast, a move and a clone: page-scale budget inputs are 10^7 elements.
     if x.dtype == torch.bool or not x.is_floating_point():
-        return x.detach().to(ctx.device).clone()
-    return x.detach().to(dtype or ctx.dtype).to(ctx.device).clone()
+        return x.detach().to(ctx.device, copy=True)
+    return x.detach().to(device=ctx.device, dtype=dtype or ctx.dtype, copy=True)
 
 
 def cast_all(ctx: Any, drawn: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
