@@ -482,3 +482,21 @@ def test_paired_control_good_and_each_planted_defect(defect, metric):
         return
     out = get_kind("paired_control").measure(_paired_impl("bad", **defect), ctx(params=PAIRED), PAIRED)
     assert out[metric] >= 1
+
+
+def test_worst_names_the_position_as_torch_would():
+    """calls.worst unravels the flat index itself (torch.unravel_index imports sympy on first use); NaN is worst."""
+    import torch
+
+    from engine.kinds import calls
+
+    for shape in [(5,), (2, 3), (4, 1, 5), (2, 3, 2, 2)]:
+        n = 1
+        for s in shape:
+            n *= s
+        for flat in range(n):
+            assert calls.unravel(flat, shape) == [int(i) for i in torch.unravel_index(torch.tensor(flat), shape)]
+    d = torch.zeros(3, 4)
+    d[2, 1], d[1, 3] = 5.0, float("nan")
+    assert calls.worst(d) == (float("inf"), [1, 3])
+    assert calls.worst(torch.tensor(2.5)) == (2.5, [])

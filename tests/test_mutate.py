@@ -171,6 +171,30 @@ def test_a_module_that_declares_itself_check_code_is_not_a_target(tmp_path):
     assert sorted(f.stem for f in tar.glob("*.py") if declares_check_code(f)) == ['arguments', 'audit', 'bench', 'harness_check', 'inputs']
 
 
+def test_a_package_declares_the_shared_modules_its_implementation_runs(tmp_path, monkeypatch):
+    """`__mutate_also__` in the package's __init__ adds a module of a sibling package; a module elsewhere or a
+    shared module of check code is refused with a message naming it."""
+    root = tmp_path / "meths"
+    (root / "meth").mkdir(parents=True)
+    (root / "shared").mkdir()
+    for d in (root, root / "shared"):
+        (d / "__init__.py").write_text("")
+    (root / "shared" / "masks.py").write_text("def m(x):\n    return x != 0\n")
+    (root / "shared" / "audit.py").write_text("__mutate__ = False\n")
+    (root / "meth" / "objective.py").write_text("def f(x):\n    return x + 1\n")
+    init = root / "meth" / "__init__.py"
+    init.write_text('__mutate_also__ = ("meths.shared.masks",)\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    files = {"meths.meth.objective": str(root / "meth" / "objective.py")}
+    got = dict(target_modules(["meths.meth.objective"], files))
+    assert sorted(got) == ["meths.meth.objective", "meths.shared.masks"]
+    assert Path(got["meths.shared.masks"]).resolve() == (root / "shared" / "masks.py").resolve()
+    for bad in ('("meths.shared.audit",)', '("json",)', '"meths.shared.masks"'):
+        init.write_text(f"__mutate_also__ = {bad}\n")
+        with pytest.raises(ValueError, match="__mutate_also__"):
+            target_modules(["meths.meth.objective"], files)
+
+
 # --- runs --------------------------------------------------------------------------------------------------------
 
 

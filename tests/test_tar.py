@@ -575,15 +575,15 @@ def test_fps_fast_path_inputs_take_each_branch():
 
 
 def test_mutation_targets_are_the_code_the_default_run_uses():
-    """`contracts mutate` mutates what implements TAR (loss, FPS, harness steps, the mechanism run), never the
-    modules that only measure or benchmark it."""
+    """`contracts mutate` mutates what implements TAR (loss, FPS, harness steps, the mechanism run, the shared mask
+    check every interface call runs), never the modules that only measure or benchmark it."""
     import sys
 
     from engine.run.mutate.generate import target_modules
 
     modules = sorted({getattr(IMPL, f).__module__ for f in IMPL.functions})
     got = {m.rpartition(".")[2] for m, _ in target_modules(modules, {m: sys.modules[m].__file__ for m in modules})}
-    assert got == {"fps", "harness", "mechanism", "replay"}
+    assert got == {"fps", "harness", "mechanism", "replay", "masking"}  # masking: declared in __mutate_also__
 
 
 def test_mechanism_settings_come_from_the_spec_only(spec):

@@ -29,9 +29,10 @@ def on_device(ctx: Any, x: Any, dtype: torch.dtype | None = None) -> Any:
     """A fresh leaf on the device in the dtype under test (bool and integer tensors keep their dtype)."""
     if not isinstance(x, torch.Tensor):
         return x
+    # One copy (copy=True), not a cast, a move and a clone: page-scale budget inputs are 10^7 elements.
     if x.dtype == torch.bool or not x.is_floating_point():
-        return x.detach().to(ctx.device).clone()
-    return x.detach().to(dtype or ctx.dtype).to(ctx.device).clone()
+        return x.detach().to(ctx.device, copy=True)
+    return x.detach().to(device=ctx.device, dtype=dtype or ctx.dtype, copy=True)
 
 
 def cast_all(ctx: Any, drawn: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
@@ -96,8 +97,17 @@ def worst(diff: torch.Tensor) -> tuple[float, list[int] | None]:
     d = torch.nan_to_num(diff.detach().to("cpu", torch.float64), nan=math.inf)
     flat = int(torch.argmax(d))
     value = float(d.flatten()[flat])
-    where = [int(i) for i in torch.unravel_index(torch.tensor(flat), d.shape)] if d.dim() else []
-    return value, where
+    return value, unravel(flat, tuple(d.shape))
+
+
+def unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    """The position of a row-major flat index. Plain arithmetic: torch.unravel_index's argument check imports
+    torch.fx's symbolic shapes and sympy, seconds of a contract's first call."""
+    where = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        where.append(i)
+    return where[::-1]
 
 
 def log_case(ctx: Any, case: int, drawn: dict[str, Any], metrics: dict[str, Any], where: dict | None = None,

@@ -118,6 +118,15 @@ def harness_reference(impl, ctx) -> dict:
     rev_kl, _ = _kl_reference(lb_r.tolist(), lt_r.tolist(), mask.cpu().tolist())
     swapped = torch.where(mask[..., None].cpu(), l_theta, l_base.roll(1, 0))
     kl_pad = impl.kl_to_base(swapped.to(ctx.device, dt), torch.where(mask[..., None].cpu(), l_base, l_theta).to(ctx.device, dt), mask)
+    # The token mean's edges: one valid token (the mean is that token's KL) and none (0, not 0/0).
+    edge_err = 0.0
+    one = torch.zeros_like(mask)
+    one[N - 1, 0] = True
+    for edge in (torch.zeros_like(mask), one):
+        got_e = float(impl.kl_to_base(l_theta.to(ctx.device, dt), l_base.to(ctx.device, dt), edge).detach())
+        want_e, _ = _kl_reference(lt_r.tolist(), lb_r.tolist(), edge.cpu().tolist())
+        err = abs(got_e - want_e)
+        edge_err = max(edge_err, err if err == err else math.inf)
     return {
         "encoder_shape_dtype_ok": shape_ok,
         "encoder_max_abs_err": enc_err,
@@ -133,6 +142,7 @@ def harness_reference(impl, ctx) -> dict:
         "kl_grad_max_abs_err": _maxabs(gx.detach().double().cpu() - torch.tensor(want_grad, dtype=F64)),
         "kl_direction_gap": abs(want_kl - rev_kl),
         "kl_padding_abs_diff": abs(float(kl_pad.detach()) - float(kl.detach())),
+        "kl_edge_abs_err": edge_err,
     }
 
 

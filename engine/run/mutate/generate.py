@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import difflib
 import hashlib
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,10 @@ NOT_MUTATED = frozenset({"__init__", "impl", "checks", "check", "mutants", "refe
 # Any other module that only checks the method (an audit, a fast-path comparison) says so itself with a
 # top-level `__mutate__ = False`: the package declares its check code, no global list grows.
 MARKER = "__mutate__"
+# A shared module (methods/common) whose code the method's implementation calls is that method's code too: the
+# package names it in its `__init__.py` with a top-level `__mutate_also__ = ("methods.common.masking",)`, and its
+# executed lines are mutated and judged by this method's contracts like the package's own.
+ALSO = "__mutate_also__"
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,8 @@ class Mutant:
 
 def target_modules(module_names: list[str], files: dict[str, str]) -> list[tuple[str, str]]:
     """(module, file) for every module beside the implementation's modules, less NOT_MUTATED and the
-    modules that declare themselves check code (`__mutate__ = False`).
+    modules that declare themselves check code (`__mutate__ = False`), plus the shared modules the package
+    declares its own (`__mutate_also__`).
 
     `files` maps each implementation module to its file. The method package is
     the directory those files live in; its sub-packages are not walked.
@@ -78,7 +84,39 @@ def target_modules(module_names: list[str], files: dict[str, str]) -> list[tuple
             if f.stem in NOT_MUTATED or declares_check_code(f):
                 continue
             out[f"{package}.{f.stem}" if package else f.stem] = str(f)
+        for also in declared_also(path.parent / "__init__.py"):
+            if also not in out:
+                out[also] = _module_file(also, path.parent.parent)
     return sorted(out.items())
+
+
+def declared_also(init: Path) -> list[str]:
+    """The shared modules a package's `__init__.py` declares in `__mutate_also__` (read from its text)."""
+    try:
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == ALSO for t in node.targets):
+            value = node.value
+            if isinstance(value, (ast.Tuple, ast.List)) and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts):
+                return [e.value for e in value.elts]
+            raise ValueError(f"{init}: {ALSO} must be a tuple of module names (strings)")
+    return []
+
+
+def _module_file(name: str, beside: Path) -> str:
+    """The file of a declared shared module: a source module in a package beside the method's (same parent
+    folder), never check code."""
+    found = importlib.util.find_spec(name)
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        raise ValueError(f"{ALSO} names {name!r}, which is not an importable Python source module")
+    path = Path(found.origin).resolve()
+    if not path.is_relative_to(beside.resolve()) or path.stem in NOT_MUTATED or declares_check_code(path):
+        raise ValueError(f"{ALSO} names {name!r}: give a module of a package beside the method's that is not "
+                         f"check code")
+    return found.origin
 
 
 def declares_check_code(path: Path) -> bool:
