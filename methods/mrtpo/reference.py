@@ -246,7 +246,9 @@ def _register() -> None:
         opt = inputs.get("options") or {}
         min_b = int(opt.get("min_b", 1))  # 2: at least two responses with tokens (a batch std that is not 0)
         K, B = _int(g, 1, 3), _int(g, min_b, int(opt.get("max_b", 4)))
-        T, V = _int(g, 1, int(opt.get("max_t", 6))), _int(g, 2, int(opt.get("max_v", 24)))
+        max_v = opt.get("max_v", 24)  # a list is cycled by case (small vocabularies, V < T, and large ones)
+        max_v = max_v[case % len(max_v)] if isinstance(max_v, list) else max_v
+        T, V = _int(g, 1, int(opt.get("max_t", 6))), _int(g, 2, int(max_v))
         logp_all, logp_loo = credit_batch(g, K, B, T, V)
         mask = response_mask(g, B, T)
         if case % 2 and B > max(1, min_b):  # a response without a valid token in every other case
