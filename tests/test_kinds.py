@@ -500,3 +500,175 @@ def test_worst_names_the_position_as_torch_would():
     d[2, 1], d[1, 3] = 5.0, float("nan")
     assert calls.worst(d) == (float("inf"), [1, 3])
     assert calls.worst(torch.tensor(2.5)) == (2.5, [])
+
+
+# --- generic parameters the ported MRTPO and TAPO contracts need: each fails on a planted bug ---------------------
+
+
+def _mean_loss(x, y, adv, mask):
+    """-mean(adv) at x = y: an on-policy loss of ratio exp(x - y) (its gradient -adv / N at valid slots)."""
+    r = torch.exp(x - y.detach())
+    n = int(mask.sum())
+    return -(torch.where(mask, r * adv[:, None], torch.zeros_like(x))).sum() / n
+
+
+def _ref_on_policy(x, y, adv, mask):
+    m = mask.to(torch.bool)
+    n = int(m.sum())
+    a = adv[:, None].expand(m.shape)
+    return {"value": -a[m].sum() / n, "scale": float(a[m].abs().mean()),
+            "grad": [torch.where(m, -a / n, torch.zeros_like(a))]}
+
+
+if "test_kinds.on_policy" not in registry._REGISTRY.references:
+    registry.reference("test_kinds.on_policy")(_ref_on_policy)
+    registry.reference("test_kinds.row_sum")(lambda x, w, mask: x.sum(0))
+if "test_kinds_other" not in registry._REGISTRY.implementations:
+    registry.implementation("test_kinds_other", loss=_mean_loss)
+
+
+def test_identity_closed_form_other_implementation_alias_and_also():
+    """equals_reference (value and gradient), equals_call of another registered implementation, alias_too (the
+    tied input the very same tensor) and `also` calls; a loss that lets gradient through y fails only aliased."""
+    p = {"function": "loss", "args": ["x", "y", "adv", "mask"], "inputs": INPUTS, "tie": {"y": "x"},
+         "alias_too": True, "grad_wrt": ["x"], "equals_reference": "test_kinds.on_policy",
+         "equals_call": {"implementation": "test_kinds_other", "function": "loss", "args": ["x", "y", "adv", "mask"]},
+         "also": [{"function": "r", "args": ["x", "y", "mask"], "equals_value": 1.0, "mask": "mask",
+                   "prefix": "ratio_"}]}
+    fns = {"loss": _mean_loss, "r": lambda x, y, m: torch.exp(x - y)}
+    good, _ = measure("identity", fns, p)
+    assert good["ref_max_scaled_err"] < 1e-15 and good["ref_grad_max_rel_err"] < 1e-15
+    assert good["grad_max_rel_diff"] < 1e-15 and good["alias_ref_grad_max_rel_err"] < 1e-15
+    assert good["ratio_value_max_abs_diff"] == 0 and good["alias_ratio_value_max_abs_diff"] == 0
+
+    def leaky(x, y, adv, mask):  # old log-probs not detached: on the same tensor the gradient cancels
+        r = torch.exp(x - y)
+        return -(torch.where(mask, r * adv[:, None], torch.zeros_like(x))).sum() / int(mask.sum())
+
+    bad, _ = measure("identity", {**fns, "loss": leaky}, p)
+    assert bad["ref_grad_max_rel_err"] < 1e-15 and bad["alias_ref_grad_max_rel_err"] == pytest.approx(1.0)
+    half, _ = measure("identity", {**fns, "loss": lambda *a: 0.5 * _mean_loss(*a)}, p)
+    assert half["ref_max_scaled_err"] > 0.4 and half["grad_max_rel_diff"] > 0.4
+    lacking, c = measure("identity", {"loss": _mean_loss}, p)
+    assert "ratio_value_max_abs_diff" not in lacking and "r" in c.skipped_calls
+
+
+def test_identity_points_set_tie_broadcast_and_odd_call():
+    """`points` (set an input, tie with broadcasting), `key` on a dict output, and an odd function stated with
+    scale_inputs / times; planted bugs: no fallback at the set point, an even part."""
+    inputs = {"dims": {"K": 2, "B": [1, 3], "L": [2, 6]},
+              "tensors": {"x": {"shape": ["B", "L"], "dist": "normal"},
+                          "xs": {"shape": ["K", "B", "L"], "dist": "normal"},
+                          "flag": {"shape": ["K"], "dist": "constant", "value": 0.0},
+                          "mask": {"shape": ["B", "L"], "layout": "response"}}}
+
+    def weights(x, xs, flag, mask):  # 1 where the flag is set or xs equals x, else 1 + |xs - x|
+        w = 1 + (xs - x).abs() * (flag[:, None, None] == 0)
+        return torch.where(mask, w, torch.zeros_like(w)), {"s": 1.0}
+
+    p = {"function": "w", "args": ["x", "xs", "flag", "mask"], "output": 0, "equals_value": 1.0, "mask": "mask",
+         "inputs": inputs, "also": [{"function": "w", "args": ["x", "xs", "flag", "mask"], "output": 1, "key": "s",
+                                     "equals_value": 1.0, "prefix": "s_"}],
+         "points": [{"prefix": "set_", "set": {"flag": 1}}, {"prefix": "tied_", "tie": {"xs": "x"}}]}
+    good, _ = measure("identity", {"w": weights}, p)
+    assert good["set_value_max_abs_diff"] == 0 and good["tied_value_max_abs_diff"] == 0
+    assert good["set_s_value_max_abs_diff"] == 0
+    bad, _ = measure("identity", {"w": lambda x, xs, f, m: weights(x, xs, f * 0, m)}, p)
+    assert bad["set_value_max_abs_diff"] > 0 and bad["tied_value_max_abs_diff"] == 0
+    odd = {**CALL, "equals_call": {"function": "f", "args": ["x", "y", "mask"], "scale_inputs": {"x": -1.0},
+                                   "times": -1.0}}
+    assert measure("identity", {"f": _masked_double}, odd)[0]["value_max_abs_diff"] == 0
+    assert measure("identity", {"f": lambda x, y, m: _masked_double(x, y, m) + 1}, odd)[0]["value_max_abs_diff"] == 2
+
+
+def _chain_inputs():
+    return {"dims": {"K": [1, 3], "B": [2, 4], "L": [2, 6]},
+            "tensors": {"r": {"shape": ["K", "B"], "dist": "normal"},
+                        "raw": {"shape": ["K", "B", "L"], "dist": "uniform", "low": 0.5, "high": 2.0},
+                        "mask": {"shape": ["B", "L"], "layout": "response"}}}
+
+
+def _norm_weights(raw, mask):
+    m = mask.to(raw.dtype)
+    return raw * m / ((raw * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1))
+
+
+def _credit(r, w, mask):
+    s = (r[:, :, None] * w).sum(0)
+    std = float(s[mask].std()) + 0.0
+    return torch.where(mask, s / (std + 1e-6), torch.zeros_like(s)), {"std": std}
+
+
+def test_conservation_chained_call_times_a_reported_number_and_a_reference():
+    """`before` feeds one call's output to the next; `times` multiplies by a reported number; the conserved quantity
+    comes from a reference. Planted bug: weights that do not average 1 (the credit is not conserved downstream)."""
+    p = {"before": [{"function": "weights", "args": ["raw", "mask"], "as": "w"}], "function": "credit",
+         "args": ["r", "w", "mask"], "output": 0, "times": {"output": 1, "key": "std", "plus": 1e-6},
+         "reduce": "mean", "mask": "mask", "equals_reference": "test_kinds.row_sum", "inputs": _chain_inputs()}
+    good, _ = measure("conservation", {"weights": _norm_weights, "credit": _credit}, p)
+    assert good["max_abs_err"] < 1e-12 and good["rows"] > 0
+    bad, _ = measure("conservation", {"weights": lambda raw, m: raw * m, "credit": _credit}, p)
+    assert bad["max_abs_err"] > 1e-3
+
+
+def test_precision_chain_also_and_scale_floor():
+    """The chain runs in the dtype under test and in float64; `also` compares an intermediate call absolutely.
+    Planted bug: weights rounded through float16 below float64."""
+    p = {"before": [{"function": "weights", "args": ["raw", "mask"], "as": "w"}], "function": "credit",
+         "args": ["r", "w", "mask"], "output": 0, "scale_floor": 1.0, "inputs": _chain_inputs(),
+         "also": [{"function": "weights", "args": ["raw", "mask"], "prefix": "weights_"}]}
+    impl = registry.Implementation("toy", weights=_norm_weights, credit=_credit)
+    good = get_kind("precision").measure(impl, ctx(torch.float32, params=p), p)
+    assert good["weights_max_abs_err"] < 1e-6 and good["max_rel_err"] < 1e-5
+    lossy = registry.Implementation("toy", credit=_credit, weights=lambda raw, m: _norm_weights(
+        raw if raw.dtype == torch.float64 else raw.half().to(raw.dtype), m))
+    bad = get_kind("precision").measure(lossy, ctx(torch.float32, params=p), p)
+    assert bad["weights_max_abs_err"] > 1e-5
+
+
+def test_masked_junk_in_arguments_holding_the_mask_dims_and_zero_masked_outputs():
+    """Junk in [K, B, L] and [K, B] arguments (the mask's dims inside them, or its rows'); a reported number
+    (`key`) compared bit for bit; masked outputs exactly 0. Planted bugs: a sum over padding slots, a masked
+    output left at 1."""
+    p = {"calls": [{"function": "credit", "args": ["r", "raw", "mask"], "output": 0},
+                   {"function": "credit", "args": ["r", "raw", "mask"], "output": 1, "key": "std"}],
+         "mask": "mask", "junk_args": ["raw"], "junk_rows": ["r"], "mask_at": {"raw": 1}, "junk": ["nan", 1.0e4, "-inf"],
+         "masked_outputs_zero": True,
+         "inputs": {**_chain_inputs(), "tensors": {**_chain_inputs()["tensors"],
+                                                    "mask": {"shape": ["B", "L"], "layout": "response",
+                                                             "empty_rows": 1}}}}
+
+    def credit(r, w, mask):
+        r = torch.where(mask.any(-1)[None], r, torch.zeros_like(r))
+        w = torch.where(mask[None], w, torch.zeros_like(w))
+        return _credit(r, w, mask)
+
+    good, _ = measure("masked_junk", {"credit": credit}, p)
+    assert good["value_max_abs_diff"] == 0 and good["masked_value_max_abs"] == 0 and good["nonfinite"] == 0
+    # normalised over every slot, padding included: junk there reaches the valid outputs
+    bad, _ = measure("masked_junk", {"credit": lambda r, w, m: credit(r, w / w.sum(-1, keepdim=True), m)}, p)
+    assert bad["value_max_abs_diff"] > 0
+    ones, _ = measure("masked_junk", {"credit": lambda r, w, m: (credit(r, w, m)[0] + ~m, credit(r, w, m)[1])}, p)
+    assert ones["masked_value_max_abs"] == 1 and ones["value_max_abs_diff"] == 0
+    # an output declared to hold the mask at dim 0 ([B, L]) but shaped otherwise ([L, B]) is caught
+    placed = {**p, "calls": [{**p["calls"][0], "mask_at": 0}]}
+    assert measure("masked_junk", {"credit": credit}, placed)[0]["masked_value_max_abs"] == 0
+    turned, _ = measure("masked_junk", {"credit": lambda r, w, m: (credit(r, w, m)[0].T, {})}, placed)
+    assert turned["masked_value_max_abs"] == float("inf")
+
+
+def test_identity_point_constant_and_bounds():
+    """A point's own equals_value (q(a, a) = 0) beside a symmetric relation at the base point, and `bounds`;
+    planted bugs: an offset at identical inputs, a value above the bound."""
+    def q(x, y, mask):
+        return (x - y).abs().tanh()
+
+    p = {"function": "q", "args": ["x", "y", "mask"], "inputs": INPUTS, "bounds": [0, 1],
+         "equals_call": {"function": "q", "args": ["y", "x", "mask"]},
+         "points": [{"prefix": ""}, {"prefix": "same_", "tie": {"y": "x"}, "equals_value": 0.0}]}
+    good, _ = measure("identity", {"q": q}, p)
+    assert good["value_max_abs_diff"] == 0 and good["same_value_max_abs_diff"] == 0 and good["out_of_bounds"] == 0
+    bad, _ = measure("identity", {"q": lambda x, y, m: q(x, y, m) + 1e-3}, p)
+    assert bad["value_max_abs_diff"] == 0 and bad["same_value_max_abs_diff"] == pytest.approx(1e-3)
+    over, _ = measure("identity", {"q": lambda x, y, m: 2 * q(x, y, m)}, p)
+    assert over["out_of_bounds"] > 0

@@ -27,6 +27,13 @@ CALL = {
     "output": {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "null"}],
                "description": "index into a tuple result (default: the whole result, or item 0 of a tuple)"},
     "inputs": {"type": "object", "description": "the sample inputs (see docs/kinds.md, Inputs)"},
+    "before": {"type": "array", "maxItems": 4, "description": "calls run first, each output bound under `as` for "
+               "the later arguments (a chain: one function's output feeds the next)",
+               "items": {"type": "object", "additionalProperties": False, "required": ["function", "args", "as"],
+                         "properties": {"function": NAME, "args": {"type": "array", "maxItems": 16, "items": ARG},
+                                        "kwargs": {"type": "object", "maxProperties": 16, "additionalProperties": ARG},
+                                        "output": {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+                                        "as": NAME}}},
 }
 CALL_REQUIRED = ["function", "args", "inputs"]
 

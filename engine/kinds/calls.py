@@ -63,11 +63,26 @@ def call(impl: Any, params: dict, tensors: dict[str, Any], function: str | None 
     """Call the declared interface function on `tensors`; return the declared output (`whole` or
     `output="__raw__"`: the whole result)."""
     fn = getattr(impl, function or params["function"])
+    tensors = chain(impl, params, tensors)
     args, kwargs = bind(params, tensors)
     out = fn(*args, **kwargs)
     if whole or output == "__raw__":
         return out
     return select(out, params.get("output") if output == "__params__" else output)
+
+
+def chain(impl: Any, params: dict, tensors: dict[str, Any]) -> dict[str, Any]:
+    """`tensors` plus the outputs of the declared `before` calls, each bound under its `as` name (a name already
+    bound is kept: the chain runs once per set of tensors), so one function's output feeds the next (the weights
+    into the advantages), in the dtype under test."""
+    steps = params.get("before") or []
+    if not steps or all(s["as"] in tensors for s in steps):
+        return tensors
+    out = dict(tensors)
+    for step in steps:
+        if step["as"] not in out:
+            out[step["as"]] = call(impl, step, out)
+    return out
 
 
 def reference(params: dict, tensors: dict[str, Any], name: str | None = None, ctx: Any = None) -> Any:
@@ -82,6 +97,18 @@ def reference(params: dict, tensors: dict[str, Any], name: str | None = None, ct
     if params.get("reference_gets_dtype") and ctx is not None:
         kwargs["dtype"] = ctx.dtype
     return ref(*args, **kwargs)
+
+
+def mask_like(mask: torch.Tensor, x: torch.Tensor, at: int | None = None) -> torch.Tensor | None:
+    """`mask` (bool) expanded to the shape of `x`, its dims found inside x's (leading, trailing or in between: a
+    [B, T] mask of [K, B, T] weights or of [B, T, V] distributions; the trailing place first, or dim `at` of x
+    where sizes could match in two places); None when they are not there."""
+    mask = mask.to(torch.bool).cpu()
+    n, d = mask.dim(), x.dim()
+    for o in ([at] if at is not None else range(d - n, -1, -1)):
+        if tuple(x.shape[o:o + n]) == tuple(mask.shape):
+            return mask.reshape((1,) * o + tuple(mask.shape) + (1,) * (d - o - n)).expand(x.shape).to(x.device)
+    return None
 
 
 def as64(x: Any) -> torch.Tensor:

@@ -6,7 +6,12 @@ from engine.kinds.base import CALL, CALL_REQUIRED, NAME, Kind, kind
 
 CALLS = {"type": "array", "minItems": 1, "maxItems": 8, "items": {
     "type": "object", "additionalProperties": False, "required": ["function", "args"],
-    "properties": {"function": NAME, "args": CALL["args"], "kwargs": CALL["kwargs"], "output": CALL["output"]}}}
+    "properties": {"function": NAME, "args": CALL["args"], "kwargs": CALL["kwargs"], "output": CALL["output"],
+                   "key": {"type": "string", "description": "a number of the selected output (a dict of reported "
+                           "numbers, e.g. the cap s), compared bit for bit too"},
+                   "mask_at": {"type": "integer", "minimum": 0, "description": "masked_outputs_zero: the dim of "
+                               "this output where the mask's dims sit ([K, B, T] weights: 1); an output without "
+                               "them there counts as a masked value of inf"}}}}
 
 
 @kind
@@ -23,12 +28,22 @@ class MaskedJunk(Kind):
                   "pad_columns": {"type": "integer", "minimum": 0, "maximum": 64},
                   "pad_apart": {"type": "boolean", "description": "measure the extra padding columns apart from "
                                 "the bit-for-bit junk (pad_value_rel_diff, pad_grad_max_abs_diff): a reduction over "
-                                "a wider row may round differently"}}
+                                "a wider row may round differently"},
+                  "mask_at": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                              "description": "junk argument -> the dim where the mask's first dim sits in it (a "
+                              "[B, T] mask in [B, T, V] distributions: 0; in [K, B, T] weights: 1), where the sizes "
+                              "alone could place it twice"},
+                  "junk_rows": {"type": "array", "items": NAME, "description": "arguments junked where a row of "
+                                "the mask has no True slot (per-response values of responses without a token)"},
+                  "masked_outputs_zero": {"type": "boolean", "description": "outputs at masked slots (an output "
+                                          "whose shape holds the mask's dims) must be exactly 0 with junk in: "
+                                          "masked_value_max_abs"}}
     required = ["inputs", "mask", "junk_args"]
     metrics = {"value_max_abs_diff": "largest output change", "grad_max_abs_diff": "largest gradient change",
                "masked_grad_max_abs": "largest gradient at a masked slot", "nonfinite": "non-finite outputs",
                "pad_value_rel_diff": "pad_apart: largest output change / max |output|",
                "pad_grad_max_abs_diff": "pad_apart: largest gradient change, padding columns included",
+               "masked_value_max_abs": "masked_outputs_zero: largest |output| at a masked slot, junk in",
                "cases": "cases"}
 
     def measure(self, impl, ctx, params):
@@ -51,6 +66,8 @@ class MaskedJunk(Kind):
         apart = bool(params.get("pad_apart")) and pad > 0
         if apart:
             agg.update(pad_value_rel_diff=0.0, pad_grad_max_abs_diff=0.0)
+        if params.get("masked_outputs_zero"):
+            agg["masked_value_max_abs"] = 0.0
         n = 0
 
         def run(t):
@@ -60,6 +77,8 @@ class MaskedJunk(Kind):
             outs, grads = [], []
             for c in plan:
                 out = calls.call(impl, c, t)
+                if c.get("key"):  # a reported number: compared as a 0-d tensor
+                    out = torch.as_tensor(out[c["key"]], dtype=torch.float64)
                 outs.append(out.detach())
                 if wrt and out.requires_grad:
                     grads.append(calls.grad_of(out, [t[k] for k in wrt]))
@@ -69,16 +88,34 @@ class MaskedJunk(Kind):
             n += 1
             mask = drawn[mask_name]
             pattern = case % (len(junk) + 1)
+            g = torch.Generator().manual_seed(ctx.seed * 31 + case)
             if pattern < len(junk):
                 fill = torch.full(mask.shape, junk[pattern], dtype=torch.float64)
             else:
-                g = torch.Generator().manual_seed(ctx.seed * 31 + case)
                 fill = torch.tensor(junk, dtype=torch.float64)[torch.randint(0, len(junk), mask.shape, generator=g)]
             dirty = dict(drawn)
-            for k in params["junk_args"]:
+            at, rows = params.get("mask_at") or {}, set(params.get("junk_rows") or [])
+            for k in list(params["junk_args"]) + sorted(rows - set(params["junk_args"])):
                 x = drawn[k]
-                m = mask if x.shape == mask.shape else mask.any(dim=-1) if x.shape == mask.shape[:-1] else mask
-                f = fill if x.shape == mask.shape else fill[..., 0]
+                if k not in at and k not in rows and (x.shape == mask.shape or x.shape == mask.shape[:-1]):
+                    m = mask if x.shape == mask.shape else mask.any(dim=-1)
+                    f = fill if x.shape == mask.shape else fill[..., 0]
+                    dirty[k] = torch.where(m, x, f)
+                    continue
+                # the mask's dims inside the argument's ([B, T, V] distributions, [K, B, T] weights), or its rows'
+                # ([K, B] per-response values of responses without a token): junk drawn per element
+                if k in rows:
+                    m = calls.mask_like(mask.any(dim=-1), x, at.get(k))
+                else:
+                    m = calls.mask_like(mask, x, at.get(k))
+                    m = calls.mask_like(mask.any(dim=-1), x) if m is None and k not in at else m
+                if m is None:
+                    raise ValueError(f"junk_args {k!r} {list(x.shape)} holds neither the mask's dims "
+                                     f"{list(mask.shape)} nor its rows'")
+                if pattern < len(junk):
+                    f = torch.full(x.shape, junk[pattern], dtype=torch.float64)
+                else:
+                    f = torch.tensor(junk, dtype=torch.float64)[torch.randint(0, len(junk), x.shape, generator=g)]
                 dirty[k] = torch.where(m, x, f)
             unpadded = dirty
             if pad:
@@ -124,6 +161,17 @@ class MaskedJunk(Kind):
                         if v >= mg:
                             mg, where["masked_grad_max_abs"] = v, {name: w}
             m = {"value_max_abs_diff": vd, "grad_max_abs_diff": gd, "masked_grad_max_abs": mg, "nonfinite": nonfinite}
+            if params.get("masked_outputs_zero"):
+                mv = 0.0
+                for c, b in zip(plan, o1):
+                    keep = calls.mask_like(mask, b, c.get("mask_at")) if b.dim() else None
+                    if keep is None and "mask_at" in c:  # the output is not shaped as declared
+                        mv, where["masked_value_max_abs"] = float("inf"), {"shape": list(b.shape)}
+                    if keep is not None:
+                        v, wv = calls.worst(torch.where(keep, torch.zeros_like(b), b).to(torch.float64).abs())
+                        if v >= mv:
+                            mv, where["masked_value_max_abs"] = v, wv
+                m["masked_value_max_abs"] = mv
             if apart:
                 pv = pg = 0.0
                 for a, b in zip(o0, o2):

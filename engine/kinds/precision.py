@@ -15,9 +15,19 @@ class Precision(Kind):
                   "result_dtype": {"type": "object", "additionalProperties": {"enum": [
                       "float16", "bfloat16", "float32", "float64", "same"]},
                       "description": "dtype under test -> dtype the output must have"},
-                  "mask": {**NAME, "description": "only positions where this input is True are compared"}}
+                  "mask": {**NAME, "description": "only positions where this input is True are compared"},
+                  "scale_floor": {"type": "number", "minimum": 0, "description": "max_rel_err divides by "
+                                  "max(scale_floor, max |f64|): absolute for O(1) outputs, relative for large ones"},
+                  "also": {"type": "array", "maxItems": 8, "description": "more calls compared the same way on the "
+                           "same inputs (value only; metrics PREFIX + max_abs_err / max_rel_err)",
+                           "items": {"type": "object", "additionalProperties": False,
+                                     "required": ["function", "args", "prefix"],
+                                     "properties": {"function": NAME, "args": CALL["args"], "kwargs": CALL["kwargs"],
+                                                    "output": CALL["output"],
+                                                    "prefix": {"type": "string", "pattern": "^[a-z][a-z0-9]*_$"}}}}}
     required = CALL_REQUIRED
-    metrics = {"max_rel_err": "largest |low - f64| / max |f64|", "grad_max_rel_err": "same for the gradient",
+    metrics = {"max_rel_err": "largest |low - f64| / max(scale_floor, max |f64|)", "max_abs_err":
+               "largest |low - f64|", "grad_max_rel_err": "same for the gradient",
                "grad_max_abs_err": "largest |low - f64| of the gradient",
                "dtype_mismatches": "outputs of another dtype than declared", "cases": "cases"}
 
@@ -29,15 +39,27 @@ class Precision(Kind):
         wrt = list(params.get("grad_wrt") or [])
         names = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                  "float64": torch.float64}
-        agg = {"max_rel_err": 0.0, "dtype_mismatches": 0}
+        agg = {"max_rel_err": 0.0, "max_abs_err": 0.0, "dtype_mismatches": 0}
+        floor = float(params.get("scale_floor", 1e-300))
+
+        def compare(o_low, o_high, drawn, m, w, pre=""):
+            a, b = calls.as64(o_low), calls.as64(o_high)
+            if params.get("mask"):
+                keep = calls.mask_like(drawn[params["mask"]], a)
+                if keep is not None:
+                    a, b = torch.where(keep, a, torch.zeros_like(a)), torch.where(keep, b, torch.zeros_like(b))
+            # NaN counts as infinitely wrong, never as a scale (max() would drop a NaN error when aggregating)
+            scale = max(float(torch.nan_to_num(b.abs(), nan=0.0, posinf=0.0).max()) if b.numel() else 0.0, floor)
+            m[pre + "max_abs_err"], w[pre + "max_abs_err"] = calls.worst((a - b).abs())
+            m[pre + "max_rel_err"], w[pre + "max_rel_err"] = m[pre + "max_abs_err"] / scale, w[pre + "max_abs_err"]
+
         if wrt:
             agg["grad_max_rel_err"] = agg["grad_max_abs_err"] = 0.0
         n = 0
 
         def run(t):
             t = {k: (v.detach().clone().requires_grad_(True) if k in wrt else v) for k, v in t.items()}
-            with torch.set_grad_enabled(bool(wrt)):
-                out = calls.call(impl, params, t)
+            out = calls.call(impl, params, t)  # grad mode as a caller has it: nothing recorded without grad_wrt
             grads = calls.grad_of(out, [t[k] for k in wrt]) if wrt else []
             return out, grads
 
@@ -54,19 +76,14 @@ class Precision(Kind):
             if declared:
                 want = ctx.dtype if declared == "same" else names[declared]
                 mismatch = int(o_low.dtype != want)
-            a, b = calls.as64(o_low), calls.as64(o_high)
-            keep = None
-            if params.get("mask") and a.shape == drawn[params["mask"]].shape:
-                keep = drawn[params["mask"]].to(torch.bool)
-                a, b = torch.where(keep, a, torch.zeros_like(a)), torch.where(keep, b, torch.zeros_like(b))
-            scale = max(float(b.abs().max()) if b.numel() else 0.0, 1e-300)
-            err, where = calls.worst((a - b).abs() / scale)
-            m = {"max_rel_err": err, "dtype_mismatches": mismatch}
-            w = {"max_rel_err": where}
+            m, w = {"dtype_mismatches": mismatch}, {}
+            compare(o_low, o_high, drawn, m, w)
+            for sub in params.get("also") or []:
+                compare(calls.call(impl, sub, low), calls.call(impl, sub, high), drawn, m, w, sub["prefix"])
             if wrt:
                 m["grad_max_rel_err"], w["grad_max_rel_err"] = calls.grad_diff(wrt, g_low, g_high)
                 m["grad_max_abs_err"], w["grad_max_abs_err"] = calls.grad_diff(wrt, g_low, g_high, relative=False)
             calls.log_case(ctx, case, drawn, m, w)
             for k, v in m.items():
-                agg[k] = agg[k] + v if k == "dtype_mismatches" else max(agg[k], v)
+                agg[k] = agg[k] + v if k == "dtype_mismatches" else max(agg.get(k, 0.0), v)
         return {**agg, "cases": n}

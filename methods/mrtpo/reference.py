@@ -206,6 +206,19 @@ def _register() -> None:
         scale = max(1.0, float(value.abs().max()) if value.numel() else 0.0)
         return {"value": value, "scale": scale, "scalars": {"s": s}, "counts": {"binding_cases": int(s < 1.0)}}
 
+    @registry.reference("mrtpo.gdpo_uniform")
+    def gdpo_uniform(reward_advantages, weights, mask, eps=1e-6):
+        """GDPO's uniform allocation U / (std + eps) on every valid token (the weights are not read: this is what
+        MRTPO must reduce to when they are all 1); scale max(1, max |A|), as advantages_reference."""
+        value = torch.tensor(gdpo_uniform_ref(reward_advantages.tolist(), mask.to(torch.bool).tolist(), float(eps)),
+                             dtype=torch.float64)
+        return {"value": value, "scale": max(1.0, float(value.abs().max()) if value.numel() else 0.0)}
+
+    @registry.reference("mrtpo.reward_sum")
+    def reward_sum(reward_advantages, weights, mask, eps=1e-6):
+        """U_b = sum_k A_k,b per response: the credit the token credits of response b must average to."""
+        return torch.tensor([math.fsum(col) for col in zip(*reward_advantages.tolist())], dtype=torch.float64)
+
     def _int(g, lo: int, hi: int) -> int:
         return int(torch.randint(lo, hi + 1, (), generator=g))
 
@@ -214,8 +227,15 @@ def _register() -> None:
         """Two [rows, V] log-distributions of the case's regime (PAIR_KINDS, in turn): unrelated, nearly
         identical, peaked, exact zeros, disjoint supports, -1e4 entries."""
         rows = int((inputs.get("dims") or {}).get("N", 4))  # the spec declares N; V is drawn per case
+        regimes = (inputs.get("options") or {}).get("regimes") or PAIR_KINDS
+        regime = regimes[case % len(regimes)]
+        if regime.startswith("onehot"):  # one-hot rows, -inf or -1e4 elsewhere; b the next row's one-hot
+            V = 8
+            a = torch.full((V, V), -math.inf if regime == "onehot_inf" else -1.0e4, dtype=torch.float64)
+            a.fill_diagonal_(0.0)
+            return {"logp_a": a, "logp_b": a.roll(1, dims=1), "__dims__": {"N": V, "V": V}}
         V = _int(g, 2, 40)
-        a, b = logp_pair(g, rows, V, PAIR_KINDS[case % len(PAIR_KINDS)])
+        a, b = logp_pair(g, rows, V, regime)
         return {"logp_a": a, "logp_b": b, "__dims__": {"N": rows, "V": V}}
 
     @generator("mrtpo.credit_batch")
@@ -223,28 +243,59 @@ def _register() -> None:
         """A credit_weights batch: K rewards of mixed regimes, responses with padding (an empty one every other
         case), empty blocks, a reward whose block changes nothing (identical distributions) every third case, beta
         0 (case 3 of eight), 1 (case 6) or random."""
-        K, B, T, V = _int(g, 1, 3), _int(g, 1, 4), _int(g, 1, 6), _int(g, 2, 24)
+        opt = inputs.get("options") or {}
+        min_b = int(opt.get("min_b", 1))  # 2: at least two responses with tokens (a batch std that is not 0)
+        K, B = _int(g, 1, 3), _int(g, min_b, int(opt.get("max_b", 4)))
+        max_v = opt.get("max_v", 24)  # a list is cycled by case (small vocabularies, V < T, and large ones)
+        max_v = max_v[case % len(max_v)] if isinstance(max_v, list) else max_v
+        T, V = _int(g, 1, int(opt.get("max_t", 6))), _int(g, 2, int(max_v))
         logp_all, logp_loo = credit_batch(g, K, B, T, V)
         mask = response_mask(g, B, T)
-        if case % 2 and B > 1:  # a response without a valid token in every other case
+        if case % 2 and B > max(1, min_b):  # a response without a valid token in every other case
             mask[-1] = False
-        empty = torch.rand(K, B, generator=g) < 0.2
+        # empty blocks per (reward, response), or per reward ([K], the other form credit_weights takes)
+        empty = torch.rand(K, 1 if opt.get("empty_per_reward") else B, generator=g) < 0.2
+        empty = empty[:, 0] if opt.get("empty_per_reward") else empty
         if case % 3 == 2:  # a reward whose block changes nothing: identical distributions (qbar = 0)
             logp_loo[_int(g, 0, K - 1)] = logp_all.clone()
-        # the ends of [0, 1] in two cases of every eight, a random beta otherwise
+        # the ends of [0, 1] in two cases of every eight, a random beta otherwise; or the declared beta, or a
+        # beta in [0.5, 1] in half the cases (beta_high) where redistribution must matter
         beta = {3: 0.0, 6: 1.0}.get(case % 8, float(torch.rand((), generator=g, dtype=torch.float64)))
-        return {"logp_all": logp_all, "logp_loo": logp_loo, "mask": mask, "empty": empty, "beta": beta,
-                "__dims__": {"K": K, "B": B, "T": T, "V": V}}
+        if "beta" in opt:
+            beta = float(opt["beta"])
+        elif opt.get("beta_range"):  # [low, high]: drawn uniformly in every case
+            lo, hi = opt["beta_range"]
+            beta = lo + (hi - lo) * float(torch.rand((), generator=g, dtype=torch.float64))
+        elif opt.get("beta_high") and case % 2 == 0:
+            beta = 0.5 + 0.5 * float(torch.rand((), generator=g, dtype=torch.float64))
+        out = {"logp_all": logp_all, "logp_loo": logp_loo, "mask": mask, "empty": empty, "beta": beta,
+               "__dims__": {"K": K, "B": B, "T": T, "V": V}}
+        if opt.get("radv"):  # reward advantages [K, B] for the advantages downstream of the weights
+            out["radv"] = torch.randn(K, B, generator=g, dtype=torch.float64)
+            if opt.get("small_radv") and case % 2:  # a tiny credit (sum T U^2 far below 1): the cap s must stay 1
+                out["radv"] = out["radv"] * 1.0e-3
+        if opt.get("none_blocks"):  # every reward's block empty, given as None (a tie source, not a tensor)
+            out["none_blocks"] = [None] * K
+        if opt.get("weights"):  # weights [K, B, T] of mean 1 per response (0 on padding), as an input
+            out["weights"] = conserved_weights(g, K, B, T, mask, spread=1.0)
+        return out
 
 
     @generator("mrtpo.advantage_batch")
     def advantage_batch(g, case, ctx, inputs):
         """Reward advantages [K, B] and conserved weights [K, B, T] (positive, mean 1 over each response's valid
         tokens, 0 on padding); odd cases spread the weights widely (the cap binds), even ones barely."""
-        K, B, T = _int(g, 1, 3), _int(g, 2, 6), _int(g, 1, 8)
+        opt = inputs.get("options") or {}
+        K, B, T = _int(g, int(opt.get("min_k", 1)), 3), _int(g, 2, 6), _int(g, 1, 8)
         mask = response_mask(g, B, T)
-        w = conserved_weights(g, K, B, T, mask, spread=3.0 if case % 2 else 0.05)
+        spread = 3.0 if case % 2 else 0.05
+        if opt.get("spread"):  # [low, high]: the spread drawn uniformly per case
+            lo, hi = opt["spread"]
+            spread = lo + (hi - lo) * float(torch.rand((), generator=g, dtype=torch.float64))
+        w = conserved_weights(g, K, B, T, mask, spread=spread)
         radv = torch.randn(K, B, generator=g, dtype=torch.float64)
+        if opt.get("flip"):  # one reward's sign flipped (reward case % K): the weights serve both signs
+            radv[case % K] = -radv[case % K]
         return {"radv": radv, "weights": w, "mask": mask, "__dims__": {"K": K, "B": B, "T": T}}
 
 

@@ -16,7 +16,6 @@ import math
 import torch
 
 from engine.spec import registry
-from methods.common.grpo import grpo_token_loss
 from engine.kinds.inputs import response_mask
 from methods.tapo import reference as ref
 
@@ -46,11 +45,6 @@ def _dev(ctx, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor
     if x.dtype == torch.bool:
         return x.detach().to(ctx.device).clone()
     return x.detach().to(dtype or ctx.dtype).to(ctx.device).clone()
-
-
-def _rows(x: torch.Tensor) -> list:
-    """Nested float64 lists of what the implementation actually received."""
-    return x.detach().to("cpu", torch.float64).tolist() if x.dtype != torch.bool else x.cpu().tolist()
 
 
 def _nan_to_inf(x: float) -> float:
@@ -106,61 +100,6 @@ def clip_schedule(impl, ctx) -> dict:
         "out_of_range": out_of_range,
         "length_mismatches": length_mismatch,
         "cases": len(CLIP_HORIZONS),
-    }
-
-
-@registry.check("tapo.on_policy_identity")
-def on_policy_identity(impl, ctx) -> dict:
-    """logp = old_logp: R^ = 1 exactly at valid positions, the loss is -mean(A) and its gradient is
-    the vanilla policy gradient -A_t / N (and equals the GRPO control's gradient). The same holds when
-    old_logp is the very tensor logp, grad and all: old_logp is a constant (sg) of the loss."""
-    max_len = int(ctx.params.get("max_len", 40))
-    max_batch = int(ctx.params.get("max_batch", 6))
-    eps_min = float(ctx.params.get("eps_min", 0.1))
-    eps_max = float(ctx.params.get("eps_max", 0.2))
-    g = ctx.generator(6)
-    ratio_dev = loss_err = grad_rel = grpo_rel = alias_rel = 0.0
-    no_ratio = lacks(impl, "trajectory_ratio")
-    if no_ratio:  # the loss -mean(A) and the vanilla policy gradient are still held
-        ctx.not_applicable(no_ratio, "ratio_max_abs_dev")
-    for _ in range(ctx.cases):
-        B, L = _dims(g, max_len, max_batch)
-        logp, _, mask = _draw(g, B, L)
-        adv = torch.randn(B, generator=g, dtype=torch.float64)
-        lp = _dev(ctx, logp).requires_grad_(True)
-        op = _dev(ctx, logp).clone()  # same values, a separate tensor without grad
-        a, m = _dev(ctx, adv), _dev(ctx, mask)
-        if not no_ratio:
-            r = impl.trajectory_ratio(lp, op, m).detach()
-            ratio_dev = max(ratio_dev, float(torch.nan_to_num((torch.where(m, r, torch.ones_like(r)) - 1).abs(),
-                                                              nan=math.inf).max()))
-        loss, _ = impl.tapo_loss(lp, op, a, m, eps_min, eps_max)
-        (grad,) = torch.autograd.grad(loss, lp)
-        lq = _dev(ctx, logp).requires_grad_(True)
-        grpo, _ = grpo_token_loss(lq, op, a, m, clip_eps=eps_max)
-        (grpo_grad,) = torch.autograd.grad(grpo, lq)
-        arow = _rows(a)
-        n = int(mask.sum())
-        want_loss = -sum(arow[b] for b in range(B) for t in range(L) if mask[b, t]) / n
-        scale_l = sum(abs(arow[b]) for b in range(B) for t in range(L) if mask[b, t]) / n
-        loss_err = max(loss_err, _nan_to_inf(abs(float(loss.detach()) - want_loss)) / max(scale_l, 1e-300))
-        want = [[(-arow[b] / n if mask[b, t] else 0.0) for t in range(L)] for b in range(B)]
-        scale = max(abs(x) for row in want for x in row) or 1.0
-        got = _rows(grad)
-        grad_rel = max(grad_rel, max(_nan_to_inf(abs(got[b][t] - want[b][t])) for b in range(B) for t in range(L)) / scale)
-        grpo_rel = max(grpo_rel, float(torch.nan_to_num((grad - grpo_grad).abs(), nan=math.inf).max()) / scale)
-        x = _dev(ctx, logp).requires_grad_(True)
-        alias, _ = impl.tapo_loss(x, x, a, m, eps_min, eps_max)  # old_logp aliases logp
-        (alias_grad,) = torch.autograd.grad(alias, x)
-        got = _rows(alias_grad)
-        alias_rel = max(alias_rel, max(_nan_to_inf(abs(got[b][t] - want[b][t])) for b in range(B) for t in range(L)) / scale)
-    return {
-        **({} if no_ratio else {"ratio_max_abs_dev": ratio_dev}),
-        "loss_max_scaled_err": loss_err,
-        "grad_max_rel_err": grad_rel,
-        "grpo_grad_max_rel_diff": grpo_rel,
-        "alias_grad_max_rel_err": alias_rel,
-        "cases": ctx.cases,
     }
 
 

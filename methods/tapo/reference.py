@@ -116,5 +116,21 @@ def _register() -> None:
                 "grad": [torch.where(n, torch.full_like(g, math.nan), g)],
                 "counts": {"clipped_tokens": clipped, "grad_excluded": int(n.sum())}}
 
+    @registry.reference("tapo.on_policy_loss")
+    def on_policy_loss(logp, old, adv, mask, eps_min, eps_max, horizon=None, group_size=None):
+        """At logp = old_logp every ratio is 1 and no clip binds: the loss is -mean(A) over the valid tokens (its
+        scale mean |A|) and its gradient the vanilla policy gradient -A_t / N (0 at masked slots), by plain loops."""
+        m = mask.to(torch.bool).tolist()
+        B, L = len(m), len(m[0]) if m else 0
+        a = adv.tolist()
+        at = [[(a[b][t] if adv.dim() == 2 else a[b]) for t in range(L)] for b in range(B)]
+        valid = [(b, t) for b in range(B) for t in range(L) if m[b][t]]
+        n = len(valid)
+        value = -math.fsum(at[b][t] for b, t in valid) / n
+        scale = math.fsum(abs(at[b][t]) for b, t in valid) / n
+        grad = [[(-at[b][t] / n if m[b][t] else 0.0) for t in range(L)] for b in range(B)]
+        return {"value": torch.tensor(value, dtype=torch.float64), "scale": scale,
+                "grad": [torch.tensor(grad, dtype=torch.float64).reshape(mask.shape)]}
+
 
 _register()
