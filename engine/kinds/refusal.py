@@ -515,7 +515,7 @@ class _Table:
 
 def describe(muts: list[dict], p: dict) -> str:
     """A row as a reader would name it: its notes, else its mutations; the function it calls."""
-    judged = set(_ROW_KEYS) - {"call"}
+    judged = set(_ROW_KEYS)
     text = "; ".join(mu.get("note") or ", ".join(f"{k}={v}" for k, v in mu.items() if k not in judged)
                      for mu in muts)
     return f"{p['function']}: {text}"
@@ -538,8 +538,13 @@ def _equal(a: Any, b: Any) -> bool:
     import torch
 
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(
-            torch.equal(torch.nan_to_num(a.detach()), torch.nan_to_num(b.detach())))
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        a, b = a.detach(), b.detach()
+        if a.is_floating_point() or a.is_complex():  # bit for bit, NaN where NaN
+            na, nb = torch.isnan(a), torch.isnan(b)
+            return bool(torch.equal(na, nb)) and bool(torch.equal(a[~na], b[~nb]))
+        return bool(torch.equal(a, b))
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
