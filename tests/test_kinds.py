@@ -225,6 +225,21 @@ def test_a_refusal_row_the_implementation_cannot_take_is_unmeasured_not_missed()
     assert c.not_measured["not_refused"] == "the implementation provides no f: no such knob here"
 
 
+def test_a_refusal_row_of_a_missing_function_leaves_the_total_unmeasured_and_the_misses_measured():
+    """An adapter without one of the table's functions (TAPO's verl loss has no separate clip schedule): its rows
+    are skipped, the total `refused` is no longer judged (a short count says nothing), and a miss among the other
+    rows is still measured (in part), so a planted bug there still fails the contract."""
+    p = {**TABLE, "refuse": [{"arg": "k", "value": 0}, {"call": "half", "arg": "x", "cast": "long",
+                                                        "raises": "TypeError"}]}
+    no_g = registry.Implementation("toy", f=_guarded)
+    c = ctx(params=p, cases=1)
+    out = get_kind("refusal").measure(no_g, c, p)
+    assert "refused" not in out and out["not_refused"] == 0 and "provides no g" in c.not_measured["not_refused"]
+    unchecked = registry.Implementation("toy", f=lambda x, y, mask, k=2: (x, {}))
+    c = ctx(params=p, cases=1)
+    assert get_kind("refusal").measure(unchecked, c, p)["not_refused"] == 1
+
+
 def test_a_call_the_implementation_lacks_is_recorded_as_skipped():
     """masked_junk over two calls on an implementation with one: the metric it still measures is fed by one call
     only, so the kind says which call it skipped (the runner then makes the contract partial)."""
