@@ -409,6 +409,42 @@ def test_refusal_items_and_match_words():
     assert bad["not_refused"] == 1 and "without 'shape'" in c.case_log[0]["argument"]
 
 
+def test_refusal_row_max_grad_wrt_and_returns_of_generators_and_dtypes():
+    """row_max: top rescales rows near the dtype's top (a planted float32 square overflows); grad_wrt makes
+    `same` compare gradients; returns len runs a generator out; returns dtype reads the result's dtype."""
+    p = {"function": "f", "args": ["x", "y", "mask"], "inputs": FIXED,
+         "accept": [{"arg": "x", "row_max": "top", "returns": [{"finite": True}, {"dtype": "float64"}]}]}
+    norms = lambda x, y, mask: x.double().norm(dim=-1)  # noqa: E731
+    squared = lambda x, y, mask: (x * x).sum(-1).sqrt().double()  # noqa: E731 - planted: squares in float32
+    assert measure("refusal", {"f": norms}, p, cases=1, dtype=torch.float32)[0]["accepted_differs"] == 0
+    assert measure("refusal", {"f": squared}, p, cases=1, dtype=torch.float32)[0]["accepted_differs"] == 1
+    assert measure("refusal", {"f": lambda x, y, m: x.norm(dim=-1)}, p, cases=1,
+                   dtype=torch.float32)[0]["accepted_differs"] == 1  # finite, but float32, not the declared float64
+    g = {"function": "f", "args": ["x", "y", "mask"], "output": 0, "grad_wrt": ["x"], "inputs": FIXED,
+         "accept": [{"arg": "mask", "cast": "float", "same": True}]}
+
+    def good(x, y, m):
+        return (torch.where(m.bool(), x, torch.zeros_like(x)) ** 2).sum(), {}
+
+    def detached_for_float_masks(x, y, m):  # planted bug: the same value, no gradient, for a 0/1 float mask
+        v, _ = good(x, y, m)
+        return (v if m.dtype == torch.bool else v.detach() + 0 * x.sum()), {}
+
+    assert measure("refusal", {"f": good}, g, cases=1)[0]["accepted_differs"] == 0
+    bad, c = measure("refusal", {"f": detached_for_float_masks}, g, cases=1)
+    assert bad["accepted_differs"] == 1 and "another gradient" in c.case_log[0]["argument"]
+
+    def steps(x, y, mask, n=2):
+        for i in range(n):
+            yield i, x
+
+    r = {"function": "f", "args": ["x", "y", "mask"], "inputs": FIXED, "kwargs": {"n": {"value": 2}},
+         "accept": [{"arg": "n", "value": 1, "returns": [{"len": 1}, {"path": [0, 1], "equals_input": "x"}]}]}
+    assert measure("refusal", {"f": steps}, r, cases=1)[0]["accepted_differs"] == 0
+    assert measure("refusal", {"f": lambda x, y, mask, n=2: steps(x, y, mask, n + 1)}, r,
+                   cases=1)[0]["accepted_differs"] == 1
+
+
 def test_inputs_log_softmax_and_a_generator_beside_tensors():
     if "test_kinds.pair" not in inputs_mod._GENERATORS:
         inputs_mod.generator("test_kinds.pair")(lambda g, case, ctx, inputs: {"n": 3, "__dims__": {"V": 5}})
