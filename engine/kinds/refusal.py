@@ -11,7 +11,8 @@ from engine.kinds.base import ARG, CALL, CALL_REQUIRED, NAME, NUMBER, Kind, kind
 
 FILL = {"oneOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf", "max", "-max"]}]}
 # An index as Python writes it inside brackets: ":, :-1", "0", "None, :0", "1, :, :-1".
-INDEX = {"type": "string", "pattern": r"^[0-9:,\s\-]*$|^[0-9:,\s\-]*(None|\.\.\.)[0-9:,\s\-None.]*$"}
+_PART = r"\s*(None|\.\.\.|-?[0-9]*(:-?[0-9]*){0,2})\s*"
+INDEX = {"type": "string", "pattern": f"^{_PART}(,{_PART})*$"}
 # An input, optionally indexed: "logp_loo", "logp_loo[1][:, :-1]".
 EXPR = {"type": "string", "pattern": r"^[a-z][a-z0-9_]{0,63}(\[[^\]]*\])*$"}
 DTYPES = ["long", "float", "bool", "float64", "float32", "float16", "bfloat16", "int64", "int32", "complex64"]
