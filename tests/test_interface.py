@@ -199,7 +199,8 @@ def _declared_words(spec: dict) -> dict[str, list[str]]:
 
 def _message_reads(spec: dict) -> list[tuple[str, str, str]]:
     """(contract, function, fragment) for each piece of message text a contract of `spec` matches: the refusal
-    kind's `match:` words, and the MESSAGE_READS its bespoke checks' modules declare."""
+    kind's `match:` words and `message_prefix`es (of each call a row makes), and the MESSAGE_READS its bespoke
+    checks' modules declare."""
     import sys
 
     reg = registry.load()
@@ -208,10 +209,17 @@ def _message_reads(spec: dict) -> list[tuple[str, str, str]]:
         params = c.get("params") or {}
         check = c.get("check") or "kind:"  # the loader names a kind's contract `kind:<name>`
         if check.startswith("kind:") and c["kind"] == "refusal":
+            calls = params.get("calls") or {}
+            for name, call in [(None, params), *calls.items()]:
+                prefix = call.get("message_prefix") or []
+                out += [(c["id"], call["function"], p) for p in ([prefix] if isinstance(prefix, str) else prefix)]
             for row in params.get("refuse") or []:
-                for mu in row if isinstance(row, list) else [row]:
-                    if mu.get("match"):
-                        out.append((c["id"], params["function"], mu["match"]))
+                muts = row if isinstance(row, list) else [row]
+                call = next((mu["call"] for mu in muts if "call" in mu), None)
+                function = calls[call]["function"] if call else params["function"]
+                for mu in muts:
+                    words = mu.get("match") or []
+                    out += [(c["id"], function, w) for w in ([words] if isinstance(words, str) else words)]
         elif not check.startswith("kind:"):
             module = sys.modules[reg.get_check(check).__module__]
             for fn, frags in getattr(module, "MESSAGE_READS", {}).get(check, {}).items():

@@ -225,6 +225,21 @@ def test_a_refusal_row_the_implementation_cannot_take_is_unmeasured_not_missed()
     assert c.not_measured["not_refused"] == "the implementation provides no f: no such knob here"
 
 
+def test_a_refusal_row_of_a_missing_function_leaves_the_total_unmeasured_and_the_misses_measured():
+    """An adapter without one of the table's functions (TAPO's verl loss has no separate clip schedule): its rows
+    are skipped, the total `refused` is no longer judged (a short count says nothing), and a miss among the other
+    rows is still measured (in part), so a planted bug there still fails the contract."""
+    p = {**TABLE, "refuse": [{"arg": "k", "value": 0}, {"call": "half", "arg": "x", "cast": "long",
+                                                        "raises": "TypeError"}]}
+    no_g = registry.Implementation("toy", f=_guarded)
+    c = ctx(params=p, cases=1)
+    out = get_kind("refusal").measure(no_g, c, p)
+    assert "refused" not in out and out["not_refused"] == 0 and "provides no g" in c.not_measured["not_refused"]
+    unchecked = registry.Implementation("toy", f=lambda x, y, mask, k=2: (x, {}))
+    c = ctx(params=p, cases=1)
+    assert get_kind("refusal").measure(unchecked, c, p)["not_refused"] == 1
+
+
 def test_a_call_the_implementation_lacks_is_recorded_as_skipped():
     """masked_junk over two calls on an implementation with one: the metric it still measures is fed by one call
     only, so the kind says which call it skipped (the runner then makes the contract partial)."""
@@ -244,6 +259,199 @@ def test_refusal_same_accepts_a_float_mask_only_with_the_same_result():
 
     bad, c = measure("refusal", {"f": upside_down}, p)
     assert bad["accepted_differs"] == 1 and "accepted with another result" in c.case_log[0]["argument"]
+
+
+# --- refusal: the parameters that state the input checks of TAPO, MRTPO and TAR ---------------------------------
+
+FIXED = {"tensors": {"x": {"values": [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]},
+                     "y": {"values": [[0.5, 0.5, 0.5], [2.0, 2.0, 2.0]]},
+                     "mask": {"values": [[1, 1, 0], [0, 1, 1]], "dtype": "bool"},
+                     "wide": {"shape": [2, 4], "dist": "normal"}}}
+
+
+def _guarded(x, y, mask, k=2):
+    """A toy with the guards the refusal rows probe: shapes, dtype class, k an int >= 1, no grad."""
+    if not x.is_floating_point():
+        raise TypeError("f: x must be floating point")
+    if x.shape != mask.shape or x.dim() != 2:
+        raise ValueError(f"f: x {tuple(x.shape)} and mask {tuple(mask.shape)} differ")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"f: k must be an integer >= 1, got {k!r}")
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError("f: x requires grad")
+    return torch.where(mask.bool(), k * x, torch.zeros_like(x)), {"tokens": int(mask.bool().sum())}
+
+
+def _half(x):
+    if not x.is_floating_point():
+        raise TypeError("g: x must be floating point")
+    return x / 2
+
+
+TABLE = {"function": "f", "args": ["x", "y", "mask"], "inputs": FIXED, "mask": "mask", "output": 0,
+         "message_prefix": "f: ", "calls": {"half": {"function": "g", "args": ["x"], "message_prefix": "g: "}}}
+
+
+def test_refusal_rows_transform_arguments_and_call_other_functions():
+    """index, cast, requires_grad, a keyword literal, another declared call: each row its own named case."""
+    p = {**TABLE,
+         "refuse": [{"arg": "x", "index": ":, :-1", "note": "x one column short"},
+                    {"arg": "x", "cast": "long", "raises": "TypeError"},
+                    {"arg": "x", "requires_grad": True},
+                    {"arg": "k", "value": True},
+                    {"arg": "x", "from": "wide"},
+                    {"call": "half", "arg": "x", "cast": "int32", "raises": "TypeError"}],
+         "accept": [{"arg": "x", "requires_grad": True, "no_grad": True}, {"arg": "k", "value": 1}]}
+    good, _ = measure("refusal", {"f": _guarded, "g": _half}, p, cases=1)
+    assert good["refused"] == 6 and good["not_refused"] == 0 and good["accepted"] == 2
+
+    def unguarded(x, y, mask, k=2):  # planted bug: no shape or k check
+        return torch.where(mask.bool()[..., : x.shape[-1]], k * x.float(), x.float() * 0), {"tokens": 0}
+
+    bad, c = measure("refusal", {"f": unguarded, "g": lambda x: x / 2}, p, cases=1)
+    failed = [e["argument"] for e in c.case_log if e["metrics"].get("not_refused")]
+    assert bad["not_refused"] == 6, failed
+    assert failed[0] == "refuse: f: x one column short (accepted: returned without raising)"
+    assert failed[-1].startswith("refuse: g: arg=x, cast=int32") and "returned without raising" in failed[-1]
+
+
+def test_refusal_positional_argument_and_message_prefix():
+    """arg: "1" mutates a positional literal; a refusal without the call's one-line prefix is not the declared one."""
+    def clip(t, lo):
+        if lo < 0:
+            raise ValueError(f"clip: lo must be >= 0, got {lo}")
+        return t
+
+    p = {"function": "clip", "args": ["x", {"value": 0.1}], "inputs": FIXED, "message_prefix": "clip: ",
+         "refuse": [{"arg": "1", "value": -0.5}], "accept": [{"arg": "1", "value": 0.0}]}
+    assert measure("refusal", {"clip": clip}, p, cases=1)[0]["refused"] == 1
+
+    def unprefixed(t, lo):
+        if lo < 0:
+            raise ValueError(f"lo must be >= 0, got {lo}")
+        return t
+
+    bad, c = measure("refusal", {"clip": unprefixed}, p, cases=1)
+    assert bad["not_refused"] == 1 and "without the one-line prefix 'clip: '" in c.case_log[0]["argument"]
+
+
+def test_refusal_accepted_answers_are_judged_against_a_reference_another_call_and_declared_returns():
+    """reference + tol, same_as, returns (path, equals, where, same at an index, shape), omit."""
+    if "test_kinds.k_times" not in registry._REGISTRY.references:
+        registry.reference("test_kinds.k_times")(
+            lambda x, y, mask, k=2: torch.where(mask, k * x, torch.full_like(x, float("nan"))))
+    p = {**TABLE, "message_prefix": None, "calls": {},
+         "accept": [{"arg": "x", "fill": 1.0, "reference": "test_kinds.k_times", "tol": 1e-12},
+                    {"arg": "y", "scale": 3.0, "same_as": [{"arg": "y", "scale": 1.0}]},
+                    {"arg": "k", "value": 1, "returns": [{"path": [0], "equals_input": "x", "where": "mask"},
+                                                        {"path": [1, "tokens"], "equals": 4},
+                                                        {"path": [0], "shape": [2, 3]}]},
+                    [{"arg": "x", "index": ":1", "returns": [{"path": [0], "same": ":1"}],
+                      "note": "the first row alone"}, {"arg": "mask", "index": ":1"}],
+                    [{"arg": "k", "omit": True, "same": True}]],
+         "kwargs": {"k": {"value": 2}}}
+    good, c = measure("refusal", {"f": _guarded}, {**p, "mask": "mask"}, cases=1)
+    assert good["accepted"] == 5 and good["accepted_differs"] == 0, c.case_log
+
+    def off(x, y, mask, k=3):  # planted bugs: reads y, a default k of 3, a token count off by one, per batch row
+        v = torch.where(mask.bool(), k * x * y.mean() * 2 / x.shape[0], torch.zeros_like(x))
+        return v, {"tokens": int(mask.sum()) + 1}
+
+    bad, c = measure("refusal", {"f": off}, {**p, "mask": "mask"}, cases=1)
+    why = [e["argument"] for e in c.case_log if e["metrics"].get("accepted_differs")]
+    assert bad["accepted_differs"] == 5, why
+    assert "from the reference test_kinds.k_times" in why[0] and "the call it must equal" in why[1]
+    assert "result[0] is" in why[2] and "result[0] differs from the unmutated call's[:1]" in why[3]
+
+
+def test_refusal_never_read_junk_and_fills_at_positions():
+    """A row of junk (NaN, inf) where the mask says nothing is read must change nothing (`same`); `at: {index}`
+    writes single positions, `fill: max` the dtype's largest value, a number argument becomes the fill."""
+    p = {"function": "f", "args": ["x", "y", "mask"], "output": 0, "inputs": FIXED, "mask": "mask",
+         "accept": [[{"arg": "x", "fill": "nan", "at": {"index": [[0, 2]]}, "same": True},
+                     {"arg": "x", "fill": "inf", "at": {"index": [[1, 0]]}}],
+                    {"arg": "x", "fill": "max", "masked_fill": "-max", "scale": 0.5,
+                     "returns": [{"path": [0], "finite": True}]}],
+         "refuse": [{"arg": "k", "fill": "nan"}]}
+    good, c = measure("refusal", {"f": _guarded}, p, cases=1)
+    assert good["accepted"] == 2 and good["accepted_differs"] == 0 and good["refused"] == 1, c.case_log
+
+    def reads_junk(x, y, mask, k=2):  # planted bug: a row sum over junk slots, so NaN * 0 = NaN, inf * 0 = NaN
+        if k != k:
+            raise ValueError("k is NaN")
+        return torch.where(mask, k * x, torch.zeros_like(x)) + 0 * x.abs().sum(-1, keepdim=True), {}
+
+    bad, c = measure("refusal", {"f": reads_junk}, p, cases=1)
+    assert bad["accepted_differs"] == 2
+    why = [e["argument"] for e in c.case_log if e["metrics"].get("accepted_differs")]
+    assert "another result than the unmutated call's" in why[0] and "result[0] is not finite" in why[1]
+
+
+def test_refusal_items_and_match_words():
+    """items builds a list argument from (indexed) inputs; every word of a `match` list must be in the message."""
+    def total(parts):
+        shapes = {tuple(p.shape) for p in parts}
+        if len(shapes) != 1:
+            raise ValueError(f"parts differ in shape: {sorted(shapes)}")
+        return sum(parts)
+
+    p = {"function": "h", "args": ["x"], "inputs": FIXED,
+         "refuse": [{"arg": "x", "items": ["x", "wide[:, :3]", "y[:1]"], "match": ["parts", "shape"]}],
+         "accept": [{"arg": "x", "items": ["x", "y"], "returns": [{"shape": [2, 3]}]}]}
+    assert measure("refusal", {"h": total}, p, cases=1)[0]["refused"] == 1
+
+    def vague(parts):
+        if len({tuple(p.shape) for p in parts}) != 1:
+            raise ValueError("bad parts")
+        return sum(parts)
+
+    bad, c = measure("refusal", {"h": vague}, p, cases=1)
+    assert bad["not_refused"] == 1 and "without 'shape'" in c.case_log[0]["argument"]
+
+
+def test_refusal_row_max_grad_wrt_and_returns_of_generators_and_dtypes():
+    """row_max: top rescales rows near the dtype's top (a planted float32 square overflows); grad_wrt makes
+    `same` compare gradients; returns len runs a generator out; returns dtype reads the result's dtype."""
+    p = {"function": "f", "args": ["x", "y", "mask"], "inputs": FIXED,
+         "accept": [{"arg": "x", "row_max": "top", "returns": [{"finite": True}, {"dtype": "float64"}]}]}
+    norms = lambda x, y, mask: x.double().norm(dim=-1)  # noqa: E731
+    squared = lambda x, y, mask: (x * x).sum(-1).sqrt().double()  # noqa: E731 - planted: squares in float32
+    assert measure("refusal", {"f": norms}, p, cases=1, dtype=torch.float32)[0]["accepted_differs"] == 0
+    assert measure("refusal", {"f": squared}, p, cases=1, dtype=torch.float32)[0]["accepted_differs"] == 1
+    assert measure("refusal", {"f": lambda x, y, m: x.norm(dim=-1)}, p, cases=1,
+                   dtype=torch.float32)[0]["accepted_differs"] == 1  # finite, but float32, not the declared float64
+    g = {"function": "f", "args": ["x", "y", "mask"], "output": 0, "grad_wrt": ["x"], "inputs": FIXED,
+         "accept": [{"arg": "mask", "cast": "float", "same": True}]}
+
+    def good(x, y, m):
+        return (torch.where(m.bool(), x, torch.zeros_like(x)) ** 2).sum(), {}
+
+    def detached_for_float_masks(x, y, m):  # planted bug: the same value, no gradient, for a 0/1 float mask
+        v, _ = good(x, y, m)
+        return (v if m.dtype == torch.bool else v.detach() + 0 * x.sum()), {}
+
+    assert measure("refusal", {"f": good}, g, cases=1)[0]["accepted_differs"] == 0
+    bad, c = measure("refusal", {"f": detached_for_float_masks}, g, cases=1)
+    assert bad["accepted_differs"] == 1 and "another gradient" in c.case_log[0]["argument"]
+
+    def steps(x, y, mask, n=2):
+        for i in range(n):
+            yield i, x
+
+    r = {"function": "f", "args": ["x", "y", "mask"], "inputs": FIXED, "kwargs": {"n": {"value": 2}},
+         "accept": [{"arg": "n", "value": 1, "returns": [{"len": 1}, {"path": [0, 1], "equals_input": "x"}]}]}
+    assert measure("refusal", {"f": steps}, r, cases=1)[0]["accepted_differs"] == 0
+    assert measure("refusal", {"f": lambda x, y, mask, n=2: steps(x, y, mask, n + 1)}, r,
+                   cases=1)[0]["accepted_differs"] == 1
+
+
+def test_inputs_log_softmax_and_a_generator_beside_tensors():
+    if "test_kinds.pair" not in inputs_mod._GENERATORS:
+        inputs_mod.generator("test_kinds.pair")(lambda g, case, ctx, inputs: {"n": 3, "__dims__": {"V": 5}})
+    drawn, dims = inputs_mod.draw({"generator": "test_kinds.pair",
+                                   "tensors": {"lp": {"shape": [2, "V"], "dist": "normal", "log_softmax": True}}}, 42, 0)
+    assert drawn["n"] == 3 and dims["V"] == 5 and tuple(drawn["lp"].shape) == (2, 5)
+    assert torch.allclose(drawn["lp"].exp().sum(-1), torch.ones(2, dtype=torch.float64))
 
 
 def test_closed_form_good_and_planted_bug():

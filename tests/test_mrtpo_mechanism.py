@@ -195,17 +195,28 @@ def test_protocol_catches_a_snapshot_without_the_verifier_bias():
 
 
 def test_input_checks_count_every_case_and_catch_missing_refusals():
-    reg = registry.load()
-    out = reg.get_check("mrtpo.input_checks")(IMPL, _ctx(dtype=F64, params={"eps": 1e-6}))
-    assert out["refusals_missed"] == 0 and out["acceptances_missed"] == 0 and out["refusal_cases"] >= 30
-    bad = reg.get_mutant("mrtpo.weights_unchecked").factory()
-    ctx = _ctx(dtype=F64, params={"eps": 1e-6})
-    out = reg.get_check("mrtpo.input_checks")(bad, ctx)
-    assert out["refusals_missed"] > 0
+    """The spec's refusal contract over the five functions: every case held on the method; the planted mutant
+    misses refusals, and each missed case names its function, its row and what happened instead."""
+    from pathlib import Path
+
+    from engine.kinds import get_kind
+    from engine.spec.loader import load_spec
+
+    root = Path(__file__).resolve().parent.parent
+    spec = load_spec(root / "specs" / "mrtpo.yaml", root).data
+    params = next(c for c in spec["contracts"] if c["id"] == "input_checks")["params"]
+    out = get_kind("refusal").measure(IMPL, _ctx(dtype=F64, params=params), params)
+    assert out["not_refused"] == 0 and out["wrongly_refused"] == 0 and out["accepted_differs"] == 0
+    assert out["refused"] >= 35 and out["accepted"] == 27
+    bad = registry.load().get_mutant("mrtpo.weights_unchecked").factory()
+    ctx = _ctx(dtype=F64, params=params)
+    out = get_kind("refusal").measure(bad, ctx, params)
+    assert out["not_refused"] > 0
     # not a bare count: each missed case names its function, its case and what happened instead
-    missed = [e for e in ctx.case_log if "refusals_missed" in e["metrics"]]
-    assert len(missed) == out["refusals_missed"]
-    assert all(e["argument"].startswith("credit_weights") and ("returned" in e["argument"] or "raised" in e["argument"])
+    missed = [e for e in ctx.case_log if e["metrics"].get("not_refused")]
+    assert len(missed) == out["not_refused"]
+    assert all(e["argument"].startswith("refuse: credit_weights: ") and ("returned" in e["argument"]
+                                                                         or "raised" in e["argument"])
                for e in missed), missed
 
 

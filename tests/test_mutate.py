@@ -166,9 +166,9 @@ def test_a_module_that_declares_itself_check_code_is_not_a_target(tmp_path):
     assert not declares_check_code(pkg / "helper.py")  # only `False` opts out
     mrtpo = ROOT / "methods" / "mrtpo"
     declared = sorted(f.stem for f in mrtpo.glob("*.py") if declares_check_code(f))
-    assert declared == ["fastpath_checks", "input_checks", "measure", "mechanism_checks"]
+    assert declared == ["fastpath_checks", "measure", "mechanism_checks"]
     tar = ROOT / "methods" / "tar"
-    assert sorted(f.stem for f in tar.glob("*.py") if declares_check_code(f)) == ['arguments', 'audit', 'bench', 'harness_check', 'inputs']
+    assert sorted(f.stem for f in tar.glob("*.py") if declares_check_code(f)) == ['audit', 'bench', 'harness_check', 'inputs']
 
 
 def test_a_package_declares_the_shared_modules_its_implementation_runs(tmp_path, monkeypatch):

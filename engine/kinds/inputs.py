@@ -17,6 +17,8 @@ Distributions: normal (mean, std), uniform (low, high), signed (|x| uniform in
 [low, high], random sign), constant (value), integers (low, high). `around: X`
 adds input X (`around: [X, Y]` adds both). `{values: [[...]]}` is a literal tensor (float64, or
 `dtype: bool` / `long`). `signed` with `log: true` draws |x| log-uniformly in [low, high].
+`log_softmax: true` normalises the last dim into log-probabilities.
+A `generator` may stand beside `tensors`: the declared tensors are drawn after the generator's inputs.
 `{from_dim: L, plus: 3}` is a Python int (L + 3), `{none: true}` is None (useful in a `cycle`),
 `{omit: true}` leaves a keyword argument out (the function's default applies), `{scalar: 0.5}`
 is a Python float. Mask layouts: response (a masked prompt of 0..prompt_max tokens,
@@ -135,7 +137,8 @@ def _tensor(spec: dict, shape: list[int], g: torch.Generator, drawn: dict[str, A
         return x
     else:
         x = torch.full(tuple(shape), float(spec.get("value", 0.0)), dtype=f64)
-    return _around(x, spec, drawn)
+    x = _around(x, spec, drawn)
+    return x.log_softmax(-1) if spec.get("log_softmax") else x
 
 
 def _around(x: torch.Tensor, spec: dict, drawn: dict[str, Any]) -> torch.Tensor:
@@ -155,9 +158,14 @@ def draw(inputs: dict[str, Any], seed: int, case: int, ctx: Any = None) -> tuple
             raise LookupFailure(f"no input generator named {inputs['generator']!r}; "
                                 f"valid: {', '.join(sorted(_GENERATORS)) or '(none registered)'}") from None
         out = fn(g, case, ctx, inputs)
-        return out, {k: int(v) for k, v in out.pop("__dims__", {}).items()}
-    dims = {name: _dim(s, g) for name, s in (inputs.get("dims") or {}).items()}
-    drawn: dict[str, torch.Tensor] = {}
+        gen_dims = {k: int(v) for k, v in out.pop("__dims__", {}).items()}
+        if "tensors" not in inputs:
+            return out, gen_dims
+    else:
+        out, gen_dims = {}, {}
+    # declared tensors beside a generator's inputs: drawn after them, from the same stream
+    dims = {**gen_dims, **{name: _dim(s, g) for name, s in (inputs.get("dims") or {}).items()}}
+    drawn: dict[str, torch.Tensor] = dict(out)
     for name, spec in inputs["tensors"].items():
         if "cycle" in spec:
             spec = spec["cycle"][case % len(spec["cycle"])]

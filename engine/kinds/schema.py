@@ -33,6 +33,7 @@ INPUTS: dict[str, Any] = {
                                                           "items": {"type": "string"}}]},
                 "values": {"type": "array", "maxItems": 4096, "description": "a literal tensor (nested lists)"},
                 "log": {"type": "boolean", "description": "signed: |x| log-uniform in [low, high]"},
+                "log_softmax": {"const": True, "description": "normalise the last dim into log-probabilities"},
                 "scalar": {"type": "number", "description": "a Python float, not a tensor"},
                 "omit": {"const": True, "description": "leave this keyword argument out (its default applies)"},
                 "layout": {"enum": ["response", "full"]},

@@ -6,7 +6,7 @@ Importing the package registers the implementation "mrtpo", its checks and its m
 from methods.mrtpo.credit import beta_schedule, credit_weights, credit_weights_from_logits, js_distance, mrtpo_advantages
 from methods.mrtpo.mechanism import freeze, replay_contexts, student_context, warmup_step
 from methods.mrtpo.impl import IMPL
-from methods.mrtpo import checks, fastpath_checks, input_checks, mechanism_checks, mutants, reference  # noqa: F401  (registration)
+from methods.mrtpo import checks, fastpath_checks, mechanism_checks, mutants, reference  # noqa: F401  (registration)
 
 __all__ = [
     "IMPL",
