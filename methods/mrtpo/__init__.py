@@ -8,6 +8,10 @@ from methods.mrtpo.mechanism import freeze, replay_contexts, student_context, wa
 from methods.mrtpo.impl import IMPL
 from methods.mrtpo import checks, fastpath_checks, mechanism_checks, mutants, reference  # noqa: F401  (registration)
 
+# credit_weights, credit_weights_from_logits and mrtpo_advantages run the shared mask convention
+# (methods/common/masking.py) on every call, so MRTPO's mutants cover it as TAR's do.
+__mutate_also__ = ("methods.common.masking",)
+
 __all__ = [
     "IMPL",
     "js_distance",

@@ -130,7 +130,7 @@ def js_block_shape(n: int, V: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tu
 
 def _js_blocks(logp_a: torch.Tensor, logp_b: torch.Tensor, rows_per_block: int, cols_per_block: int,
                cdt: torch.dtype):
-    """js_distance's blocks in order, each as (first row, end row, columns, la, lb, scratch): rows over the
+    """js_distance's blocks in order, each as (first row, end row, la, lb, scratch): rows over the
     flattened leading positions, la/lb the blocks in `cdt` (copied into the one reused scratch only where an
     input is in another dtype), for _block_terms(la, lb, scratch)."""
     V = logp_a.shape[-1]
@@ -147,7 +147,7 @@ def _js_blocks(logp_a: torch.Tensor, logp_b: torch.Tensor, rows_per_block: int, 
                     la = ws.view("la", r1 - r, c1 - c).copy_(la)
                 if upcast_b:
                     lb = ws.view("lb", r1 - r, c1 - c).copy_(lb)
-                yield row0 + r, row0 + r1, c1 - c, la, lb, ws
+                yield row0 + r, row0 + r1, la, lb, ws
         row0 += va.shape[0]
 
 
@@ -196,7 +196,7 @@ def js_distance(
     if n == 0:
         return acc.to(cdt).reshape(lead)
     rows_per_block, cols_per_block = js_block_shape(n, V, chunk_elems)
-    for r0, r1, _, la, lb, ws in _js_blocks(logp_a, logp_b, rows_per_block, cols_per_block, cdt):
+    for r0, r1, la, lb, ws in _js_blocks(logp_a, logp_b, rows_per_block, cols_per_block, cdt):
         acc[r0:r1] += _block_terms(la, lb, ws).sum(dim=-1)
     q = acc.div_(LN2).clamp_(0.0, 1.0).sqrt_()
     return q.to(cdt).reshape(lead)

@@ -76,8 +76,8 @@ def _js_blocked(defect: str):
         rows_per_block, cols = credit.js_block_shape(n, V, chunk_elems)
         if defect == "rows_one_by_one":  # DEFECT: one row a block: a Python loop over rows
             rows_per_block = 1
-        for r0, r1, width, la, lb, ws in credit._js_blocks(logp_a, logp_b, rows_per_block, cols, cdt):
-            if defect == "column_tail_dropped" and width < cols:  # DEFECT (the other): a partial last column block
+        for r0, r1, la, lb, ws in credit._js_blocks(logp_a, logp_b, rows_per_block, cols, cdt):
+            if defect == "column_tail_dropped" and la.shape[-1] < cols:  # DEFECT (the other): a partial last column block
                 continue
             acc[r0:r1] += credit._block_terms(la, lb, ws).sum(dim=-1).to(acc_dtype)
         q = acc.div_(LN2).clamp_(0.0, 1.0).sqrt_()
