@@ -23,10 +23,14 @@ BUGS = [
     ("grpo", "grpo", "grpo.adv_batch_normalised", "advantages_reference"),
     ("grpo", "grpo", "grpo.mask_drops_eos", "sampler_mask"),
     ("grpo", "grpo", "grpo.behaviour_logprobs_at_t1", "behaviour_logprobs_temperature"),
+    ("tar-adaptive-replay", "tar", "tar.replay_whole_bank", "mechanism_run"),
     *[(spec, impl, f"{impl}.{defect}", "paired_control")
       for spec, impl in (("tapo-trajectory", "tapo"), ("mrtpo", "mrtpo"), ("tar-adaptive-replay", "tar"))
       for defect in ("control_trained_weights", "control_other_stream", "same_stream_every_seed")],
 ]
+
+# The metric each mechanism run's failure must name.
+MECHANISM_METRIC = {"mechanism_run": "replay_selection_mismatch_steps"}
 
 
 @pytest.mark.parametrize("spec, impl, mutant, contract", BUGS, ids=[b[2] for b in BUGS])
@@ -40,7 +44,9 @@ def test_planted_bug_fails_check(spec, impl, mutant, contract, tmp_path, monkeyp
     (run,) = json.loads(out.stdout)["runs"]
     failed = [r for r in run["results"] if r["status"] == "failed"]
     assert run["status"] == "failed" and failed and {r["contract"] for r in failed} == {contract}
-    assert all("first failing case: seed 42 case" in r["message"] for r in failed), failed[0]["message"]
+    # A kind names its failing case; a mechanism run (one training run per seed, no cases) names its metric.
+    said = MECHANISM_METRIC.get(contract, "first failing case: seed 42 case")
+    assert all(said in r["message"] for r in failed), failed[0]["message"]
 
 
 def test_unplanted_control_passes(tmp_path):
