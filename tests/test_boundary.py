@@ -114,9 +114,22 @@ def keep(policy, x):
 
 def use_kept(x):
     return _KEPT[-1](x)
+
+
+def call_with(policy, tokens):
+    return policy(tokens)
+
+
+def unmetered(x):
+    """Drop the call loop's meter reading, so that a budget would read zeros."""
+    import __main__
+
+    __main__._meter_class().report = lambda self: None
+    return x * 2.0
 '''
 NAMES = ["engine_modules", "patch_the_judge", "square", "refuse", "custom", "leaves", "stub", "text", "an_object",
-         "generator", "through", "give_back", "peek", "fields", "widen", "keep", "use_kept"]
+         "generator", "through", "give_back", "peek", "fields", "widen", "keep", "use_kept", "call_with",
+         "unmetered"]
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +287,51 @@ def test_a_handle_kept_past_its_call_reaches_nothing(remote, impl):
     with pytest.raises(RuntimeError, match="that object of the checks is gone"):
         impl.use_kept(x)
     assert conn.lost is None
+
+
+def test_a_kept_handle_does_not_reach_the_next_checks_object_at_its_index(remote, impl):
+    """Handles are never reused across a reset: a kept one reaches nothing, not whatever comes next."""
+    _impl, conn = remote
+    x = torch.ones(1, 2)
+    impl.keep(torch.nn.Linear(2, 2), x)
+    conn.reset()
+    impl.call_with(torch.nn.Linear(2, 2), x)  # the next check's object, handed over after the reset
+    with pytest.raises(RuntimeError, match="that object of the checks is gone"):
+        impl.use_kept(x)
+    assert conn.lost is None
+
+
+def test_a_call_back_with_token_ids_outside_the_vocabulary_is_refused_before_it_indexes(impl):
+    """On a GPU an out-of-range id is a device-side assert that poisons every later check: refused here first."""
+    emb = torch.nn.Embedding(5, 2)
+    emb.vocab_size = 5
+    assert impl.call_with(emb, torch.tensor([0, 4])).shape == (2, 2)
+    with pytest.raises(ValueError, match="token id outside"):
+        impl.call_with(emb, torch.tensor([0, 10**6]))
+    with pytest.raises(ValueError, match="token id outside"):
+        impl.call_with(emb, torch.tensor([-1]))
+
+
+def test_a_metered_call_that_comes_back_without_its_reading_loses_the_candidate(tmp_path):
+    """Zeros would pass every budget: a call asked to meter that sends no reading is a lost candidate."""
+    from engine.run import boundary
+
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    conn = boundary.plain()
+    try:
+        msg = conn.load({"target": {"form": "file", "path": str(path)}, "names": NAMES, "device": "cpu",
+                         "threads": 1, "memory_mb": 2048, "cwd": str(path.parent)}, 180)
+        assert msg["op"] == "loaded", msg
+        conn.deadline_s = 60.0
+        impl = boundary.implementation(conn, "probe", NAMES)
+        assert torch.equal(impl.unmetered(torch.ones(2)), torch.full((2,), 2.0))  # unmetered: no reading asked
+        with pytest.raises(boundary.CandidateLost, match="sent no reading"):
+            with impl.unmetered.metered():
+                impl.unmetered(torch.ones(2))
+        assert conn.lost is not None
+    finally:
+        conn.close()
 
 
 def test_a_record_crosses_as_its_fields(impl):

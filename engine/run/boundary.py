@@ -30,6 +30,7 @@ import builtins
 import dataclasses
 import itertools
 import json
+import math
 import os
 import select
 import subprocess
@@ -50,6 +51,8 @@ LOOP = Path(__file__).with_name("call_loop.py")
 MAX_HEADER = 1 << 16
 MAX_PAYLOAD = 1 << 33  # what one frame may carry (8 GiB): past it, the candidate is lost, not the supervisor
 MAX_CALLBACK = 1 << 28  # what one call back to the checks' objects may carry (256 MiB of arguments)
+MAX_CALLBACK_OUT = 1 << 30  # what one call back's answer may hold (1 GiB)
+MAX_CALLBACKS = 100_000  # call backs during one call
 _SCALARS = (type(None), bool, int, float, str, complex, torch.dtype, torch.device)
 
 
@@ -130,8 +133,11 @@ def _encode(obj: Any, leaves: list, depth: int = 0, handles: list | None = None)
     if type(obj) is dict and all(type(k) in (str, int) for k in obj):
         return {k: _encode(v, leaves, depth + 1, handles) for k, v in obj.items()}
     if handles is not None and isinstance(obj, torch.nn.Module):
-        handles.append(obj)
-        return HandleRef(len(handles) - 1, type(obj).__name__, _handle_attrs(obj))
+        index = next((i for i, h in enumerate(handles) if h is obj), None)  # one handle per object
+        if index is None:
+            handles.append(obj)
+            index = len(handles) - 1
+        return HandleRef(index, type(obj).__name__, _handle_attrs(obj))
     if handles is not None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return Record(type(obj).__name__, {f.name: _encode(getattr(obj, f.name), leaves, depth + 1, handles)
                                            for f in dataclasses.fields(obj)})
@@ -234,6 +240,32 @@ class _Cross(torch.autograd.Function):
         return (None, *out)
 
 
+def _to_device_of(target: Any, value: tuple, tensors: list) -> tuple:
+    """The call back's (args, kwargs) with its tensors on the device of `target`'s parameters; integer tensors
+    outside [0, target.vocab_size) refused (ValueError) before they can index an embedding."""
+    params = next(iter(target.parameters()), None) if isinstance(target, torch.nn.Module) else None
+    device = params.device if params is not None else torch.device("cpu")
+    vocab = getattr(target, "vocab_size", None)
+    for t in tensors:
+        if type(vocab) is int and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) \
+                and t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab):
+            raise ValueError(f"a token id outside [0, {vocab}) was passed to the policy")
+    if device.type == "cpu":
+        return value
+    moved = {id(t): t.to(device) for t in tensors}
+
+    def sub(x):
+        if isinstance(x, torch.Tensor):
+            return moved.get(id(x), x)
+        if type(x) in (list, tuple):
+            return type(x)(sub(v) for v in x)
+        if type(x) is dict:
+            return {k: sub(v) for k, v in x.items()}
+        return x
+
+    return sub(value)
+
+
 class CandidateMeter:
     """`with remote_fn.metered() as meter:` the calls (and their vector-Jacobian calls) made meanwhile run under
     the call loop's allocation meter in the candidate's process; read `peak_bytes`, `ops` and `seconds` as the
@@ -248,6 +280,7 @@ class CandidateMeter:
 
     def __enter__(self) -> "CandidateMeter":
         self.conn.meter = self
+        self.conn.metered_entries += 1  # the result is marked measured_in: candidate whether or not a reading came
         return self
 
     def __exit__(self, *exc) -> None:
@@ -255,10 +288,11 @@ class CandidateMeter:
 
     def note(self, cid: str, head: dict) -> None:
         got = head.get("metered")
-        if not isinstance(got, dict):
-            return
+        if not isinstance(got, dict):  # asked to meter, it sent no reading: zeros would pass every budget
+            self.conn.lose("the candidate's process was asked to meter a call and sent no reading")
+            raise CandidateLost(self.conn.lost)
         vals = {k: got.get(k) for k in ("peak_bytes", "ops", "seconds")}
-        if not all(type(v) in (int, float) and v >= 0 and v == v for v in vals.values()):
+        if not all(type(v) in (int, float) and v >= 0 and math.isfinite(v) for v in vals.values()):
             raise ReturnRefused("the candidate's process sent a meter reading that is not one")
         self.reports[cid] = vals  # a vjp's reading includes its call's (the same meter, cumulative)
         self.conn.metered_calls += 1
@@ -333,16 +367,29 @@ class Connection:
         self.handles: list = []  # the checks' objects the candidate may call back (until the next reset)
         self.meter: CandidateMeter | None = None  # while set, calls run under the call loop's meter
         self.metered_calls = 0  # meter readings received
+        self.metered_entries = 0  # contracts that ran calls under the call loop's meter
         self.callbacks = 0  # call backs served (the benchmark counts round trips)
 
     # -- frames ---------------------------------------------------------------------------------
 
-    def _send(self, head: dict, data: bytes = b"") -> None:
+    def _send(self, head: dict, data: bytes = b"", end: float | None = None) -> None:
+        # Non-blocking, by the call's deadline: a candidate that stops reading cannot hold the checks forever.
         msg = json.dumps(dict(head, n=len(data))).encode() + b"\n" + data
         view = memoryview(msg)
         try:
+            if os.get_blocking(self._w):
+                os.set_blocking(self._w, False)
             while view:
-                n = os.write(self._w, view[:1 << 20])
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WorkerLost("deadline")
+                _, ready, _ = select.select([], [self._w], [], left)
+                if not ready:
+                    continue
+                try:
+                    n = os.write(self._w, view[:1 << 16])
+                except BlockingIOError:
+                    continue
                 view = view[n:]
         except OSError as exc:
             raise WorkerLost(f"could not write to the candidate's process: {exc.strerror}") from None
@@ -374,6 +421,8 @@ class Connection:
                 MAX_PAYLOAD:
             raise WorkerLost("the candidate's process sent a malformed header")
         n = head.get("n", 0)
+        if head.get("op") == "callback" and n > MAX_CALLBACK:  # judged before its bytes are read
+            raise WorkerLost(f"the candidate's process called back with more than {MAX_CALLBACK >> 20} MiB")
         del self._buf[:i + 1]
         self._fill(n, end)
         data = bytes(self._buf[:n])
@@ -410,12 +459,13 @@ class Connection:
             if self.deadline is not None:
                 end = self.deadline if end is None else min(end, self.deadline)
             try:
-                self._send(head, data)
+                self._send(head, data, end)
+                served = [0, 0]  # call backs, bytes of their outputs kept for this call's gradient
                 while True:
                     got = self._recv(end)
                     if got[0].get("op") != "callback":
                         return got
-                    self._serve_callback(got[0], got[1], graded)
+                    self._serve_callback(got[0], got[1], graded, end, served)
             except WorkerLost as exc:
                 why = str(exc)
                 if why == "deadline":
@@ -427,7 +477,8 @@ class Connection:
                 self.lose("interrupted mid-call")
                 raise
 
-    def _serve_callback(self, head: dict, data: bytes, graded: list | None) -> None:
+    def _serve_callback(self, head: dict, data: bytes, graded: list | None, end: float | None = None,
+                        served: list | None = None) -> None:
         """The candidate called a handle: run the checks' own object on the tensors that crossed; answer with its
         outputs (those carrying gradient marked, and kept in `graded` for this call's vector-Jacobian product)."""
         index = head.get("h")
@@ -435,30 +486,44 @@ class Connection:
             raise WorkerLost("the candidate's process called back something that is not a handle")
         if len(data) > MAX_CALLBACK:
             raise WorkerLost(f"the candidate's process called back with more than {MAX_CALLBACK >> 20} MiB")
+        served = served if served is not None else [0, 0]
+        served[0] += 1
+        if served[0] > MAX_CALLBACKS:
+            raise WorkerLost(f"the candidate's process called back more than {MAX_CALLBACKS} times in one call")
         try:
-            value, _ = unpack(data)
-        except Malformed as why:
+            value, tensors = unpack(data, device="cpu")
+        except Exception as why:  # noqa: BLE001 - whatever it sent, it is not a call's arguments
             raise WorkerLost(f"the candidate's process called back with a malformed payload ({why})") from None
         if type(value) is not tuple or len(value) != 2 or type(value[0]) is not tuple or type(value[1]) is not dict \
                 or not all(type(k) is str for k in value[1]):
             raise WorkerLost("the candidate's process called back with something other than (args, kwargs)")
         self.callbacks += 1
         try:
-            if not 0 <= index < len(self.handles):
+            target = self.handles[index] if 0 <= index < len(self.handles) else None
+            if target is None:
                 raise RuntimeError("that object of the checks is gone: a handle lasts for the call it came with")
+            value = _to_device_of(target, value, tensors)
             with torch.set_grad_enabled(torch.is_grad_enabled() and head.get("grad_mode") is True):
-                out = self.handles[index](*value[0], **value[1])
+                out = target(*value[0], **value[1])
             outs = _walk(out, [])
+            size = sum(t.numel() * t.element_size() for t in outs)
+            if size > MAX_CALLBACK_OUT:
+                raise ValueError(f"the answer would hold more than {MAX_CALLBACK_OUT >> 20} MiB")
             grad = [i for i, t in enumerate(outs) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
             payload = pack(out)
         except Exception as exc:  # noqa: BLE001 - the checks' object refused the candidate's arguments
-            self._send({"op": "raised", "type": _builtin_name(exc), "message": _printable(exc, 2000)})
+            self._send({"op": "raised", "type": _builtin_name(exc), "message": _printable(exc, 2000)}, end=end)
             return
+        if end is not None and time.monotonic() > end:
+            raise WorkerLost("deadline")
         if graded is not None:
+            served[1] += sum(outs[i].numel() * outs[i].element_size() for i in grad)
+            if served[1] > MAX_PAYLOAD:  # the graphs kept for one call's gradient are bounded too
+                raise WorkerLost(f"the candidate's call backs kept more than {MAX_PAYLOAD >> 30} GiB for one gradient")
             graded += [outs[i] for i in grad]
         else:
             grad = []
-        self._send({"op": "answer", "grad": grad}, payload)
+        self._send({"op": "answer", "grad": grad}, payload, end)
 
     def lose(self, why: str) -> None:
         if self.lost is None:
@@ -590,7 +655,9 @@ class Connection:
     def reset(self) -> None:
         """Between check calls: the candidate drops every graph and generator it kept."""
         with self._lock:
-            self.handles.clear()
+            # Emptied, not cleared: a handle kept past its check must reach nothing, not the next check's object
+            # at the same index.
+            self.handles[:] = [None] * len(self.handles)
             if self.lost is None:
                 try:
                     self._send({"op": "reset"})

@@ -232,10 +232,11 @@ def _bad_key(k):
     raise Refused(f"a dict key of type {type(k).__name__} does not cross")
 
 
-def unpack(data: bytes, handle=None):
+def unpack(data: bytes, handle=None, device: str | None = None):
     """(the value, its tensors in the order they were packed) from `pack`'s bytes; Malformed if it is not that.
     Handles and records are read only where `handle` is given (the call loop's side: `handle(index, kind, attrs)`
-    makes the candidate's view); the supervisor's reader gives none, so nothing of the kind comes back to it."""
+    makes the candidate's view); the supervisor's reader gives none, so nothing of the kind comes back to it.
+    With `device`, every tensor lands there, whatever device its description names (a call back's arguments)."""
     import torch
 
     end = data.find(b"\n")
@@ -266,7 +267,8 @@ def unpack(data: bytes, handle=None):
         else:
             t = torch.empty(m["shape"], dtype=dtype)
         off += m["n"]
-        tensors.append(t if m["device"] == "cpu" else t.to(m["device"]))
+        where = device or m["device"]
+        tensors.append(t if where == "cpu" else t.to(where))
     if off != len(data):
         raise Malformed("bytes left over after the tensors")
 

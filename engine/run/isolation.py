@@ -434,10 +434,10 @@ class Supervised:
                     impl = impl.replace(f"{self.init['name']}+{unit.replace['mutant']}", **{fn: getattr(mutated, fn)})
                 conn.not_crossable = conn.refused = None
                 conn.deadline_s = self.timeout_s  # on every wait for the candidate, not on the checks' own work
-                metered = conn.metered_calls
+                metered = conn.metered_entries
                 r = runner.call(impl, call["contract"], call["seed"], call["dtype"], record_mechanism)
                 r = {**r, "checked_in": "supervisor"}
-                if conn.metered_calls > metered:  # its memory/time: the call loop's meter, in the candidate
+                if conn.metered_entries > metered:  # its memory/time: the call loop's meter, in the candidate
                     r["measured_in"] = "candidate"
                     self.measured_in_candidate.setdefault(call["contract"]["id"], None)
                 if conn.not_crossable is not None:
