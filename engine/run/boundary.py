@@ -740,21 +740,6 @@ class Beside:
         raise NotCrossable(why)
 
 
-def returns_objects(registered) -> set[str]:
-    """The interface functions of `registered` (an engine Implementation) annotated to return a torch module."""
-    import typing
-
-    out = set()
-    for n in registered.functions:
-        try:
-            ret = typing.get_type_hints(getattr(registered, n)).get("return")
-        except Exception:  # noqa: BLE001 - an annotation that does not resolve says nothing
-            continue
-        if isinstance(ret, type) and issubclass(ret, torch.nn.Module):
-            out.add(n)
-    return out
-
-
 def implementation(conn: Connection, name: str, names: list[str], beside: set[str] = frozenset()):
     """An engine Implementation whose functions are the candidate's, called across the boundary (those in
     `beside`: a call says the contract runs beside the candidate)."""

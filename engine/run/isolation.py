@@ -466,13 +466,30 @@ class Supervised:
 
 def _returns_objects(init: dict) -> set[str]:
     """The interface functions the registered implementation annotates as returning a module (a policy)."""
-    from engine.run.boundary import returns_objects
     from engine.spec import registry
 
     try:
         return returns_objects(registry.load().get_implementation(init["implementation"]))
     except Exception:  # noqa: BLE001 - no registered implementation to read: every function is called across
         return set()
+
+
+def returns_objects(registered) -> set[str]:
+    """The interface functions of `registered` (an engine Implementation) annotated to return a torch module.
+    Here, not in engine/run/boundary.py, which imports this module: the two would import each other."""
+    import typing
+
+    import torch
+
+    out = set()
+    for n in registered.functions:
+        try:
+            ret = typing.get_type_hints(getattr(registered, n)).get("return")
+        except Exception:  # noqa: BLE001 - an annotation that does not resolve says nothing
+            continue
+        if isinstance(ret, type) and issubclass(ret, torch.nn.Module):
+            out.add(n)
+    return out
 
 
 def _contract_calls(plan, contract: dict) -> list[dict]:
