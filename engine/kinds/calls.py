@@ -30,9 +30,11 @@ def on_device(ctx: Any, x: Any, dtype: torch.dtype | None = None) -> Any:
     if not isinstance(x, torch.Tensor):
         return x
     # One copy (copy=True), not a cast, a move and a clone: page-scale budget inputs are 10^7 elements.
-    if x.dtype == torch.bool or not x.is_floating_point():
-        return x.detach().to(ctx.device, copy=True)
-    return x.detach().to(device=ctx.device, dtype=dtype or ctx.dtype, copy=True)
+    keep = x.dtype == torch.bool or not x.is_floating_point()
+    to = x.dtype if keep else (dtype or ctx.dtype)
+    if 0 in x.stride():  # a constant input (one element, expanded): a dense leaf with the usual strides
+        return torch.empty(x.shape, dtype=to, device=ctx.device).copy_(x.detach())
+    return x.detach().to(device=ctx.device, dtype=to, copy=True)
 
 
 def cast_all(ctx: Any, drawn: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:

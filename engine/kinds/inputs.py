@@ -136,7 +136,9 @@ def _tensor(spec: dict, shape: list[int], g: torch.Generator, drawn: dict[str, A
         x = torch.randint(int(spec.get("low", 0)), int(spec.get("high", 2)) + 1, tuple(shape), generator=g)
         return x
     else:
-        x = torch.full(tuple(shape), float(spec.get("value", 0.0)), dtype=f64)
+        # One element seen at every position, not a float64 fill: page-scale budget inputs are 10^7-10^8
+        # elements, and calls.on_device writes the case's dense copy in the tested dtype from it.
+        x = torch.tensor(float(spec.get("value", 0.0)), dtype=f64).expand(tuple(shape))
     x = _around(x, spec, drawn)
     return x.log_softmax(-1) if spec.get("log_softmax") else x
 
