@@ -16,7 +16,20 @@ import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+
+def _tensors(x, out: list) -> list:
+    """The tensors in an ATen argument or result (a tensor, or lists/tuples of them), appended to `out`.
+
+    Not torch's pytree walk: this runs for every operation of a metered call, and a generic walk costs more than
+    most of the operations (a loop over rows, the budget's own target, dispatches tens of thousands)."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tensors(y, out)
+    return out
+
 
 class AllocationMeter(TorchDispatchMode):
     """`with AllocationMeter() as meter: ...` then read `meter.peak_bytes` (and `meter.ops`)."""
@@ -29,6 +42,8 @@ class AllocationMeter(TorchDispatchMode):
         self.ops = 0  # ATen operations dispatched (a Python loop over rows shows as many more)
         self._live: dict[int, list[int]] = {}  # storage pointer -> [nbytes, tracked tensors alive]
         self._external: set[int] = set()
+        self._refs: dict[int, weakref.ref] = {}  # weak references to the tracked tensors, by id (a tensor's
+        # reference compares as the tensor does), each alive until its tensor dies
 
     def _release(self, ptr: int) -> None:
         entry = self._live.get(ptr)
@@ -39,6 +54,17 @@ class AllocationMeter(TorchDispatchMode):
             self.current_bytes -= entry[0]
             del self._live[ptr]
 
+    def _track(self, t: torch.Tensor, ptr: int) -> None:
+        # a plain weak reference with a callback (kept in _refs), not weakref.finalize: as cheap, per output
+        refs, release = self._refs, self._release
+
+        def dead(ref, ptr=ptr):
+            refs.pop(id(ref), None)
+            release(ptr)
+
+        ref = weakref.ref(t, dead)
+        refs[id(ref)] = ref
+
     @staticmethod
     def _ptr(t: torch.Tensor) -> tuple[int, int]:
         st = t.untyped_storage()
@@ -47,25 +73,27 @@ class AllocationMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops += 1
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor):
-                ptr, _ = self._ptr(t)
-                if ptr and ptr not in self._live:
-                    self._external.add(ptr)  # existed before the block: not ours to count
+        found: list = []
+        _tensors(args, found)
+        for v in kwargs.values():
+            _tensors(v, found)
+        live, external = self._live, self._external
+        for t in found:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr and ptr not in live:
+                external.add(ptr)  # existed before the block: not ours to count
         out = func(*args, **kwargs)
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
+        for t in _tensors(out, []):
             ptr, nbytes = self._ptr(t)
-            if ptr == 0 or nbytes == 0 or ptr in self._external:
+            if ptr == 0 or nbytes == 0 or ptr in external:
                 continue
-            entry = self._live.get(ptr)
+            entry = live.get(ptr)
             if entry is None:
-                entry = self._live[ptr] = [nbytes, 0]
+                entry = live[ptr] = [nbytes, 0]
                 self.current_bytes += nbytes
                 self.allocations += 1
-                self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+                if self.current_bytes > self.peak_bytes:
+                    self.peak_bytes = self.current_bytes
             entry[1] += 1
-            weakref.finalize(t, self._release, ptr)
+            self._track(t, ptr)
         return out
-

@@ -350,7 +350,15 @@ def _meter_class():
 
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+
+    def tensors(x, out):
+        # not torch's pytree walk: it runs for every operation, and costs more than most of them
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                tensors(y, out)
+        return out
 
     class Meter(TorchDispatchMode):
         """Peak bytes of tensor storage created and not yet freed inside the block, and ATen operations dispatched:
@@ -363,6 +371,7 @@ def _meter_class():
             self.seconds = 0.0
             self._live: dict = {}
             self._external: set = set()
+            self._refs: dict = {}  # by id: a tensor's weak reference compares as the tensor does
 
         def _release(self, ptr):
             entry = self._live.get(ptr)
@@ -375,26 +384,33 @@ def _meter_class():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             self.ops += 1
-            for t in tree_leaves((args, kwargs)):
-                if isinstance(t, torch.Tensor):
-                    ptr = t.untyped_storage().data_ptr()
-                    if ptr and ptr not in self._live:
-                        self._external.add(ptr)
+            found = tensors(args, [])
+            for v in kwargs.values():
+                tensors(v, found)
+            live, external, refs, release = self._live, self._external, self._refs, self._release
+            for t in found:
+                ptr = t.untyped_storage().data_ptr()
+                if ptr and ptr not in live:
+                    external.add(ptr)
             out = func(*args, **kwargs)
-            for t in tree_leaves(out):
-                if not isinstance(t, torch.Tensor):
-                    continue
+            for t in tensors(out, []):
                 st = t.untyped_storage()
                 ptr, nbytes = st.data_ptr(), st.nbytes()
-                if ptr == 0 or nbytes == 0 or ptr in self._external:
+                if ptr == 0 or nbytes == 0 or ptr in external:
                     continue
-                entry = self._live.get(ptr)
+                entry = live.get(ptr)
                 if entry is None:
-                    entry = self._live[ptr] = [nbytes, 0]
+                    entry = live[ptr] = [nbytes, 0]
                     self.current_bytes += nbytes
                     self.peak_bytes = max(self.peak_bytes, self.current_bytes)
                 entry[1] += 1
-                weakref.finalize(t, self._release, ptr)
+
+                def dead(ref, ptr=ptr):
+                    refs.pop(id(ref), None)
+                    release(ptr)
+
+                ref = weakref.ref(t, dead)
+                refs[id(ref)] = ref
             return out
 
         def report(self) -> dict:
