@@ -337,6 +337,11 @@ class Runner:
                     continue
                 contract = by_id[cid]
                 for dtype in contract["dtypes"]:
+                    if cid in record["killed_by"]:
+                        # One dtype that kills is the proof that this contract can fail on this mutant (as
+                        # mutation testers stop at the first killing test); the receipt names what was not run.
+                        record.setdefault("not_run_after_kill", []).append({"contract": cid, "dtype": dtype})
+                        continue
                     r = self.call(impl, contract, seed, dtype, record_mechanism=False)
                     counts = (cid, dtype) in baseline_ok
                     killed_here = r["status"] in (FAILED, ERROR) and counts
