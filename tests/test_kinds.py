@@ -485,6 +485,57 @@ def test_budget_measures_memory_against_the_unit_and_fails_on_a_planted_bug():
     assert measure("budget", {"f": rows}, p, cases=2)[0]["ops_growth"] > 10
 
 
+def test_budget_max_ops_stops_a_loop_and_judges_a_reading_from_elsewhere_alike(monkeypatch):
+    """With max_ops, a call past it is stopped at that operation (a loop over rows need not run to its end) and
+    counted over the limit; a meter that counted the whole call elsewhere (the candidate's process) is read the
+    same way, so the verdict does not depend on where the call ran."""
+    from engine.kinds import budget as budget_mod
+    from engine.kinds.meter import AllocationMeter
+
+    inputs = {"tensors": {"x": {"cycle": [{"shape": [2, 8]}, {"shape": [512, 8]}]},
+                          "mask": {"cycle": [{"shape": [2, 8], "layout": "full"}, {"shape": [512, 8], "layout": "full"}]}}}
+    p = {"function": "f", "args": ["x", "mask"], "inputs": inputs, "repeats": 1, "max_ops": 50}
+    calls_made = []
+
+    def rows(x, mask):  # one row at a time: about 3 operations a row
+        calls_made.append(x.shape[0])
+        return torch.stack([torch.where(mask[i], 2 * x[i], 0.0) for i in range(x.shape[0])])
+
+    good, c = measure("budget", {"f": lambda x, mask: torch.where(mask, 2 * x, 0.0)}, p, cases=2)
+    assert good["ops_over_limit_cases"] == 0 and good["ops_growth"] == 1.0
+    bad, c = measure("budget", {"f": rows}, p, cases=2)
+    assert bad["ops_over_limit_cases"] == 1 and bad["ops_growth"] == 51 / c.case_log[0]["metrics"]["ops"]
+    assert c.case_log[1]["metrics"]["ops"] == 51
+
+    class Elsewhere(AllocationMeter):  # counts everything, as the call loop's meter does
+        measured_in = "candidate"
+
+        def __init__(self, max_ops=None):
+            super().__init__()
+            self.seconds = 0.0
+
+    monkeypatch.setattr(budget_mod, "meter_of", lambda impl, fn, max_ops=None: Elsewhere())
+    counted, c2 = measure("budget", {"f": rows}, p, cases=2)
+    assert {k: counted[k] for k in ("ops_growth", "ops_over_limit_cases")} == \
+        {k: bad[k] for k in ("ops_growth", "ops_over_limit_cases")}
+
+
+def test_constant_inputs_reach_the_call_dense_and_equal_to_a_fill():
+    """A constant input is drawn as one element expanded (no float64 fill of a page-scale tensor); the call gets a
+    dense leaf with the usual strides, bit for bit the old fill's cast, in every dtype."""
+    from engine.kinds import calls
+
+    drawn, _ = inputs_mod.draw({"tensors": {"a": {"shape": [3, 5], "dist": "constant", "value": -11.918},
+                                            "e": {"shape": [0, 4], "dist": "constant", "value": 1.0}}}, 42, 0)
+    for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        c = ctx(dtype=dt)
+        a, e = calls.on_device(c, drawn["a"]), calls.on_device(c, drawn["e"])
+        assert a.stride() == (5, 1) and a.dtype == dt and e.stride() == (4, 1) and e.shape == (0, 4)
+        assert torch.equal(a, torch.full((3, 5), -11.918, dtype=torch.float64).to(dt))
+        a.add_(1.0)  # its own storage: writable, and the draw is untouched
+    assert float(drawn["a"][2, 4]) == -11.918
+
+
 def test_validate_names_bad_kind_params(tmp_path):
     from pathlib import Path
 

@@ -7,13 +7,14 @@ from engine.kinds.base import CALL, CALL_REQUIRED, NAME, Kind, kind
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
-def meter_of(impl, function: str):
+def meter_of(impl, function: str, max_ops: int | None = None):
     """The meter for a call of `impl.function`: the candidate's process's own (engine/run/boundary.py) where the
-    function runs there, else the engine's AllocationMeter here."""
+    function runs there (it counts every operation; `max_ops` is applied to its reading), else the engine's
+    AllocationMeter here, which stops the call past `max_ops`."""
     from engine.kinds.meter import AllocationMeter
 
     metered = getattr(getattr(impl, function, None), "metered", None)
-    return metered() if callable(metered) else AllocationMeter()
+    return metered() if callable(metered) else AllocationMeter(max_ops)
 
 
 @kind
@@ -27,13 +28,17 @@ class Budget(Kind):
                    "shows a Python loop over rows) and the best wall time per input element.")
     parameters = {**CALL, "grad_wrt": {"type": "array", "items": NAME},
                   "repeats": {"type": "integer", "minimum": 1, "maximum": 100},
+                  "max_ops": {"type": "integer", "minimum": 1, "description": "the most ATen operations one call "
+                              "may dispatch: a call past it is over the budget (ops_over_limit_cases) and is "
+                              "stopped there, its ops read max_ops + 1 (a loop over rows need not run to its end)"},
                   "unit": {"type": "object", "additionalProperties": False, "required": ["input", "dtype"],
                            "properties": {"input": NAME, "dtype": {"enum": sorted(DTYPE_BYTES)}},
                            "description": "the problem size: one tensor of this input's shape in this dtype"}}
     required = CALL_REQUIRED
     metrics = {"peak_memory_ratio": "peak extra bytes / bytes of the unit (or of the inputs)",
                "ops_growth": "most ATen operations of a case / fewest of a case", "ns_per_element":
-               "best wall time per input element", "input_bytes": "bytes of the inputs", "cases": "cases"}
+               "best wall time per input element", "input_bytes": "bytes of the inputs", "cases": "cases",
+               "ops_over_limit_cases": "cases whose call dispatched more than max_ops operations (0 without it)"}
 
     def measure(self, impl, ctx, params):
         """Under `contracts check --impl` the function runs in the candidate's process, and its memory, operations
@@ -44,7 +49,10 @@ class Budget(Kind):
         import torch
 
         from engine.kinds import calls
+        from engine.kinds.meter import OpLimitReached
 
+        max_ops = params.get("max_ops")
+        over = 0
         wrt = list(params.get("grad_wrt") or [])
         cuda = ctx.device.type == "cuda"
         unit = params.get("unit")
@@ -67,11 +75,14 @@ class Budget(Kind):
                     torch.cuda.reset_peak_memory_stats(ctx.device)
                     before = torch.cuda.memory_allocated(ctx.device)
                 start = time.perf_counter()
-                with meter_of(impl, params["function"]) as meter:
-                    out = calls.call(impl, params, t)
-                    if wrt:
-                        calls.grad_of(out, [t[k] for k in wrt])
-                    del out
+                with meter_of(impl, params["function"], max_ops) as meter:
+                    try:
+                        out = calls.call(impl, params, t)
+                        if wrt:
+                            calls.grad_of(out, [t[k] for k in wrt])
+                        del out
+                    except OpLimitReached:
+                        pass  # the meter says so (stopped); what ran until then is measured
                 if cuda:
                     torch.cuda.synchronize(ctx.device)
                 took = time.perf_counter() - start
@@ -81,11 +92,14 @@ class Budget(Kind):
                 if cuda and not elsewhere:
                     peak = max(peak, torch.cuda.max_memory_allocated(ctx.device) - before)
                 case_peak = max(case_peak, peak)
-            ops.append(meter.ops)  # the last repeat's: one call, as the memory
-            m = {"peak_memory_ratio": case_peak / max(denom, 1), "ops": meter.ops,
+            case_ops = meter.ops  # the last repeat's: one call, as the memory
+            if max_ops is not None and (getattr(meter, "stopped", False) or case_ops > max_ops):
+                case_ops, over = max_ops + 1, over + 1  # alike whether it was stopped here or counted elsewhere
+            ops.append(case_ops)
+            m = {"peak_memory_ratio": case_peak / max(denom, 1), "ops": case_ops,
                  "ns_per_element": best * 1e9 / max(elements, 1)}
             calls.log_case(ctx, case, t, m)
             peak_ratio, ns, size = max(peak_ratio, m["peak_memory_ratio"]), max(ns, m["ns_per_element"]), \
                 max(size, nbytes)
         return {"peak_memory_ratio": peak_ratio, "ops_growth": max(ops) / max(min(ops), 1) if ops else 0.0,
-                "ns_per_element": ns, "input_bytes": size, "cases": n}
+                "ns_per_element": ns, "input_bytes": size, "cases": n, "ops_over_limit_cases": over}

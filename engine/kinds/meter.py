@@ -31,11 +31,21 @@ def _tensors(x, out: list) -> list:
     return out
 
 
-class AllocationMeter(TorchDispatchMode):
-    """`with AllocationMeter() as meter: ...` then read `meter.peak_bytes` (and `meter.ops`)."""
+class OpLimitReached(BaseException):
+    """Raised inside a metered call at its operation past the meter's `max_ops`: the call is abandoned there.
 
-    def __init__(self):
+    A BaseException, so that the code under measure does not swallow it with `except Exception`."""
+
+
+class AllocationMeter(TorchDispatchMode):
+    """`with AllocationMeter() as meter: ...` then read `meter.peak_bytes` (and `meter.ops`). With `max_ops`, the
+    operation past it raises OpLimitReached and `meter.stopped` is set: a Python loop over rows would otherwise
+    run to its end under the meter (thousands of operations, each through Python) only to fail the budget."""
+
+    def __init__(self, max_ops: int | None = None):
         super().__init__()
+        self.max_ops = max_ops
+        self.stopped = False
         self.current_bytes = 0
         self.peak_bytes = 0
         self.allocations = 0
@@ -73,6 +83,9 @@ class AllocationMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops += 1
+        if self.max_ops is not None and self.ops > self.max_ops:
+            self.stopped = True
+            raise OpLimitReached(f"more than {self.max_ops} ATen operations")
         found: list = []
         _tensors(args, found)
         for v in kwargs.values():
