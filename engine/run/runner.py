@@ -341,6 +341,8 @@ class Runner:
                         # One dtype that kills is the proof that this contract can fail on this mutant (as
                         # mutation testers stop at the first killing test); the receipt names what was not run.
                         record.setdefault("not_run_after_kill", []).append({"contract": cid, "dtype": dtype})
+                        self.on_result({"phase": "mutant", "mutant": m["id"], "contract": cid, "seed": seed,
+                                        "dtype": dtype, "status": "not run (killed)", "skipped": True})
                         continue
                     r = self.call(impl, contract, seed, dtype, record_mechanism=False)
                     counts = (cid, dtype) in baseline_ok
