@@ -394,6 +394,24 @@ def test_mechanism_real_updates_every_seed(seed):
     assert 0.0 <= out["tapo_val_acc"] <= 1.0 and 0.0 <= out["control_val_acc"] <= 1.0
 
 
+def test_mechanism_control_arm_takes_its_proximal_updates_from_the_project_not_the_candidate():
+    """The GRPO control is the project's: a candidate's proximal_logprobs (TAPO's decision, where a defect such as
+    re-scoring old log-probs lives) is called for the TAPO arm only, so such a defect cannot reach the arm the
+    TAPO arm is compared with."""
+    from methods.tapo.proximal import proximal_logprobs
+
+    calls = []
+
+    def spying(policy, rollout, inner):
+        calls.append(inner)
+        yield from proximal_logprobs(policy, rollout, inner)
+
+    ctx = spec_ctx(MECH, "float32", groups=2, validation_prompts=2)
+    out = REG.get_check("tapo.mechanism")(IMPL.replace("spy", proximal_logprobs=spying), ctx)
+    assert out["updates_made"] == out["control_updates"] == 4
+    assert calls == [2, 2]  # one call per TAPO group; none for the control's two groups
+
+
 def test_mechanism_is_deterministic_per_seed():
     small = dict(groups=2, validation_prompts=2)
     a, b = (spec_ctx(MECH, "float32", seed=7, **small) for _ in range(2))

@@ -34,6 +34,7 @@ from methods.common.grpo import group_advantages, grpo_token_loss
 from methods.common import make_policy, paired
 from methods.common.rollout import sample
 from methods.common.tasks import TargetTokenTask
+from methods.tapo.proximal import proximal_logprobs as project_proximal_logprobs
 from methods.tapo.record import ARMS, RunRecord
 
 
@@ -77,7 +78,10 @@ def mechanism(impl, ctx) -> dict:
                 rec.skipped(arm)
                 continue
             rec.sampled(arm, policy)
-            for k, logp, old_logp in impl.proximal_logprobs(policy, ro, inner):
+            # the control is GRPO as the project writes it, its proximal updates included: the candidate's
+            # proximal_logprobs is TAPO's (a defect there must not reach the arm it is compared with)
+            proximal = impl.proximal_logprobs if arm == "tapo" else project_proximal_logprobs
+            for k, logp, old_logp in proximal(policy, ro, inner):
                 rec.before_update(policy)
                 if arm == "tapo":
                     loss, met = impl.tapo_loss(logp, old_logp, adv, ro.mask, eps_min, eps_max, group_size=group_size)
