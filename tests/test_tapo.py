@@ -396,20 +396,25 @@ def test_mechanism_real_updates_every_seed(seed):
 
 def test_mechanism_control_arm_takes_its_proximal_updates_from_the_project_not_the_candidate():
     """The GRPO control is the project's: a candidate's proximal_logprobs (TAPO's decision, where a defect such as
-    re-scoring old log-probs lives) is called for the TAPO arm only, so such a defect cannot reach the arm the
-    TAPO arm is compared with."""
+    re-scoring old log-probs lives) reaches the TAPO arm only. Planted here: old log-probs re-scored from the
+    current policy, so every ratio of the arm it reaches is exactly 1; the control's later updates still move off
+    1 (and with the arms' sources swapped the two would trade places)."""
     from methods.tapo.proximal import proximal_logprobs
 
     calls = []
 
-    def spying(policy, rollout, inner):
+    def rescoring(policy, rollout, inner):
         calls.append(inner)
-        yield from proximal_logprobs(policy, rollout, inner)
+        for k, logp, _ in proximal_logprobs(policy, rollout, inner):
+            yield k, logp, logp.detach()
 
     ctx = spec_ctx(MECH, "float32", groups=2, validation_prompts=2)
-    out = REG.get_check("tapo.mechanism")(IMPL.replace("spy", proximal_logprobs=spying), ctx)
-    assert out["updates_made"] == out["control_updates"] == 4
-    assert calls == [2, 2]  # one call per TAPO group; none for the control's two groups
+    out = REG.get_check("tapo.mechanism")(IMPL.replace("rescoring", proximal_logprobs=rescoring), ctx)
+    assert out["updates_made"] == out["control_updates"] == 4 and calls == [2, 2]  # one call per TAPO group
+    later = {arm: [(s["ratio_min"], s["ratio_max"]) for s in ctx.steps if s["arm"] == arm and s["update"] > 0]
+             for arm in ("tapo", "grpo-control")}
+    assert later["tapo"] and all(r == (1.0, 1.0) for r in later["tapo"])
+    assert later["grpo-control"] and any(r != (1.0, 1.0) for r in later["grpo-control"])
 
 
 def test_mechanism_is_deterministic_per_seed():
