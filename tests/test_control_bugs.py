@@ -53,3 +53,33 @@ def test_unplanted_control_passes(tmp_path):
     out = CliRunner().invoke(cli.app, ["check", "tapo-trajectory", "--device", "cpu", "--seeds", "42", "--only",
                                        "paired_control", "--no-mutants", "--receipts", str(tmp_path), "--json"])
     assert out.exit_code == 0, out.output[-2000:]
+
+
+# The arm swap: the method arm runs the control and the control arm the method. Each arm is still seeded, streamed
+# and stepped alike, so only the record of which arm called the implementation under check tells them apart.
+SWAPS = [("tar-adaptive-replay", "tar.mechanism", "methods.tar.mechanism", "run", ("tar", "grpo-control")),
+         ("mrtpo", "mrtpo.mechanism", "methods.mrtpo.mechanism", "trace", ("mrtpo", "grpo-control"))]
+
+
+@pytest.mark.parametrize("spec, run_name, module, method_fn, arms", SWAPS, ids=[s[0] for s in SWAPS])
+def test_swapped_arms_fail_paired_control(spec, run_name, module, method_fn, arms, tmp_path, monkeypatch):
+    import importlib
+
+    from engine.kinds import paired_control as pc
+    from methods.common import paired
+
+    registry.load()
+    mod = importlib.import_module(module)
+
+    def swapped(impl, ctx):
+        for arm in paired.arms(ctx, arms, method=arms[0]):
+            (mod.grpo_control if arm == arms[0] else getattr(mod, method_fn))(impl, ctx)
+
+    monkeypatch.setitem(pc._RUNS, run_name, swapped)
+    out = CliRunner().invoke(cli.app, ["check", spec, "--device", "cpu", "--seeds", "42", "--only", "paired_control",
+                                       "--no-mutants", "--receipts", str(tmp_path), "--json"])
+    assert out.exit_code == 1, out.output[-2000:]
+    (run,) = json.loads(out.stdout)["runs"]
+    (failed,) = [r for r in run["results"] if r["status"] == "failed"]
+    assert "method_arm_interface_calls 0 < limit 1" in failed["message"]
+    assert "control_arm_interface_calls" in failed["message"]

@@ -42,6 +42,26 @@ def _fresh(ctx: Any, **changes: Any) -> Any:
     return run
 
 
+def _counting(impl: Any, run_ctx: Any) -> Any:
+    """`impl` with each of its interface functions counted into the arm running when it is called: the method
+    arm must call the implementation under check and the control arm must not (an arm swap, where the control
+    runs the method and the method arm the control, pairs perfectly on every other count)."""
+    def wrap(fn: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            entry = getattr(run_ctx.__dict__.get("paired_record"), "active", None)
+            if entry is not None:
+                entry.interface_calls += 1
+            return fn(*args, **kwargs)
+        return call
+
+    names = [n for n in getattr(impl, "functions", ()) if callable(getattr(impl, n, None))]
+    counted = impl.replace(impl.name, **{n: wrap(getattr(impl, n)) for n in names})
+    for key, value in vars(impl).items():  # what the run reads besides the functions (a planted pairing defect)
+        if key not in names and not key.startswith("_"):
+            object.__setattr__(counted, key, value)
+    return counted
+
+
 @kind
 class PairedControl(Kind):
     name = "paired_control"
@@ -66,7 +86,10 @@ class PairedControl(Kind):
                "stream_draws_differ": "draws (of those both arms made) whose uniforms differ",
                "draws_compared": "draws both arms made", "updates_differ": "|method updates - control updates|",
                "method_updates": "the method arm's optimiser updates",
-               "other_seed_same_stream": "1 when another seed's first draw consumed the same uniforms"}
+               "other_seed_same_stream": "1 when another seed's first draw consumed the same uniforms",
+               "method_arm_interface_calls": "calls of the checked implementation's functions in the method arm",
+               "control_arm_interface_calls": "calls of the checked implementation's functions in the control arm "
+               "(the control is the project's GRPO: 0)"}
 
     def measure(self, impl, ctx, params):
         from engine.kinds import calls
@@ -74,9 +97,10 @@ class PairedControl(Kind):
         run = get_run(params["run"])
         m_name, c_name = params["method_arm"], params["control_arm"]
         main = _fresh(ctx, params=dict(params.get("run_params") or {}))
-        run(impl, main)
+        run(_counting(impl, main), main)
         arms = main.__dict__["paired_record"].plain() if "paired_record" in main.__dict__ else {}
-        empty = {"initial_weights": None, "updates_before_first_draw": None, "draws": [], "updates": 0}
+        empty = {"initial_weights": None, "updates_before_first_draw": None, "draws": [], "updates": 0,
+                 "interface_calls": 0}
         a, b = arms.get(m_name, empty), arms.get(c_name, empty)
         n = min(len(a["draws"]), len(b["draws"]))
         differ = [i for i in range(n) if a["draws"][i][0] != b["draws"][i][0]]
@@ -97,7 +121,9 @@ class PairedControl(Kind):
              "first_draw_tokens_differ": int(n == 0 or a["draws"][0][1] != b["draws"][0][1]),
              "stream_draws_differ": len(differ), "draws_compared": n,
              "updates_differ": abs(a["updates"] - b["updates"]), "method_updates": a["updates"],
-             "other_seed_same_stream": int(other_first is None or (n > 0 and other_first == a["draws"][0][0]))}
+             "other_seed_same_stream": int(other_first is None or (n > 0 and other_first == a["draws"][0][0])),
+             "method_arm_interface_calls": a.get("interface_calls", 0),
+             "control_arm_interface_calls": b.get("interface_calls", 0)}
         where = {"stream_draws_differ": f"draw {differ[0]}" if differ else None,
                  "other_seed_same_stream": f"seed {probe.seed}"}
         calls.log_case(ctx, 0, {}, m, where)

@@ -76,16 +76,19 @@ class ArmRecord:
     updates_before_first_draw: int | None = None
     draws: list = field(default_factory=list)  # (uniforms digest, tokens digest)
     updates: int = 0
+    interface_calls: int = 0  # calls of the checked implementation's functions made inside this arm
 
     def plain(self) -> dict:
         return {"initial_weights": self.initial_weights, "updates_before_first_draw": self.updates_before_first_draw,
-                "draws": [list(d) for d in self.draws], "updates": self.updates}
+                "draws": [list(d) for d in self.draws], "updates": self.updates,
+                "interface_calls": self.interface_calls}
 
 
 @dataclass
 class RunRecord:
     arms: dict = field(default_factory=dict)
     stop_after_draws: int | None = None  # a probe: StopRun once an arm has drawn this often
+    active: ArmRecord | None = None  # the arm running now (the paired_control kind counts interface calls into it)
 
     def plain(self) -> dict:
         return {name: a.plain() for name, a in self.arms.items()}
@@ -112,9 +115,11 @@ def arm(ctx: Any, name: str, control: bool = False):
 
     handle = register_optimizer_step_post_hook(stepped)
     token = _ACTIVE.set((rec, entry))
+    rec.active = entry
     try:
         yield entry
     finally:
+        rec.active = None
         _ACTIVE.reset(token)
         handle.remove()
 
