@@ -54,7 +54,9 @@ def _counting(impl: Any, run_ctx: Any) -> Any:
             return fn(*args, **kwargs)
         return call
 
-    names = [n for n in getattr(impl, "functions", ()) if callable(getattr(impl, n, None))]
+    # a stand-in for a function the implementation lacks stays as it is: the run asks it `provides(...)`
+    names = [n for n in getattr(impl, "functions", ()) if callable(getattr(impl, n, None))
+             and getattr(getattr(impl, n), "not_provided", None) is None]
     counted = impl.replace(impl.name, **{n: wrap(getattr(impl, n)) for n in names})
     for key, value in vars(impl).items():  # what the run reads besides the functions (a planted pairing defect)
         if key not in names and not key.startswith("_"):
