@@ -102,6 +102,16 @@ def kl_reversed():
     return _loss("grpo.kl_reversed", kl_fn=kl)
 
 
+@registry.mutant("grpo.kl_default_beta", base="grpo")
+def kl_default_beta():
+    """beta = 0 read as "unset": with a reference passed, the KL is added at 0.04 (TRL's former default)."""
+    def grpo_loss(logp, old_logp, advantages, mask, *, ref_logp=None, beta=0.0, **options):
+        beta = beta or (0.04 if ref_logp is not None else 0.0)
+        return L.grpo_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=beta, **options)
+
+    return IMPL.replace("grpo.kl_default_beta", grpo_loss=grpo_loss)
+
+
 # --- aggregation --------------------------------------------------------------------------------------------------
 
 
