@@ -241,7 +241,7 @@ def test_grpo_mutants_are_told_apart(name):
         return
     kw, (logp, old, adv, mask) = _grpo_case(name)
     if name.startswith("grpo.kl_"):
-        kw["beta"] = 0.1
+        kw["beta"] = 0.0 if name == "grpo.kl_default_beta" else 0.1  # that mutant differs only at beta 0
         ref = old + 0.3
         x = logp.clone().requires_grad_(True)
         loss, _ = impl.grpo_loss(x, old, adv, mask, ref_logp=ref, **kw)
