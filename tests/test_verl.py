@@ -284,3 +284,18 @@ def test_without_verl_a_verl_target_is_exit_4(tmp_path, monkeypatch):
     r = check("verl:geo_mean", tmp_path / "r", "--only", "loss_forward")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.exit_code == 4 and len(lines) == 1 and "pip install -e '.[verl]'" in lines[0], r.output
+
+
+def test_case_n_reruns_that_case_alone_beside_a_framework_target(tmp_path):
+    """A framework target's checks run beside it, in the candidate's worker: --case N must reach that worker, or
+    the printed repro reruns every case and names another one first."""
+    store = tmp_path / "r"
+    r = invoke("check", "grpo", "--impl", "verl:vanilla", "--only", "input_refusal", "--seeds", "42", "--case", "2",
+               "--no-mutants", "--receipts", str(store), "--json")
+    assert r.exit_code == 1, r.output  # verl accepts a negative clip_high, the table's row 2
+    (path,) = sorted((store / "grpo").glob("*.json"))
+    (res,) = json.loads(path.read_text())["predicate"]["results"]
+    assert [c["case"] for c in res["failing_cases"]] == [2], res["failing_cases"]
+    assert "clip_high" in res["failing_cases"][0]["argument"]
+    m = res["measurements"]
+    assert m.get("refused", 0) + m["not_refused"] + m["accepted"] + m["wrongly_refused"] == 1, m

@@ -168,7 +168,9 @@ def serve(chan: _Channel, init: dict) -> int:
     budget = dict(init["budget"])
     budget["per_contract_timeout_seconds"] = None  # the parent's deadline kills a stuck call: it becomes an error
     budget["max_wall_seconds"] = float("inf")  # the parent keeps the run's wall budget
-    plan = Plan(spec=SimpleNamespace(data={"budget": budget}), seeds=[], contracts=[], mutants=[], only=None)
+    # check --case N holds here too: the checks that run beside the candidate draw case N alone
+    plan = Plan(spec=SimpleNamespace(data={"budget": budget}), seeds=[], contracts=[], mutants=[], only=None,
+                case=init.get("case"))
     from engine.run.devices import resolve_device
 
     runner = Runner(plan, resolve_device(init["device"]))

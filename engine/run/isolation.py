@@ -581,7 +581,7 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
             "cwd": os.getcwd(), "env": worker_env(),
             "implementation": plan.spec.data["implementation"],
             "names": names, "device": device, "threads": threads, "memory_mb": memory_mb,
-            "budget": dict(plan.spec.data["budget"]),
+            "budget": dict(plan.spec.data["budget"]), "case": plan.case,
             "target": {"form": target.form, "path": str(target.path) if target.path else None,
                        "module": target.module, "attribute": target.attribute,
                        "framework": target.framework, "name": target.name}}
