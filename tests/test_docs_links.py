@@ -11,7 +11,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README_LIMIT_BYTES = 10 * 1024
+README_LIMIT_BYTES = 10_000  # "10 KB" read strictly: the SI kilobyte, below 10 KiB
 
 # Written on other branches at the same time as this one (the threat model; mutants). A link to either may
 # dangle only while the file is absent; once present it is checked like any other. Remove this allowance
