@@ -83,9 +83,17 @@ def test_every_relative_link_resolves(page):
     assert broken_links(page) == [], f"{page.relative_to(ROOT)}: broken links"
 
 
-def test_the_readme_is_at_most_10_kib():
+def test_the_readme_is_at_most_10_kb():
     size = len((ROOT / "README.md").read_bytes())
     assert size <= README_LIMIT_BYTES, f"README.md is {size} bytes; move long material into docs/"
+
+
+def test_every_receipt_the_readme_quotes_is_in_the_store():
+    # The tour's sample output names a receipt; one that was written to a scratch store would send a reader
+    # to a file the checkout does not have.
+    quoted = re.findall(r"receipts/[a-z0-9-]+/[0-9TZ]+_[a-z0-9-]+_[0-9a-f]{12}\.json", (ROOT / "README.md").read_text())
+    assert quoted, "the README quotes no receipt path any more: drop this test"
+    assert [q for q in quoted if not (ROOT / q).is_file()] == []
 
 
 def test_every_docs_page_is_reachable_from_the_index():
