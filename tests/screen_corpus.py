@@ -217,7 +217,8 @@ ATTACKS = [
            "type: only type(x).__name__"),
     Attack("type kept as a value", "T = type(1)  #!\nESCAPED = T\n", "type: only type(x).__name__"),
     Attack("type of type called", "ESCAPED = type(type(1))('X', (), {})  #!\n", "type: only type(x).__name__"),
-    Attack("isinstance rebound to call a type", "isinstance = lambda t: t('X', (), {})  #!\nESCAPED = isinstance(type)\n",
+    Attack("isinstance rebound to call a type",
+           "isinstance = lambda t: t('X', (), {})  #!\nESCAPED = isinstance(type)\n",
            "isinstance: a built-in the screen relies on"),
     # --- underscore attributes, frames and the like -------------------------------------------------------------
     Attack("__dict__", T + "ESCAPED = torch.__dict__['sys']  #!\n", "attribute __dict__: underscore"),
@@ -260,19 +261,24 @@ ATTACKS = [
            "class T(torch.Tensor): a tensor subclass"),
     Attack("parameter subclass", "from torch import nn\nclass P(nn.Parameter):  #!\n    pass\nESCAPED = P\n",
            "a tensor subclass"),
-    Attack("tensor subclass through an alias", "from torch import Tensor as B\nclass T(B):  #!\n    pass\nESCAPED = T\n",
+    Attack("tensor subclass through an alias",
+           "from torch import Tensor as B\nclass T(B):  #!\n    pass\nESCAPED = T\n",
            "a tensor subclass"),
     Attack("a base the screen cannot name", T + "def sub(base):\n    class T(base):  #!\n        pass\n    return T\n",
            "a base the screen cannot name", live=False),
-    Attack("a torch class kept in a list and patched", T + "[torch.Tensor][0].sum = torch.Tensor.sum  #!\nESCAPED = 1\n",
+    Attack("a torch class kept in a list and patched",
+           T + "[torch.Tensor][0].sum = torch.Tensor.sum  #!\nESCAPED = 1\n",
            "torch.Tensor: a class of an allowed module used as a value"),
     Attack("a torch class handed to a patcher", T + "def patch(c):\n    c.sum = c.sum\n"
            "patch(torch.Tensor)  #!\nESCAPED = 1\n", "torch.Tensor: a class of an allowed module used as a value"),
-    Attack("a class alias rebound", "from torch import nn\nM = nn.Module\nM = [M][0]  #!\nM.eval = M.eval\nESCAPED = 1\n",
+    Attack("a class alias rebound",
+           "from torch import nn\nM = nn.Module\nM = [M][0]  #!\nM.eval = M.eval\nESCAPED = 1\n",
            "M: bound to the class Module and here to something else"),
-    Attack("a class as a default", "from torch import nn\ndef f(c=nn.Module):  #!\n    c.eval = c.eval\nf()\nESCAPED = 1\n",
+    Attack("a class as a default",
+           "from torch import nn\ndef f(c=nn.Module):  #!\n    c.eval = c.eval\nf()\nESCAPED = 1\n",
            "nn.Module: a class of an allowed module used as a value"),
-    Attack("__torch_function__", "class H:\n    @classmethod\n    def __torch_function__(cls, f, t, a=(), k=None):  #!\n"
+    Attack("__torch_function__",
+           "class H:\n    @classmethod\n    def __torch_function__(cls, f, t, a=(), k=None):  #!\n"
            "        return 1\nESCAPED = H\n", "def __torch_function__: a special method"),
     Attack("__torch_function__ assigned", "class H:\n    __torch_function__ = None  #!\nESCAPED = H\n",
            "__torch_function__: dunder names"),
@@ -302,13 +308,16 @@ ATTACKS = [
     Attack("a string annotation", f"def f(x: \"{ANNOT}\"):  #!\n    pass\n", "globals: not allowed", live=False),
     Attack("a string annotation importing", "def f(x: \"__import__('os')\"):  #!\n    pass\n",
            "__import__: not allowed", live=False),
-    Attack("a nested string annotation", "import typing\nimport torch\ndef f(x: \"typing.List['torch.sys']\"):  #!\n    pass\n",
+    Attack("a nested string annotation",
+           "import typing\nimport torch\ndef f(x: \"typing.List['torch.sys']\"):  #!\n    pass\n",
            "torch.sys", live=False),
-    Attack("a dataclass field's string annotation", "import dataclasses\nimport torch\n@dataclasses.dataclass\nclass D:\n"
+    Attack("a dataclass field's string annotation",
+           "import dataclasses\nimport torch\n@dataclasses.dataclass\nclass D:\n"
            "    x: 'torch.sys' = 1  #!\n", "torch.sys", live=False),
     Attack("a string annotation that is not an expression", "def f() -> 'import os':  #!\n    pass\n",
            "not an expression", live=False),
-    Attack("typing.get_type_hints", "import typing\nS = bytes.fromhex('" + b"__import__('os').getpid".hex() + "').decode()\n"
+    Attack("typing.get_type_hints",
+           "import typing\nS = bytes.fromhex('" + b"__import__('os').getpid".hex() + "').decode()\n"
            "class C:\n    x: typing.List[S]\nESCAPED = typing.get_type_hints(C)  #!\n",
            "typing.get_type_hints: evaluates string annotations as code", proof="'getpid' in repr(ESCAPED)"),
     Attack("from typing import get_type_hints", "from typing import get_type_hints  #!\nESCAPED = get_type_hints\n",
@@ -585,6 +594,7 @@ assert describe([1, 2, 3]) == "1 and 2 more" and describe({"kind": "k"}) == "k"
 assert ValueHead(3)(torch.zeros(2, 3)).shape == (2,)
 assert GroupMean()(torch.ones(2, 3)).shape == (2, 1)
 assert grad_of_loss(logp).shape == logp.shape and frozen(ValueHead(2)).training is False
-assert sampled(3).shape == (3,) and token_logprobs(torch.zeros(1, 2, 4), torch.zeros(1, 2, dtype=torch.long)).shape == (1, 2)
+assert sampled(3).shape == (3,)
+assert token_logprobs(torch.zeros(1, 2, 4), torch.zeros(1, 2, dtype=torch.long)).shape == (1, 2)
 HONEST_OK = True
 """

@@ -77,9 +77,9 @@ class _Known:
         return isinstance(other, _Known) and other.entry.value is self.entry.value
 
 
-_OWN_CLASS = "own class"
+_OWN_CLASS = "own class"  # a class the candidate defines (screened itself)
 _CLASS_VALUE = ("{shown}: a class of an allowed module used as a value (named only to call, subclass, test with "
-                "isinstance or compare, where no other name can keep it and change it)")  # a class the candidate defines (screened itself)
+                "isinstance or compare, where no other name can keep it and change it)")
 
 
 def screen_source(text: str, name: str = "<candidate>") -> str | None:
