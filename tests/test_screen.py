@@ -223,3 +223,27 @@ def test_the_corpus_catches_a_weakened_screen(monkeypatch):
 
 def test_the_allowlist_is_derived_once_per_process():
     assert AL.atlas() is AL.atlas()
+
+
+def test_the_evaluator_refuses_every_bypass_before_it_runs_under_a_trust_policy_and_without(tmp_path):
+    """The whole corpus through the evolve evaluator (strict, its default), as OpenEvolve calls it: score 0, the
+    refusal names the file, line and construct, and nothing of it ran (no receipt store was written)."""
+    from engine.evolve.evaluator import Evaluator
+    from engine.run import sandbox
+    from tests.test_sandbox import keys_and_policy
+
+    if sandbox.unavailable() is not None:
+        pytest.skip(f"no sandbox on this machine: {sandbox.unavailable()}")
+    key, policy = keys_and_policy(tmp_path / "pipeline", require=True)
+    evaluators = (Evaluator("tapo-trajectory", receipts=tmp_path / "store"),
+                  Evaluator("tapo-trajectory", receipts=tmp_path / "signed", sign_key=key, trust=policy))
+    for i, attack in enumerate(ATTACKS):
+        cand = tmp_path / f"attack_{i}.py"
+        cand.write_text(attack.src)
+        for ev in evaluators:
+            res = ev.stage(1, str(cand))
+            why = res.artifacts["not_checked"]
+            assert res.metrics["combined_score"] == 0.0, (attack.id, res.metrics)
+            assert why.startswith(f"refused by the strict screen: {cand.name}:{attack.line}:"), (attack.id, why)
+            assert attack.construct in why, (attack.id, why)
+    assert not (tmp_path / "store").exists() and not (tmp_path / "signed").exists()
