@@ -208,14 +208,18 @@ def not_a_policy(policy):
 
 def a_tuple(policy):
     return (1,)
+
+
+def in_a_generator(policy):
+    yield policy
 '''
 NAMES = ["engine_modules", "patch_the_judge", "square", "refuse", "custom", "leaves", "stub", "text", "an_object",
          "generator", "through", "give_back", "peek", "fields", "widen", "keep", "use_kept", "call_with",
          "unmetered", "snapshot", "snapshot_of_copy", "copies", "tamper", "forged", "kept_copy", "give_kept",
-         "in_a_tuple", "not_a_policy", "a_tuple"]
+         "in_a_tuple", "not_a_policy", "a_tuple", "in_a_generator"]
 # the functions the probe's interface declares to return a policy (as MRTPO's declares `freeze`)
 RETURNS = {"snapshot", "snapshot_of_copy", "copies", "tamper", "forged", "kept_copy", "give_kept", "not_a_policy",
-           "a_tuple"}
+           "a_tuple", "in_a_generator"}
 
 
 @pytest.fixture(scope="module")
@@ -452,6 +456,7 @@ def test_only_a_function_declared_to_return_a_policy_gives_back_a_handle_and_onl
                            ("in_a_tuple", (lin,), "return value\\[0\\] is a handle"),
                            ("not_a_policy", (lin,), "return value is a Tensor: the interface declares a policy"),
                            ("a_tuple", (lin,), "return value is a tuple: the interface declares a policy"),
+                           ("in_a_generator", (lin,), "return value is a generator: the interface declares a policy"),
                            ("forged", (lin, 10**6), "did not issue in this check")):
         conn.refused = None
         with pytest.raises(ReturnRefused, match=text):

@@ -677,6 +677,9 @@ class Connection:
         if op == "refused":
             self.refused = self.refused or _printable(head.get("message"), 400)
             raise ReturnRefused(self.refused)
+        if op == "iter" and returns_handle:
+            self.refused = self.refused or f"{fn}: the return value is a generator: the interface declares a policy"
+            raise ReturnRefused(self.refused)
         if op == "iter":
             return RemoteIterator(self, cid, fn, grad_inputs)
         if op != "ok":
