@@ -149,7 +149,10 @@ def test_every_module_an_allowed_module_holds_is_refused_unless_allowed():
             if v.__name__ in AL.ALLOWED_MODULES:
                 assert why is None, why
             else:
-                assert why is not None and f"is the module {v.__name__}" in why, (m, name, why)
+                # A lazily imported submodule (torch.onnx) that another test loaded after the allowlist was derived
+                # in this process is not in it at all: refused as an unknown name rather than as a module.
+                assert why is not None and (f"is the module {v.__name__}" in why or
+                                            f"{name}: not a public name of {m}" in why), (m, name, why)
             checked += 1
     assert checked > 100
 
