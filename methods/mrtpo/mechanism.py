@@ -22,7 +22,7 @@ import torch
 
 from methods.common.grpo import group_advantages, grpo_control_update, grpo_token_loss
 from methods.common.policy import make_policy as build_policy, param_l2_change, snapshot, state_copy
-from methods.common import paired, sample, sequence_logprobs
+from methods.common import audited, paired, sample, sequence_logprobs
 from methods.common.tasks import FIRST_CONTENT
 
 VOCAB = 32
@@ -197,7 +197,7 @@ def trace(impl, ctx, observe=None) -> Trace:
         logp, _ = sequence_logprobs(student, u_ctx, roll.responses)
         loss, info = grpo_token_loss(logp, roll.old_logp, adv.detach().to(logp.dtype), mask)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        audited.backward(ctx, loss, student, arm="mrtpo", scored=[audited.responses("logp", logp, prompts, roll.responses, mask)])
         grad_norm = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in student.parameters() if q.grad is not None))
         ctx.meter.optimizer_step(opt)
         after = state_copy(student)
@@ -238,11 +238,16 @@ def grpo_control(impl, ctx) -> None:
     for _ in range(updates):
         prompts = make_prompts(n_prompts, g).repeat_interleave(group, dim=0).to(ctx.device)
         grpo_control_update(ctx, student, opt, prompts, int(p.get("max_new_tokens", 8)), g, group,
-                            lambda pr, responses, mask: verify(pr, responses, mask).sum(0))
+                            lambda pr, responses, mask: verify(pr, responses, mask).sum(0), arm="grpo-control")
 
 
 @paired_run("mrtpo.mechanism")
 def paired_arms(impl, ctx) -> None:
     """The MRTPO arm (`trace`) and its GRPO control, each under the arm record (paired_control)."""
+    from methods.mrtpo.measure import report_advantages
+
     for arm in paired.arms(ctx, ("mrtpo", "grpo-control"), method="mrtpo"):
-        (trace if arm == "mrtpo" else grpo_control)(impl, ctx)
+        if arm == "mrtpo":
+            report_advantages(ctx, trace(impl, ctx).updates)  # what mrtpo_advantages reported, beside ours
+        else:
+            grpo_control(impl, ctx)
