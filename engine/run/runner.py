@@ -221,7 +221,9 @@ class Runner:
         self.budget = plan.spec.data["budget"]
         # The gradient audit's tolerances hold in every contract's runs, not only the gradient_audit contract's:
         # a candidate must not be able to behave in the run that is audited and not in the one that is judged.
-        self.audit_tolerances = run_audit.tolerances_of(plan.spec.data["contracts"])
+        # (A worker beside a candidate gets a plan without the spec's contracts: the defaults, which the specs
+        # restate, hold there.)
+        self.audit_tolerances = run_audit.tolerances_of(plan.spec.data.get("contracts") or [])
         self.results: list[dict] = []
         self.mutant_results: list[dict] = []
         self.mechanism: list[dict] = []
