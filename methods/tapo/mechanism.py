@@ -11,9 +11,9 @@ three seeds of a 16-token toy model are not evidence of capability.
 
 Which behaviour log-probs each proximal update is measured against is the
 implementation's decision (`impl.proximal_logprobs`); every TAPO update is audited on
-the run's own tensors (methods/tapo/audit.py): old log-probs against the behaviour
-policy's re-scoring, R~_t, eps_t, loss and gradient against the float64 loops, and
-whether later updates were off-policy with the clip binding.
+the run's own tensors (methods/tapo/audit.py: old log-probs, R~_t, eps_t, loss and its
+gradient against the float64 loops, later updates off-policy with the clip binding), and
+every update of both arms has its policy gradient audited (methods/common/audited.py).
 
 This module is the harness only: each line here is a step the run depends on. What the
 run measures about itself (gradient norms, counters, the audit, step records, validation
