@@ -63,15 +63,18 @@ class RunRecord:
         self.acc: dict[str, float] = {}
         self.behaviour = None
         self._draws = 0
+        self._group = -1  # the arm's group being updated (the run's gi)
         self._before = None
         self._ratios = (math.nan, math.nan, math.nan)
 
     def start_arm(self, arm: str, policy) -> None:
         # A copy of the behaviour policy, refreshed at each group's sampling: what the audit re-scores with.
         self.behaviour = snapshot(policy) if arm == "tapo" else None
+        self._group = -1
 
     def start_group(self) -> None:
         self._draws = 0
+        self._group += 1
 
     def drawn(self) -> None:
         self._draws += 1
@@ -104,7 +107,7 @@ class RunRecord:
         if arm == "tapo":
             fig = self.audit.update(self.impl, self.behaviour, ro, k, logp, old_logp, adv, loss, met, self.eps_min,
                                     self.eps_max)
-            self._report(fig, met)
+            self._report(fig, met, f"group {self._group}, k {k}")
             rmin, rmax, clip = fig["ratio_min"], fig["ratio_max"], fig["clip_fraction"]
         else:
             with torch.no_grad():
@@ -119,7 +122,7 @@ class RunRecord:
             self.first_updates += 1
         self._ratios = (rmin, rmax, clip)
 
-    def _report(self, fig: dict, met) -> None:
+    def _report(self, fig: dict, met, where: str) -> None:
         """The candidate's metrics beside the supervisor's figures (the reported_metrics contract compares them);
         a token within rounding of a clip bound may be counted on either side."""
         met = met if isinstance(met, dict) else {}
@@ -127,7 +130,7 @@ class RunRecord:
         slack = {"clip_fraction": fig["ambiguous_fraction"], "clip_active_fraction": fig["ambiguous_fraction"]}
         for key in REPORTED:
             audit.report(arm="tapo", function="tapo_loss", key=key, reported=met.get(key), measured=fig[key],
-                         slack=slack.get(key, 0.0))
+                         slack=slack.get(key, 0.0), where=where)
 
     def backward_done(self, arm: str, upstream: dict) -> None:
         """After the update's backward: the loss's gradient as it reached the log-probs, against the loop's."""

@@ -216,7 +216,7 @@ class RunAudit:
         if step == 0:
             self.first_step_replay_abs = float(rep.detach().abs())  # the candidate's loss: it must be 0 here
             self.first_step_gate_max = gmax
-        self._report(met, fig)
+        self._report(met, fig, f"step {step}")
         self._record(step, idx, rewards, bank_sel, parts, gates, gmax > 0, total, rep_norm, total_norm)
 
     @torch.no_grad()
@@ -239,7 +239,7 @@ class RunAudit:
                 "weights": torch.tensor(weights, dtype=torch.float64).reshape(lt64.shape),
                 "mean_delta": mean_delta, "mask": m}
 
-    def _report(self, met, fig) -> None:
+    def _report(self, met, fig, where: str) -> None:
         """adaptive_replay_loss's metrics beside the float64 loop's figures (the reported_metrics contract)."""
         if fig["mask"] is None:
             return
@@ -253,7 +253,8 @@ class RunAudit:
         audit = run_audit.of(self.ctx)
         for key in REPORTED:
             audit.report(arm="tar", function="adaptive_replay_loss", key=key, reported=met.get(key),
-                         measured=want[key], slack=ambiguous / max(B, 1) if key == "active_fraction" else 0.0)
+                         measured=want[key], slack=ambiguous / max(B, 1) if key == "active_fraction" else 0.0,
+                         where=where)
 
     def scored(self, roll, bank_sel, parts) -> list:
         """What the update's total loss was computed from, for the gradient audit: the full-vocabulary
