@@ -33,6 +33,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+# The benchmark's switch (benchmarks/audit_bench.py measures a check with the audits against one without, in one
+# process): no command line, environment variable or file sets it, and the candidate's process cannot reach it.
+# Off, the upstream gradients are still captured (the runs' own loss-gradient checks read them) but no update is
+# compared and no report kept.
+ENABLED = True
+
 # Per dtype of the policy's parameters: the parameter gradient's cosine with the float64 autograd at least
 # min_cosine, its relative error (|g - g_ref| / |g_ref|) at most max_rel_err, and every value the loss used within
 # max_value_err of the supervisor's scoring (|used - own| / max(1, |own|)). float32: an honest run measures
@@ -122,7 +128,8 @@ class RunAudit:
         finally:
             for h in handles:
                 h.remove()
-        self._audit(arm, policy, scored, upstream, where)
+        if ENABLED:
+            self._audit(arm, policy, scored, upstream, where)
 
     def _reference(self, policy: torch.nn.Module) -> torch.nn.Module:
         ref = next((r for p, r in self._refs if p is policy), None)
@@ -225,6 +232,8 @@ class RunAudit:
         float32 may put on either side, as a share of the tokens). The error is the distance beyond the slack,
         over max(1, |measured|); tensors compare element by element, their shapes must match. `update`: the
         arm's update it belongs to (default: the next one to be audited, for a report taken before its backward)."""
+        if not ENABLED:
+            return
         self.reported.append({"seed": self.seed, "arm": arm,
                               "update": update if update is not None else self.per_arm.get(arm, 0) + 1,
                               "where": where, "function": function, "key": key,
