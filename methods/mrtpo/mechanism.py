@@ -211,9 +211,7 @@ def trace(impl, ctx, observe=None) -> Trace:
             step=step + 1,
             loss=float(loss.detach()),
             beta=beta,
-            s=metrics["s"],
-            adv_std=metrics["std"],
-            capped=metrics["capped"],
+            **_cap_figures(reward_adv, w, mask, eps),
             grad_norm=float(grad_norm),
             student_l2_change=param_l2_change(before, student),
             snapshot_param_change=param_l2_change(frozen_state, frozen),
@@ -225,6 +223,15 @@ def trace(impl, ctx, observe=None) -> Trace:
 
 
 from engine.kinds.paired_control import paired_run  # noqa: E402  (below: the lines above keep their numbers)
+
+
+def _cap_figures(reward_adv, weights, mask, eps) -> dict:
+    """The step record's cap, std and whether the cap bound, computed from the update's tensors: the metrics dict
+    mrtpo_advantages returned is its report, compared by reported_metrics_agree, never recorded as the run's."""
+    from methods.mrtpo.measure import advantage_figures
+
+    fig = advantage_figures(reward_adv, weights, mask, eps)
+    return {"s": fig["s"], "adv_std": fig["std"], "capped": fig["capped"]}
 
 
 def grpo_control(impl, ctx) -> None:

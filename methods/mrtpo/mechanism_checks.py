@@ -267,7 +267,8 @@ def replay_credit(impl, ctx):
             reward_bad += int((u.rewards[k].cpu() != hit.cpu().to(u.rewards.dtype)).sum())
         row = ctx.steps[u.index] if u.index < len(ctx.steps) else {}
         m = u.mask
-        want_row = {"step": u.index + 1, "beta": u.beta, "s": u.metrics["s"], "capped": u.metrics["s"] < 1}
+        fig = advantage_figures(u.reward_adv, u.weights, u.mask, eps)  # the record holds ours, not the report
+        want_row = {"step": u.index + 1, "beta": u.beta, "s": fig["s"], "capped": fig["capped"]}
         for k in range(u.weights.shape[0]):
             v = u.weights[k][m].double()
             want_row.update({f"w{k}_mean": float(v.mean()), f"w{k}_std": float(v.std(unbiased=False)),

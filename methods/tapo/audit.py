@@ -40,10 +40,10 @@ class ProximalAudit:
 
     Every figure it keeps is computed here from the tensors the update used (the log-probs, the behaviour
     log-probs, the advantages and the mask that crossed) and the float64 loops: the ratio extremes and clip
-    counts of an update (`figures`) are the supervisor's, and the loss's metrics dict is only compared with them
-    (the reported_metrics contract), never read as one of them. The loss's gradient is compared after the
-    update's backward, on the gradient that backward really sent into the log-probs (`gradient`), not on a second
-    vector-Jacobian call that a candidate could answer differently.
+    counts of an update (what `update` returns) are the supervisor's, and the loss's metrics dict is only
+    compared with them (the reported_metrics contract), never read as one of them. The loss's gradient is
+    compared after the update's backward, on the gradient that backward really sent into the log-probs
+    (`gradient`), not on a second vector-Jacobian call that a candidate could answer differently.
     """
 
     def __init__(self) -> None:
@@ -61,7 +61,7 @@ class ProximalAudit:
         self.unmeasured: dict[str, str] = {}  # metric -> why (the implementation lacks the function it needs)
         self._pending = None
 
-    def update(self, impl, behaviour, ro, k, logp, old_logp, adv, loss, met, eps_min, eps_max) -> dict:
+    def update(self, impl, behaviour, ro, k, logp, old_logp, adv, loss, eps_min, eps_max) -> dict:
         """The update's values against the float64 loops; returns the supervisor's figures of the update
         (ratio extremes, clip fractions, tokens, eps ends, and how many tokens sit within rounding of a bound)."""
         mask = ro.mask

@@ -105,7 +105,7 @@ class RunRecord:
         """The update's loss, before its backward: the audit (TAPO) and the ratio extremes (both arms), computed
         here from the tensors the update used; the loss's own metrics dict is only compared with them."""
         if arm == "tapo":
-            fig = self.audit.update(self.impl, self.behaviour, ro, k, logp, old_logp, adv, loss, met, self.eps_min,
+            fig = self.audit.update(self.impl, self.behaviour, ro, k, logp, old_logp, adv, loss, self.eps_min,
                                     self.eps_max)
             self._report(fig, met, f"group {self._group}, k {k}")
             rmin, rmax, clip = fig["ratio_min"], fig["ratio_max"], fig["clip_fraction"]
