@@ -321,3 +321,56 @@ def test_the_honest_fixtures_pass_the_audits(tmp_path, method, fixture):
     m = res["gradient_audit"]["measurements"]
     assert m["grad_max_rel_err"] < 1e-5 and m["value_max_err"] < 1e-5 and m["unaudited_updates"] == 0
     assert res["reported_metrics_agree"]["measurements"]["reported_max_scaled_err"] < 1e-6
+
+
+# --- a run that lets a candidate's gradient in without the audit ------------------------------------------------
+
+_PROBE = '''
+def through(policy, x):
+    return (policy(x) * 2.0).sum(-1)
+
+
+def square(x):
+    return x * x
+'''
+
+
+def test_the_boundary_counts_each_gradient_a_candidate_sends_into_the_checks_objects(tmp_path):
+    from engine.run import boundary
+
+    path = tmp_path / "probe.py"
+    path.write_text(_PROBE)
+    conn = boundary.plain()
+    try:
+        msg = conn.load({"target": {"form": "file", "path": str(path)}, "names": ["through", "square"],
+                         "device": "cpu", "threads": 1, "memory_mb": 2048, "cwd": str(tmp_path)}, 180)
+        assert msg["op"] == "loaded", msg
+        conn.deadline_s = 60.0
+        impl = boundary.implementation(conn, "probe", ["through", "square"])
+        x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+        impl.square(x).sum().backward()  # a gradient into the checks' own tensor, not into an object it holds
+        assert run_audit.handle_gradients(impl) == 0
+        lin = torch.nn.Linear(3, 2, dtype=torch.float64)
+        impl.through(lin, x.detach()).sum().backward()
+        assert conn.handle_gradients == run_audit.handle_gradients(impl) == 1 and lin.weight.grad is not None
+    finally:
+        conn.close()
+
+
+def test_a_check_whose_runs_trained_through_a_handle_unaudited_fails():
+    from engine.run.runner import _gradient_audit
+
+    def result():
+        return {"status": "passed", "message": None}
+
+    r = result()
+    _gradient_audit(r, RunAudit(), crossed=2)
+    assert r["status"] == "failed" and "reached the checks' policy 2 time(s) and no update" in r["message"]
+    audited_run = RunAudit(seed=1)
+    audited_run.delegated = 4  # a gradient_audit contract audits its run under an audit of its own
+    r = result()
+    _gradient_audit(r, audited_run, crossed=2)
+    assert r == result()
+    r = {"status": "error", "message": "RuntimeError: x"}
+    _gradient_audit(r, RunAudit(), crossed=1)
+    assert r == {"status": "error", "message": "RuntimeError: x"}  # an error stays an error

@@ -60,6 +60,8 @@ class GradientAudit(Kind):
         audit = RunAudit(tolerances=tol, seed=ctx.seed)
         run_ctx = _fresh(ctx, params=dict(params.get("run_params") or {}), audit=audit)
         get_run(params["run"])(impl, run_ctx)
+        if getattr(ctx, "audit", None) is not None:  # the runner sees that this contract's run was audited
+            ctx.audit.delegated += len(audit.entries)
         record = run_ctx.__dict__.get("paired_record")
         steps = {name: a.updates for name, a in record.arms.items()} if record is not None else {}
         arms = list(params.get("arms") or steps or audit.per_arm)

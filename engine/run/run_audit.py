@@ -107,6 +107,7 @@ class RunAudit:
         self.entries: list[dict] = []  # one per audited update
         self.reported: list[dict] = []  # one per reported key compared
         self.per_arm: dict[str, int] = {}
+        self.delegated = 0  # updates a kind audited under an audit of its own run (gradient_audit, reported_metrics)
         self._refs: list[tuple[torch.nn.Module, torch.nn.Module]] = []
 
     # -- gradients --------------------------------------------------------------------------------
@@ -259,6 +260,14 @@ def _report_error(reported: Any, measured: Any, slack: float) -> float:
     both_nan = torch.isnan(got) & torch.isnan(want)
     err = torch.where(both_nan, torch.zeros_like(err), torch.nan_to_num(err, nan=math.inf))
     return float(err.max())
+
+
+def handle_gradients(impl: Any) -> int:
+    """How often a candidate's vector-Jacobian product has reached an object of the checks so far (0 for an
+    implementation that runs here): counted by each candidate process's connection (engine/run/boundary.py)."""
+    conns = {id(c): c for c in (getattr(getattr(impl, n, None), "conn", None) for n in getattr(impl, "functions", ()))
+             if c is not None}
+    return sum(int(getattr(c, "handle_gradients", 0)) for c in conns.values())
 
 
 def of(ctx: Any) -> RunAudit:

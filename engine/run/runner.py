@@ -170,9 +170,19 @@ def describe_case(c: dict) -> str:
     return text
 
 
-def _gradient_audit(result: dict, audit: run_audit.RunAudit | None) -> None:
+def _gradient_audit(result: dict, audit: run_audit.RunAudit | None, crossed: int = 0) -> None:
     """A check whose runs let a gradient into the supervisor's policy had each such update audited: the result
-    says how many, and an update outside the tolerances fails it (an error stays an error), naming where."""
+    says how many, and an update outside the tolerances fails it (an error stays an error), naming where. A
+    candidate's vector-Jacobian product that reached the checks' objects (`crossed` times) in a check whose runs
+    audited nothing fails it too: a run that trains through a handle without the audit is a defect of the run."""
+    if crossed and (audit is None or not (audit.entries or audit.delegated)) and result["status"] != ERROR:
+        text = (f"gradient audit: a candidate's vector-Jacobian product reached the checks' policy {crossed} "
+                "time(s) and no update of this contract's runs was audited (every backward through a policy handle "
+                "goes through methods.common.audited.backward)")
+        result["message"] = f"{result['message']}; {text}" if result["status"] == FAILED and result["message"] \
+            else text
+        result["status"] = FAILED
+        return
     if audit is None or not audit.entries:
         return
     bad = audit.failures()
@@ -251,6 +261,7 @@ class Runner:
                   "dtype": dtype, "status": ERROR, "measurements": {}, "expectations": [], "message": None,
                   "cases_requested": contract["cases"], "wall_s": 0.0}
         torch.manual_seed(seed)
+        crossed = run_audit.handle_gradients(impl)
         unimplemented.take()  # what an earlier call noted is not this one's
         start = time.perf_counter()
         limit = self.budget.get("per_contract_timeout_seconds")
@@ -310,7 +321,7 @@ class Runner:
                 result["status"] = ERROR
                 result["not_implemented"] = noted
                 result["message"] = unimplemented.message(noted)
-        _gradient_audit(result, ctx.audit)
+        _gradient_audit(result, ctx.audit, run_audit.handle_gradients(impl) - crossed)
         if record_mechanism and (ctx.steps or ctx.comparisons):
             self.mechanism.append({"contract": contract["id"], "seed": seed, "dtype": dtype,
                                    "steps": ctx.steps, "comparisons": ctx.comparisons})
