@@ -22,7 +22,7 @@ METHOD = "tapo-trajectory"
 AUDIT_KINDS = ("gradient_audit", "reported_metrics")
 
 
-def run(device: str = "cpu", repeats: int = 1) -> list[Row]:
+def run(device: str = "cpu", repeats: int = 5) -> list[Row]:
     from typer.testing import CliRunner
 
     from engine.cli import app
