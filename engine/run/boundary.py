@@ -271,6 +271,8 @@ class _Cross(torch.autograd.Function):
                 raise ReturnRefused(f"{link.fn}: the candidate's gradient for an input of shape {list(shape)} has "
                                     f"shape {list(getattr(g, 'shape', []))}")
             out.append(None if g is None else g.to(device=device, dtype=dtype))
+        if any(out[j] is not None for j in getattr(link, "into_handles", ())):  # the run's audit must see it
+            link.conn.handle_gradients += 1
         return (None, *out)
 
 
@@ -378,7 +380,8 @@ class RemoteIterator:
         k = next(self.k)
         head = {"op": "next", "id": self.cid, "k": k, "grad_mode": torch.is_grad_enabled()}
         reply = self.conn.request(head, graded=self.leaves)  # call backs made for this item join its inputs
-        return self.conn._answer(reply, self.fn, list(self.leaves), f"{self.cid}.{k}")
+        return self.conn._answer(reply, self.fn, list(self.leaves), f"{self.cid}.{k}",
+                                 n_args=getattr(self, "n_args", None))
 
 
 class Connection:
@@ -406,6 +409,9 @@ class Connection:
         self.metered_calls = 0  # meter readings received
         self.metered_entries = 0  # contracts that ran calls under the call loop's meter
         self.callbacks = 0  # call backs served (the benchmark counts round trips)
+        # backward calls whose vector-Jacobian product reached an output of a call back (a policy the checks hold):
+        # the runner fails a contract where that happened and its runs audited no update (engine/run/run_audit.py)
+        self.handle_gradients = 0
 
     # -- frames ---------------------------------------------------------------------------------
 
@@ -659,14 +665,15 @@ class Connection:
             head["meter"] = True
         graded = [leaves[i] for i in need]
         reply = self.request(head, _pack(payload), graded=graded)
-        return self._answer(reply, fn, graded if reply[0].get("op") == "iter" else list(graded), cid, returns_handle)
+        return self._answer(reply, fn, graded if reply[0].get("op") == "iter" else list(graded), cid, returns_handle,
+                            len(need))
 
     def _returned(self, index: int, kind: str) -> _Returned:
         """A handle's number in a return value: the object issued under it in this check, if any."""
         return _Returned(index, kind, self.handles[index] if 0 <= index < len(self.handles) else None)
 
     def _answer(self, reply: tuple[dict, bytes], fn: str, grad_inputs: list[torch.Tensor], cid: str,
-                returns_handle: bool = False) -> Any:
+                returns_handle: bool = False, n_args: int | None = None) -> Any:
         head, data = reply
         op = head.get("op")
         if op == "raised":
@@ -681,7 +688,9 @@ class Connection:
             self.refused = self.refused or f"{fn}: the return value is a generator: the interface declares a policy"
             raise ReturnRefused(self.refused)
         if op == "iter":
-            return RemoteIterator(self, cid, fn, grad_inputs)
+            it = RemoteIterator(self, cid, fn, grad_inputs)
+            it.n_args = n_args  # grad_inputs past the call's own arguments are call backs' outputs
+            return it
         if op != "ok":
             self.lose(f"the candidate's process answered {_printable(op, 40)!r} to a call")
             raise CandidateLost(self.lost)
@@ -716,7 +725,9 @@ class Connection:
         pick = [j for j in diff if outs[j].is_floating_point() or outs[j].is_complex()]
         if not pick or not used:
             return out
-        joined = _Cross.apply(_Link(self, cid, fn, [outs[j] for j in pick]), *[grad_inputs[i] for i in used])
+        link = _Link(self, cid, fn, [outs[j] for j in pick])
+        link.into_handles = [j for j, i in enumerate(used) if n_args is not None and i >= n_args]
+        joined = _Cross.apply(link, *[grad_inputs[i] for i in used])
         return _substitute(out, dict(zip(pick, joined)), [0])
 
     def vjp(self, cid: str, fn: str, grads: list) -> Any:
