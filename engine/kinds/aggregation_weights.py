@@ -76,7 +76,7 @@ class AggregationWeights(Kind):
             valid_err = torch.where(torch.isfinite(w), valid_err, torch.full_like(w, math.inf))
             rel, where = calls.worst(valid_err)
             masked, where_m = calls.worst(torch.where(m, torch.zeros_like(w), w.abs()))
-            slope = _length_exponent(w, m)
+            slope = _length_exponent(w, m, _EXPONENT[params["scheme"]])
             mm = {"weight_max_rel_err": rel, "masked_weight_max_abs": masked,
                   "length_exponent": slope, "length_exponent_err": abs(slope - _EXPONENT[params["scheme"]]),
                   "nonfinite": int((~torch.isfinite(w)).sum())}
@@ -116,9 +116,9 @@ def _declared(params: dict, m, drawn: dict):
     return w
 
 
-def _length_exponent(w, m) -> float:
-    """Least-squares slope of log(mean weight of a response) over log(its length), across non-empty responses; 0
-    when fewer than two lengths differ (nothing to fit)."""
+def _length_exponent(w, m, declared: float) -> float:
+    """Least-squares slope of log(mean weight of a response) over log(its length), across non-empty responses;
+    `declared` when fewer than two lengths differ (nothing to fit), inf when a response's weight is not positive."""
     import math
 
     import torch
@@ -126,11 +126,13 @@ def _length_exponent(w, m) -> float:
     n_row = m.sum(dim=-1)
     keep = n_row > 0
     if int(keep.sum()) < 2:
-        return 0.0
+        return declared
     mean_w = torch.where(m, w, torch.zeros_like(w)).sum(dim=-1)[keep] / n_row[keep].to(torch.float64)
     x = n_row[keep].to(torch.float64).log()
-    if float(x.max() - x.min()) == 0.0 or not bool((mean_w > 0).all()):
-        return 0.0 if bool((mean_w > 0).all()) else math.inf
+    if not bool((mean_w > 0).all()):
+        return math.inf
+    if float(x.max() - x.min()) == 0.0:
+        return declared
     y = mean_w.log()
     xc = x - x.mean()
     return float((xc * (y - y.mean())).sum() / (xc * xc).sum())
