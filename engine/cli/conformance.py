@@ -22,7 +22,7 @@ import typer
 from engine.cli.common import JsonOpt, ReceiptsOpt, SpecsOpt, _dirs, _err, _out, _print_json, app, handles_errors
 
 ZooOpt = Annotated[Optional[Path], typer.Option("--zoo", metavar="FILE", help="The framework zoo table (default: "
-                                                "methods/common/zoo.yaml): frameworks, variants, the specs they "
+                                                "docs/conformance.yaml): frameworks, variants, the specs they "
                                                 "claim, defect descriptions.")]
 WriteOpt = Annotated[Optional[Path], typer.Option("--write", metavar="FILE", help="Write the matrix as Markdown "
                                                   "to FILE (docs/conformance.md).")]

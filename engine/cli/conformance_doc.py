@@ -35,8 +35,8 @@ def render(m: Matrix, command: str) -> str:
         "**partial** (nothing failed, but some contract could only be measured in part or not at all: a policy "
         "loss has no advantage estimator or reward shaping of its own), **n/a** (nothing measurable). "
         "Cells without a fresh receipt say so; a variant whose paper has no spec here, and a framework that "
-        "cannot be imported, say why. How a spec's arguments reach each framework is data in the zoo table "
-        "(`mappings`), and every receipt records it under `implementation.adapter`.")
+        "cannot be imported, say why. How a spec's arguments reach each framework is data, "
+        "`methods/common/zoo.yaml`, and every receipt records it under `implementation.adapter`.")
     add("")
     add("## The matrix")
     add("")
@@ -65,7 +65,8 @@ def render(m: Matrix, command: str) -> str:
             continue
         n = c.counts
         first = c.failing[0].id if c.failing else ""
-        receipt = _code(c.receipt.rsplit("_", 1)[-1].removesuffix(".json")) if c.receipt else _md(c.why)
+        receipt = (_code(c.receipt.rsplit("_", 1)[-1].removesuffix(".json")) if c.receipt
+                   else "see the last section" if c.status == BLOCKED else _md(c.why))
         scope = f" (only {', '.join(c.subset)})" if c.subset else ""
         add(f"| {_md(c.framework)} {_md(c.version)} | {_code(c.variant)} | {_code(c.spec)} | "
             f"{_MARK.get(c.status, _md(c.status))}{_md(scope)} | {n[HELD]} | {n[FAILED]} | {n[PARTIAL]} | "
@@ -94,8 +95,8 @@ def render(m: Matrix, command: str) -> str:
     add("## Defects, described for upstream maintainers")
     add("")
     add("Each failing contract, framework-neutral: what is wrong and how to fix it, then where it shows. A "
-        "description comes from the zoo table's `defects:` (keyed by contract, or spec/contract where a spec needs "
-        "its own words).")
+        "description comes from the `defects:` of the matrix's table (keyed by contract, or spec/contract where a "
+        "spec needs its own words).")
     add("")
     for d in m.defects:
         add(f"### {_md(d.title)} ({_md(d.severity)})")

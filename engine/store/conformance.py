@@ -1,10 +1,10 @@
 """The conformance matrix: every policy loss a framework ships, against the paper spec it claims, from fresh
 receipts (`contracts conformance`, the TUI's Conformance screen, docs/conformance.md).
 
-The rows come from a data table (the framework zoo, methods/common/zoo.yaml: frameworks, their variants, the specs
-each variant claims, the reason a variant has none, what blocks a framework, and a framework-neutral description
-per defect). Each (variant, spec) cell is read from the newest fresh receipt of `contracts check SPEC --impl
-TARGET` in the store, preferring a full run (every contract) over a narrowed one. A cell is
+The rows come from a data table (docs/conformance.yaml: frameworks, their variants, the specs each variant claims,
+the reason a variant has none, what blocks a framework, and a framework-neutral description per defect; how a
+spec's arguments reach a framework is methods/common/zoo.yaml, which the receipts bind). Each (variant, spec) cell
+is read from the newest fresh receipt of `contracts check SPEC --impl TARGET` in the store, preferring a full run (every contract) over a narrowed one. A cell is
 
     held            every contract passed
     failed          some contract failed or raised
@@ -112,18 +112,18 @@ def load_zoo(path: Path) -> dict:
     except (OSError, UnicodeDecodeError, YAMLError) as err:
         raise UsageError(f"{path}: cannot read the framework zoo table: {type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''} (fix: give --zoo FILE of a readable "
-                         "zoo.yaml)") from None
+                         "table, as docs/conformance.yaml)") from None
     if not isinstance(data, dict) or not isinstance(data.get("frameworks"), dict):
         raise UsageError(f"{path}: not a framework zoo table (it needs a `frameworks:` mapping; see "
-                         "methods/common/zoo.yaml)")
+                         "docs/conformance.yaml)")
     return data
 
 
 def default_zoo() -> Path:
-    """methods/common/zoo.yaml of the installed methods package (found without importing it)."""
-    from engine.spec.registry import methods_root
+    """docs/conformance.yaml of the project: the matrix's rows, beside the document they make."""
+    from engine.paths import project_root
 
-    return methods_root() / "common" / "zoo.yaml"
+    return project_root() / "docs" / "conformance.yaml"
 
 
 def contract_status(statuses: set) -> str:
@@ -242,6 +242,8 @@ def build(zoo_path: Path, specs_dir: Path, receipts_dir: Path, root: Path, polic
                 if spec not in specs:
                     specs.append(spec)
                 cells.append(_cell(base, spec, fw, have, receipts_for))
+    order = [s for s in zoo.get("columns") or [] if s in specs]
+    specs = order + [s for s in specs if s not in order]
     return Matrix(frameworks=frameworks, specs=specs, cells=cells, defects=_defects(zoo, cells),
                   zoo=display_path(Path(zoo_path), root), store=display_path(Path(receipts_dir), root))
 
@@ -270,7 +272,7 @@ def _cell(base: dict, spec: str, fw: dict, have: set, receipts_for) -> Cell:
 
 
 def _defects(zoo: dict, cells: list[Cell]) -> list[Defect]:
-    """Every failing contract of every cell, grouped under its framework-neutral description (zoo.yaml `defects`,
+    """Every failing contract of every cell, grouped under its framework-neutral description (the table's `defects`,
     keyed `spec/contract` or `contract`); a failure with none gets the contract's id and a pointer to write one."""
     texts = zoo.get("defects") or {}
     seen: dict[str, list] = {}

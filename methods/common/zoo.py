@@ -1,6 +1,7 @@
 """Framework adapters built from data: methods/common/zoo.yaml says, per implementation, how a spec's loss call
 reaches verl's policy loss (ActorConfig fields) or TRL's `GRPOTrainer._compute_loss` (trainer attributes); this
-module applies that table and holds no mapping of its own. A method registers its adapters with one call,
+module applies that table and holds no mapping of its own. (Which variants claim which paper is the conformance
+matrix's, docs/conformance.yaml.) A method registers its adapters with one call,
 `zoo.register("dapo")`.
 
 The mapping vocabulary (zoo.yaml, `mappings`): a framework setting is `{arg: NAME}` (the spec argument's value),
@@ -192,6 +193,14 @@ def trl_adapter(implementation: str) -> Callable[[Any], registry.Adapted]:
                                 absent=_absent(entry, implementation, function), notes=[rules["note"]])
 
     return adapt
+
+
+@registry.reference("zoo.counts")
+def counts(*args, **_):
+    """The metrics every zoo loss returns: tokens (N) and rows (the non-empty responses) of the mask, the call's
+    last positional argument."""
+    mask = args[-1]
+    return {"tokens": float((mask != 0).sum()), "rows": float((mask != 0).any(dim=-1).sum())}
 
 
 def register(implementation: str) -> None:

@@ -43,7 +43,7 @@ class ConformanceScreen(Screen):
 
         app = self.app
         try:
-            zoo = getattr(app, "zoo", None) or C.default_zoo()  # a test's own table, else methods/common/zoo.yaml
+            zoo = getattr(app, "zoo", None) or C.default_zoo()  # a test's own table, else docs/conformance.yaml
             matrix = C.build(zoo, app.specs_dir, app.receipts_dir, app.root)
         except Exception as err:  # a broken zoo table is one line, never a dead screen
             app.ui(self.query_one("#conf-summary", Static).update, f"cannot read the matrix: {type(err).__name__}: "
