@@ -24,7 +24,7 @@ from typing import Any, Callable
 from engine.spec import registry
 
 ZOO_FILE = Path(__file__).with_name("zoo.yaml")
-NO_SAMPLER = "the framework's rollout sampler is not reachable through its loss"
+NOT_IN_LOSS = "a framework's policy loss returns only (loss, metrics): it has no {function} of its own"
 
 
 @lru_cache(maxsize=1)
@@ -92,7 +92,7 @@ def _absent(entry: dict, implementation: str, function: str) -> dict:
     absent = {f: why for f, why in (entry.get("absent") or {}).items()}
     for f in own:
         if f != function and f not in absent:
-            absent[f] = NO_SAMPLER
+            absent[f] = NOT_IN_LOSS.format(function=f)
     return absent
 
 
