@@ -23,6 +23,22 @@ def _code(text: object) -> str:
     return f"`{s.replace('|', '¦')}`"
 
 
+def _worst(m: Matrix, cell) -> str:
+    """The highest severity among a cell's failing contracts (the matrix's defect descriptions say it)."""
+    from engine.store.conformance import SEVERITIES
+
+    sev = {d.key: d.severity for d in m.defects}
+    found = [sev.get(f"{cell.spec}/{x.id}", sev.get(x.id, "medium")) for x in cell.failing]
+    ranked = sorted(found, key=lambda s: SEVERITIES.index(s) if s in SEVERITIES else 9)
+    return ranked[0] if ranked else ""
+
+
+def _mark(m: Matrix, cell) -> str:
+    if cell.status == FAILED:
+        return f"**failed** ({_worst(m, cell)})"
+    return _MARK.get(cell.status, _md(cell.status))
+
+
 def render(m: Matrix, command: str) -> str:
     out: list[str] = []
     add = out.append
@@ -49,12 +65,15 @@ def render(m: Matrix, command: str) -> str:
         marks = []
         for s in m.specs:
             c = by_spec.get(s)
-            marks.append("·" if c is None else _MARK.get(c.status, _md(c.status)))
+            marks.append("·" if c is None else _mark(m, c))
         if None in by_spec:
             marks = ["no spec"] * len(m.specs) if by_spec[None].status == NO_SPEC else marks
         add(f"| {_md(fw)} {_md(ver)} | {_code(variant)} | " + " | ".join(marks) + " |")
     add("")
-    add("`·`: the variant does not claim that paper. `no spec`: its paper has no spec here (see the last section).")
+    add("`·`: the variant does not claim that paper. `no spec`: its paper has no spec here (see the last section). "
+        "A failed cell names the highest severity among its failures (high: a wrong or non-finite loss or gradient "
+        "in ordinary training; medium: a wrong result in a case training meets, or an error left silent; low: a "
+        "departure without effect on ordinary runs), from the defect descriptions below.")
     add("")
     add("## Cells")
     add("")
@@ -69,7 +88,7 @@ def render(m: Matrix, command: str) -> str:
                    else "see the last section" if c.status == BLOCKED else _md(c.why))
         scope = f" (only {', '.join(c.subset)})" if c.subset else ""
         add(f"| {_md(c.framework)} {_md(c.version)} | {_code(c.variant)} | {_code(c.spec)} | "
-            f"{_MARK.get(c.status, _md(c.status))}{_md(scope)} | {n[HELD]} | {n[FAILED]} | {n[PARTIAL]} | "
+            f"{_mark(m, c)}{_md(scope)} | {n[HELD]} | {n[FAILED]} | {n[PARTIAL]} | "
             f"{n[NOT_APPLICABLE]} | {receipt} | {_code(first) if first else ''} |")
     add("")
     add("## Failures, cell by cell")
@@ -88,9 +107,11 @@ def render(m: Matrix, command: str) -> str:
             add(f"* {_code(x.id)} {x.status}: {what}")
             if x.repro:
                 add(f"  repro: {_code(x.repro)}")
-        held = [x.id for x in c.contracts if x.status == HELD]
-        if held:
-            add(f"* held: {', '.join(_code(h) for h in held)}")
+        for status, word in ((HELD, "held"), (PARTIAL, "held in part (the rest not measurable on this target)"),
+                             (NOT_APPLICABLE, "not applicable to this target")):
+            ids = [x.id for x in c.contracts if x.status == status]
+            if ids:
+                add(f"* {word}: {', '.join(_code(h) for h in ids)}")
         add("")
     add("## Defects, described for upstream maintainers")
     add("")
