@@ -106,7 +106,7 @@ def test_cuda_without_cuda_exits_4_with_one_line_and_writes_nothing(tmp_path):
     (("check", "tapo-trajectory", "--device", "tpu"), 2, "not a device"),
     (("check", "tapo-trajectory", "--seeds", "1,2,3,4,5,6"), 2, "max_seeds"),
     (("check", "tapo-trajectory", "--seeds", "4x"), 2, "comma-separated"),
-    (("check", "no-such-method"), 2, "valid methods: grpo, gspo, mrtpo, tapo-trajectory"),
+    (("check", "no-such-method"), 2, "valid methods: cispo, dapo, dr-grpo, gmpo, gpg, grpo, gspo, mrtpo, tapo-trajectory"),
     (("check", "../etc/passwd"), 2, "not a method key"),
     (("check", "tapo-trajectory", "--only", "nope"), 2, "valid contracts"),
     (("check",), 2, "name a method"),

@@ -39,6 +39,7 @@ class ContractsApp(App):
         Binding("question_mark", "help", "Help", id="help"),
         Binding("r", "reload", "Reload", id="reload"),
         Binding("x", "stop_check", "Stop check", id="check.stop"),
+        Binding("C", "conformance", "Conformance", id="conformance"),
     ]
 
     def __init__(self, specs_dir: Path, receipts_dir: Path, root: Path,
@@ -521,6 +522,13 @@ class ContractsApp(App):
         self.freshness.forget()
         self.load_model(announce=True)
 
+    def action_conformance(self) -> None:
+        """The framework zoo's conformance matrix, read from this store (tui/screens/conformance.py)."""
+        from tui.screens.conformance import ConformanceScreen
+
+        if not isinstance(self.screen, ConformanceScreen):
+            self.push_screen(ConformanceScreen())
+
     def action_help(self) -> None:
         from tui.screens.help import HelpScreen
 
@@ -565,6 +573,7 @@ def binding_ids() -> set[str]:
 
 def binding_classes() -> list[type]:
     """Every class of ours that declares bindings (the keymap, the help screen and a test walk them)."""
+    from tui.screens.conformance import ConformanceScreen
     from tui.screens.diff import DiffScreen
     from tui.screens.forms import CheckForm, ConfirmScreen, MessageScreen, ReasonForm
     from tui.screens.help import HelpScreen
@@ -573,7 +582,7 @@ def binding_classes() -> list[type]:
     from tui.widgets import FilterBar, MethodTree, VimTable
 
     return [ContractsApp, MainScreen, ReceiptScreen, ResultScreen, DiffScreen, HelpScreen, CheckForm, ConfirmScreen,
-            ReasonForm, MessageScreen, VimTable, MethodTree, FilterBar]
+            ReasonForm, MessageScreen, ConformanceScreen, VimTable, MethodTree, FilterBar]
 
 
 def parse_keys(text: str | None) -> dict[str, str]:

@@ -10,6 +10,7 @@ cannot do what was asked; 5 nothing selected; 130 interrupted.
 from engine.cli import check, gate, keys, kinds, list, mutate, promote, review, schema, show, tui, validate, verify, version  # noqa: F401,E402
 from engine.cli import interface  # noqa: F401,E402  [impl] interface, scaffold
 from engine.cli import evolve  # noqa: F401,E402  [evolve] evolve-evaluator
+from engine.cli import conformance  # noqa: F401,E402  the framework zoo's matrix (docs/conformance.md)
 from engine.cli.common import app
 from engine.cli.main import _DIRECT, _DIRECT_FLAGS, _DIRECT_OPTIONS, _TYPER_ONLY_OPTIONS, _direct_call, main  # noqa: E402
 

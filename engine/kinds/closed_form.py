@@ -18,6 +18,9 @@ class ClosedForm(Kind):
             "properties": {"args": {"type": "array"}, "kwargs": {"type": "object"}, "expected": {},
                            "note": {"type": "string"}, "bool_args": {"type": "array", "items": {"type": "integer"}},
                            "tensor_args": {"type": "array", "items": {"type": "integer"}},
+                           "long_args": {"type": "array", "items": {"type": "integer"},
+                                         "description": "positions of list arguments passed as int64 tensors "
+                                                        "(token counts, ids)"},
                            "bool_kwargs": {"type": "array", "items": {"type": "string"}},
                            "device_kwargs": {"type": "boolean"}}}},
     }
@@ -40,10 +43,13 @@ class ClosedForm(Kind):
                 continue
             n += 1
             bools, tensors = set(ex.get("bool_args", [])), set(ex.get("tensor_args", []))
+            longs = set(ex.get("long_args", []))
             args = []
             for j, a in enumerate(ex["args"]):
                 if j in bools:
                     args.append(torch.tensor(a, dtype=torch.bool, device=ctx.device))
+                elif j in longs:
+                    args.append(torch.tensor(a, dtype=torch.int64, device=ctx.device))
                 elif j in tensors or isinstance(a, list):
                     args.append(torch.tensor(a, dtype=ctx.dtype, device=ctx.device))
                 else:

@@ -69,6 +69,10 @@ def compute_loss(tr, logp, old_logp, advantages, mask, ref_logp=None):
 
 @registry.adapter("trl", implementation="grpo")
 def grpo_from_trl(cls) -> registry.Adapted:
+    from engine.run.adapters.trl import unpin
+
+    cls, pinned = unpin(cls)  # trl:LOSS_TYPE: that loss type only; another aggregation is not provided
+
     def grpo_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None, ref_logp=None,
                   beta=0.0, agg="token-mean", norm_length=None, log_ratio_clamp=20.0):
         if dual_clip is not None:
@@ -76,6 +80,9 @@ def grpo_from_trl(cls) -> registry.Adapted:
                                                     "the ratio from above, another thing)")
         if agg not in LOSS_TYPES:
             raise ValueError(f"agg must be one of {', '.join(LOSS_TYPES)}; got {agg!r}")
+        if pinned is not None and LOSS_TYPES[agg] != pinned:
+            raise registry.NotProvided("grpo_loss", f"trl:{pinned} aggregates as loss_type {pinned!r}; agg={agg!r} "
+                                                    f"is loss_type {LOSS_TYPES[agg]!r}")
         use_kl = ref_logp is not None and float(beta) > 0.0
         tr = make_trainer(cls, loss_type=LOSS_TYPES[agg], level="token", clip_low=clip_low, clip_high=clip_high,
                           beta=float(beta) if use_kl else 0.0,
@@ -92,11 +99,18 @@ def grpo_from_trl(cls) -> registry.Adapted:
 
 @registry.adapter("trl", implementation="gspo")
 def gspo_from_trl(cls) -> registry.Adapted:
+    from engine.run.adapters.trl import unpin
+
+    cls, pinned = unpin(cls)  # trl:LOSS_TYPE: GSPO's setup is loss_type grpo at the sequence level, no other
+
     def gspo_loss(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, form="sequence",
                   log_ratio_clamp=10.0):
         if advantages.dim() != 1:
             raise registry.NotProvided("gspo_loss", "TRL has no GSPO-token form: per-token advantages at its "
                                                     "sequence level mix the tokens' advantages in the gradient")
+        if pinned not in (None, "grpo"):
+            raise registry.NotProvided("gspo_loss", f"trl:{pinned} is not GSPO's setup (loss_type 'grpo' at "
+                                                    "importance_sampling_level 'sequence')")
         tr = make_trainer(cls, loss_type="grpo", level="sequence", clip_low=clip_low, clip_high=clip_high, beta=0.0,
                           max_completion_length=logp.shape[-1])
         return compute_loss(tr, logp, old_logp, advantages, mask)

@@ -28,6 +28,8 @@ DOES = {
     "tree": "hide or show the method tree",
     "reload": "re-read specs and new receipts (also happens by itself every few seconds)",
     "help": "this help",
+    "conformance": "the frameworks' conformance matrix: each variant against the paper spec it claims, from fresh "
+                   "receipts (contracts conformance)",
     "quit": "quit (asks first while a check runs)",
 }
 

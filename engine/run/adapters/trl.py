@@ -1,4 +1,5 @@
-"""TRL's GRPO trainer as an `--impl` target: `trl:GRPOTrainer` (its loss, `GRPOTrainer._compute_loss`).
+"""TRL's GRPO trainer as an `--impl` target: `trl:GRPOTrainer` (its loss, `GRPOTrainer._compute_loss`), or one of
+its loss types pinned, `trl:LOSS_TYPE` (`trl:dapo`, `trl:cispo`, ...: the trainer with that `loss_type` and no other).
 
 TRL has no standalone policy loss: the GRPO and GSPO losses are inline in `GRPOTrainer._compute_loss(model,
 inputs)`. The target names the trainer class; a method's adapter (methods/grpo/trl_adapter.py) makes a trainer
@@ -21,13 +22,15 @@ PINNED = "1.16.0"
 CORE = ("trainer", "grpo_trainer.py")
 INSTALL = "pip install -e '.[trl]'"
 OBJECTS = ("GRPOTrainer",)
+# GRPOConfig.loss_type values of the pinned release (trl/trainer/grpo_config.py): `trl:NAME` pins one of them
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 
 
 def parse(raw: str, rest: str) -> dict:
     """`rest` (what follows `trl:`) as {name, path, module}; nothing is imported."""
-    if rest not in OBJECTS:
+    if rest not in OBJECTS + LOSS_TYPES:
         raise UsageError(f"--impl {raw}: give trl:GRPOTrainer (TRL's GRPO and GSPO losses live in "
-                         "GRPOTrainer._compute_loss)")
+                         f"GRPOTrainer._compute_loss) or trl:LOSS_TYPE, one of {', '.join(LOSS_TYPES)}")
     return {"name": rest, "path": None, "module": None}
 
 
@@ -40,8 +43,21 @@ def version() -> str | None:
     return package.version(DISTRIBUTION)
 
 
+class Pinned:
+    """`trl:LOSS_TYPE`: the trainer class with one loss type fixed; an adapter must compute that loss type or say
+    that the contract's arguments need another (not provided)."""
+
+    def __init__(self, trainer: type, loss_type: str):
+        self.trainer, self.loss_type = trainer, loss_type
+
+
+def unpin(obj: Any) -> tuple[type, str | None]:
+    """(trainer class, pinned loss type or None) of a resolved `trl:` object."""
+    return (obj.trainer, obj.loss_type) if isinstance(obj, Pinned) else (obj, None)
+
+
 def resolve(name: str) -> tuple[Any, dict]:
-    """The trainer class and what identifies it. Worker only."""
+    """The trainer class (or, for a loss type, the class pinned to it) and what identifies it. Worker only."""
     import inspect
 
     found = version()
@@ -51,6 +67,9 @@ def resolve(name: str) -> tuple[Any, dict]:
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     src = Path(inspect.getsourcefile(GRPOTrainer) or "").resolve()
+    if name in LOSS_TYPES:
+        return Pinned(GRPOTrainer, name), {"name": name, "qualname": f"{GRPOTrainer.__qualname__}._compute_loss "
+                                           f"(loss_type={name!r})", "source": str(src), "trl": found}
     return GRPOTrainer, {"name": name, "qualname": GRPOTrainer.__qualname__, "source": str(src), "trl": found}
 
 

@@ -1,0 +1,7 @@
+"""DAPO (dapo, arXiv 2503.14476): importing this package registers the implementation, its references, mutants and
+the framework adapters (methods/dapo/adapters.py, driven by methods/common/zoo.yaml)."""
+
+# The shared argument checks run on every call: they are this method's code for `contracts mutate`.
+__mutate_also__ = ("methods.common.pg_inputs",)
+
+from methods.dapo import adapters, impl, mutants, reference  # noqa: E402,F401  (registration side effects)

@@ -1,0 +1,5 @@
+"""GPG's framework adapters (verl's policy losses), built from methods/common/zoo.yaml."""
+
+from methods.common import zoo
+
+zoo.register("gpg")
