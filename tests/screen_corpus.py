@@ -71,7 +71,7 @@ ATTACKS = [
     Attack("F.dataclasses.sys", F + "ESCAPED = F.dataclasses.sys  #!\n", "dataclasses.sys: is the module sys"),
     Attack("torch.functools.update_wrapper", T + "ESCAPED = torch.functools.update_wrapper  #!\n",
            "functools.update_wrapper: copies attributes named by strings"),
-    Attack("a lazily imported torch submodule", T + "ESCAPED = torch.onnx  #!\n", "torch.onnx: not a public name"),
+    Attack("a lazily imported torch submodule", T + "ESCAPED = torch.onnx  #!\n", "torch.onnx: is the module torch.onnx, outside the allowlist"),
     Attack("torch._dynamo", T + "ESCAPED = torch._dynamo  #!\n", "attribute _dynamo: underscore"),
     Attack("torch.load", T + "ESCAPED = torch.load  #!\n", "torch.load: loads, saves"),
     Attack("torch.jit.script", T + "ESCAPED = torch.jit.script  #!\n", "torch.jit:"),

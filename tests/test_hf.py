@@ -220,9 +220,15 @@ def test_a_mutant_is_killed_on_the_checkpoint_too(ckpt, tmp_path):
                "--lora-rank", "4", "--receipts", str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     (run,) = json.loads(r.stdout)["runs"]
-    # every mutant the spec says the mechanism kills: no gradient, re-scored old log-probs, a fused-backward defect
-    assert run["mutants"] == [{"id": m, "killed": True, "killed_by": ["mechanism"]}
-                              for m in ("ratio_detached", "old_logp_recomputed", "fused_grad_no_ratio")]
+    # every mutant the spec says the mechanism kills (no gradient, re-scored old log-probs, a fused-backward
+    # defect, a negated proximal gradient, a policy scored at temperature 2), read from the spec so that a mutant
+    # added there is held on the checkpoint too
+    from ruamel.yaml import YAML
+
+    spec = YAML(typ="safe").load((ROOT / "specs" / "tapo-trajectory.yaml").read_text())
+    expected = [m["id"] for m in spec["mutants"] if "mechanism" in m["killed_by"]]
+    assert {"ratio_detached", "old_logp_recomputed", "fused_grad_no_ratio"} <= set(expected)
+    assert run["mutants"] == [{"id": m, "killed": True, "killed_by": ["mechanism"]} for m in expected]
 
 
 def test_the_spec_budget_binds_the_checkpoint_run(ckpt, tmp_path):

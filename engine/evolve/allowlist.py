@@ -53,6 +53,7 @@ from __future__ import annotations
 import builtins
 import functools
 import importlib
+import importlib.util
 import inspect
 import sys
 import types
@@ -317,7 +318,21 @@ def lookup(mod: str, name: str) -> Entry | None:
     if mod in a.passthrough:
         ways = sorted(m for m in ALLOWED_MODULES if m.startswith(mod + "."))
         return Entry(why=f"only the way to {', '.join(ways)} is allowed")
-    return a.modules.get(mod, {}).get(name)
+    entry = a.modules.get(mod, {}).get(name)
+    if entry is None and mod in a.modules and _is_submodule(full):
+        # A lazily imported submodule (torch.onnx) is absent from vars(torch) until something imports it: the
+        # refusal must not depend on what this process happened to import before the allowlist was derived.
+        return Entry(why=f"is the module {full}, outside the allowlist")
+    return entry
+
+
+def _is_submodule(full: str) -> bool:
+    if full in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(full) is not None
+    except Exception:  # noqa: BLE001 - a parent whose finder fails (or a name that is not a package path)
+        return False
 
 
 __all__ = ["ALLOWED_MODULES", "FORBIDDEN_NAMES", "NAMED_REFUSALS", "Atlas", "Entry", "atlas", "lookup"]

@@ -578,6 +578,7 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
     memory or time, and every contract of a framework target, runs beside the candidate in a worker
     (`confinement.workers`). The receipt records which (`runner.isolation`)."""
     from engine.run.runner import ERROR, FAILED, INTERRUPTED, PARTIAL, PASSED, Interrupted
+    from engine.run.context import BudgetExceeded
 
     plan = runner.plan
     init = {"type": "init", "method": plan.spec.key, "shown": ident["target"], "name": f"impl:{ident['target']}",
@@ -653,7 +654,11 @@ def run_candidate(runner, target, ident: dict, names: list[str], device: str, th
         runner.errors.append(f"the candidate could not be run: {session.load_failure}")
     runner.errors += [f"isolation: {n}" for n in session.notes]
     if runner.status is None:
-        runner.run_mutants()  # the registered implementation's mutants, here: trusted code, no candidate loaded
+        try:
+            runner.run_mutants()  # the registered implementation's mutants, here: trusted code, no candidate loaded
+        except BudgetExceeded as exc:  # the wall budget ran out during them: a failed run, as Runner.run ends it
+            runner.errors.append(f"budget: {exc}")
+            runner.status = FAILED
 
 
 def _adapted_identity(cand: "CandidateRun", ident: dict, target, outside=None) -> dict | None:
