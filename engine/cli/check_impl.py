@@ -29,7 +29,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
     from engine.run.impl_loader import identity, parse_target
     from engine.run.isolation import DEFAULT_MEMORY_MB, make_runner, run_candidate
     from engine.run import sandbox
-    from engine.run.runner import build_statement
+    from engine.run.runner import build_statement, for_candidate
     from engine.spec.interface import from_spec
     from engine.spec.registry import known_names
     from engine.store.receipts import ensure_writable, utc_now, write_receipt
@@ -38,6 +38,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
         raise E.UsageError(f"--impl-timeout {timeout_s}: give a positive number of seconds")
     if memory_mb is not None and memory_mb < 0:
         raise E.UsageError(f"--impl-memory-mb {memory_mb}: give 0 (no limit) or a positive number of MiB")
+    plan = for_candidate(plan)  # a candidate is never held to a contract about how the registered one is built
     target = parse_target(impl)
     ident = identity(target)
     spec = plan.spec

@@ -7,6 +7,8 @@ never rests on a stage that did not run:
   2  every contract except the mechanism runs, on every budget seed;
   3  every contract, mechanism runs included, on every budget seed: the whole check, and the spec's score.
 
+A candidate is never held to a contract marked `applies_to: registered` (engine/spec/applies.py): no stage needs it.
+
 `evaluate()` (OpenEvolve without a cascade) needs what stage 3 needs.
 """
 
@@ -22,6 +24,10 @@ Cell = tuple  # (contract id, seed, dtype)
 
 
 def _in_stage(contract: dict, stage: int) -> bool:
+    from engine.spec.applies import REGISTERED, applies_to
+
+    if applies_to(contract) == REGISTERED:  # tests how the registered implementation is built: never a candidate's
+        return False
     if stage == 1:
         return contract["kind"] in STAGE1_KINDS
     if stage == 2:
