@@ -158,6 +158,6 @@ def _applies(d: dict) -> dict[str, list[str]]:
 
 def _fmt_params(params: dict) -> list[str]:
     """Parameters (inputs included) as YAML lines within 80 columns, indented under their contract."""
-    from engine.cli.yamltext import lines
+    from engine.yamltext import lines
 
     return lines(params, width=80, indent="    ") if params else ["    (no parameters)"]
