@@ -111,8 +111,9 @@ def show(
     for c in d["contracts"]:
         con.print(f"- {c['id']} ({c['kind']}, applies to {c['applies_to']})")
         if c.get("why"):
-            con.print(textwrap.fill(f"why bespoke: {c['why']}", 80, initial_indent="    ",
-                                    subsequent_indent="      ", break_long_words=False), soft_wrap=True)
+            why = textwrap.fill(f"why bespoke: {c['why']}", 80, initial_indent="    # ", subsequent_indent="    # ",
+                                break_long_words=False, break_on_hyphens=False)
+            con.print(why, soft_wrap=True)
         for line in _fmt_params(c.get("params") or {}):
             con.print(line, soft_wrap=True)  # already within 80 columns: no second wrap
     t = Table(title="mutants (known-bad variants each contract set must kill)", title_justify="left")

@@ -116,19 +116,20 @@ def for_candidate(plan: Plan) -> Plan:
     test how the registered implementation is built (`applies_to: registered`), which it is never held to, and
     without the mutants only they kill. `registered_only` names the contracts left out, for the receipt."""
     from engine.errors import NothingSelected
-    from engine.spec.applies import REGISTERED, applies_to
+    from engine.spec.applies import registered_only
 
-    skipped = [c["id"] for c in plan.contracts if applies_to(c) == REGISTERED]
-    if not skipped:
+    internal = registered_only(plan.spec.data)  # the spec's, selected or not: none of them is a candidate's
+    if not internal or plan.registered_only == internal:
         return plan
-    held = [c for c in plan.contracts if c["id"] not in skipped]
+    held = [c for c in plan.contracts if c["id"] not in internal]
     if not held:
-        raise NothingSelected(f"{', '.join(skipped)} test(s) how {plan.spec.data['implementation']!r} is built "
-                              "(applies_to: registered) and never run for --impl; select a contract a candidate is "
-                              "held to (contracts interface " + plan.spec.key + " lists them)")
-    mutants = [{**m, "killed_by": [k for k in m["killed_by"] if k not in skipped]} for m in plan.mutants]
+        raise NothingSelected(f"{', '.join(c['id'] for c in plan.contracts)} test(s) how "
+                              f"{plan.spec.data['implementation']!r} is built (applies_to: registered) and never run "
+                              f"for --impl; select a contract a candidate is held to (contracts interface "
+                              f"{plan.spec.key} lists them)")
+    mutants = [{**m, "killed_by": [k for k in m["killed_by"] if k not in internal]} for m in plan.mutants]
     return Plan(spec=plan.spec, seeds=plan.seeds, contracts=held, mutants=[m for m in mutants if m["killed_by"]],
-                only=plan.only, case=plan.case, registered_only=skipped)
+                only=plan.only, case=plan.case, registered_only=internal)
 
 
 def _plain_measurements(raw: Any) -> dict[str, Any]:
