@@ -86,6 +86,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             "coverage": run_coverage(pred, spec),
             "receipt": shown, "receipt_id": pred["receipt_id"], "summary": pred["summary"],
             "unproven_contracts": pred["unproven_contracts"], "applicability": pred.get("applicability"),
+            "registered_only": pred.get("registered_only"),
             "not_implemented": [{"function": fn, **entry} for fn, entry in not_implemented(pred).items()],
             "results": [result_summary(r) for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]],
@@ -110,6 +111,10 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             _out(f"checks ran in: {iso['checks_in']}"
                  + (f"; beside the candidate: {', '.join(beside)}" if beside else "")
                  + (f"; memory/time measured in the candidate's process: {', '.join(metered)}" if metered else ""))
+        skipped = (pred.get("registered_only") or {}).get("skipped") or []
+        if skipped:
+            _out(f"not run for a candidate (applies_to: registered, they test how {spec.data['implementation']!r} "
+                 f"is built): {', '.join(skipped)}")
         for line in coverage_lines(pred):
             _out(line)
     stubs = not_implemented(pred)
