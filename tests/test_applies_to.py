@@ -155,3 +155,12 @@ def test_show_prints_contract_parameters_as_yaml_within_80_columns(method, monke
         assert json.loads(json.dumps(parsed)) == json.loads(json.dumps(params)), c["id"]
     long = [line for line in section.splitlines() if len(line) > 80 and " " in line.strip()]
     assert not long, long[:3]
+
+
+def test_a_registered_only_contract_cannot_score_evolve_candidates(tmp_path):
+    text = (ROOT / "specs" / "tapo-trajectory.yaml").read_text()
+    text = text.replace("    contract: mechanism\n    metric: tapo_val_acc", "    contract: fused_matches_composed\n"
+                        "    metric: tapo_val_acc")
+    (tmp_path / "tapo-trajectory.yaml").write_text(text)
+    r = invoke("validate", str(tmp_path / "tapo-trajectory.yaml"))
+    assert r.exit_code == 2 and "a candidate never runs (applies_to: registered)" in r.output, r.output

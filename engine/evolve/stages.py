@@ -15,7 +15,7 @@ A candidate is never held to a contract marked `applies_to: registered` (engine/
 from __future__ import annotations
 
 # A contract's kind (engine/kinds) or, for a bespoke check, its legacy label: the value and gradient ones.
-STAGE1_KINDS = ("value", "gradient", "reference_agreement", "gradient_structure", "closed_form")
+STAGE1_KINDS = ("value", "gradient", "reference_agreement", "gradient_structure", "closed_form", "ratio_overflow")
 MECHANISM = "mechanism"
 STAGES = (1, 2, 3)
 FULL = 3
