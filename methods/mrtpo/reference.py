@@ -284,7 +284,8 @@ def _register() -> None:
         """A credit_weights_from_logits batch: K <= 3 contexts of logits (not near-identical ones: there q is below
         the log-softmax's own rounding, so the weights measure that rounding, not the path), NaN in masked rows, responses with padding (an empty one every other case), empty blocks,
         several blocks of valid rows with a partial last one (block_elems; a block smaller than one row every fourth
-        case), and a column-blocked JS inside every other case (chunk_elems < V)."""
+        case), a column-blocked JS inside every other case (chunk_elems < V), and in one case of four the contexts
+        as a list with an empty block given as None."""
         K, B, T, V = _int(g, 1, 3), _int(g, 2, 5), _int(g, 2, 7), _int(g, 8, 40)
         scale = 0.5 + 3.0 * float(torch.rand((), generator=g))
         la = torch.randn(B, T, V, generator=g, dtype=torch.float64) * scale
@@ -302,6 +303,8 @@ def _register() -> None:
         rows = _int(g, 1, max(1, n_valid - 1))
         block = V - 1 if case % 4 == 3 else rows * V  # one row a block, or several rows with a partial last block
         chunk = V - 3 if case % 2 else 1 << 20
+        if case % 4 == 1:  # the list form, one reward's block empty given as None
+            loo = [None if k == case % K else x for k, x in enumerate(loo)] if K > 1 else [None]
         return {"logits_all": la, "logits_loo": loo, "mask": mask, "empty": empty, "beta": beta, "chunk": chunk,
                 "block": block, "__dims__": {"K": K, "B": B, "T": T, "V": V}}
 
