@@ -154,7 +154,15 @@ def test_a_correct_candidate_passes_and_its_receipt_binds_the_file(tmp_path):
     assert p["status"] == "passed" and p["implementation"]["target"] == "my_tapo.py"  # no absolute path
     assert p["implementation"]["packages"]["torch"] and "python" in p["implementation"]["packages"]
     assert str(tmp_path) not in json.dumps(stmt)
-    assert {x["contract"] for x in p["results"]} == {c for c in _contract_ids()}
+    # every contract a candidate is held to ran; none that tests how the registered one is built
+    # (applies_to: registered), and the receipt names those
+    shown = json.loads(invoke("show", METHOD, "--json").stdout)["spec"]["contracts"]
+    internal = {c["id"] for c in shown if c["applies_to"] == "registered"}
+    assert internal == {"fused_matches_composed"}
+    assert {x["contract"] for x in p["results"]} == {c["id"] for c in shown} - internal
+    assert p["registered_only"] == {"skipped": ["fused_matches_composed"], "applies_to": "registered"}
+    assert "fused_matches_composed" not in p["request"]["contracts"]
+    assert not any(internal & set(m["killed_by"]) for m in p["mutants"] + p["candidate_mutants"])
     assert all(m["killed"] for m in p["mutants"]) and p["unproven_contracts"] == []
     # the single-function mutants ran in the candidate too: its tapo_loss swapped for each broken one
     assert p["candidate_mutants"] and all(

@@ -267,3 +267,112 @@ def test_checks_that_read_message_text_declare_it():
         reads = {f for per_fn in getattr(module, "MESSAGE_READS", {}).values() for fs in per_fn.values() for f in fs}
         missing += [(path.relative_to(ROOT).as_posix(), lit) for lit in sorted(literals - reads)]
     assert missing == [], f"message text read but not in the module's MESSAGE_READS: {missing}"
+
+
+# --- every rule the contracts hold an implementation to is in the interface, generated from the spec -------------
+
+_SYM = {"le": "<=", "lt": "<", "ge": ">=", "gt": ">", "eq": "="}
+
+
+def _threshold(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _missing_rules(text: str, spec: dict) -> list[str]:
+    """What of the spec's contracts the interface text does not state: each contract a candidate is held to, by
+    its description and every expectation (metric, comparison, threshold, dtype, note); each it is not held to;
+    and the limits every check runs under."""
+    missing = []
+    blocks = {}
+    for block in text.split("\ncontract ")[1:]:
+        blocks[block.split(" ", 1)[0]] = block.split("\n\n", 1)[0]
+    registered = text.split("not held to a candidate", 1)[1] if "not held to a candidate" in text else ""
+    for c in spec["contracts"]:
+        if c.get("applies_to", "any") == "registered":
+            if f"    {c['id']}: " not in registered:
+                missing.append(f"{c['id']} is not listed as not held to a candidate")
+            if c["id"] in blocks:
+                missing.append(f"{c['id']} is stated as a rule a candidate is held to")
+            continue
+        block = blocks.get(c["id"])
+        if block is None:
+            missing.append(f"no rule for contract {c['id']}")
+            continue
+        if c["description"] not in block:
+            missing.append(f"{c['id']}: its description")
+        for e in c["expect"]:
+            op = next(k for k in _SYM if k in e)
+            rule = f"holds {e['metric']} {_SYM[op]} {_threshold(e[op])}" + (f" for {e['dtype']}" if "dtype" in e else "")
+            line = next((ln for ln in block.splitlines() if ln.strip().startswith(rule + " (") or ln.strip() == rule),
+                        None)
+            if line is None:
+                missing.append(f"{c['id']}: {rule}")
+            elif e.get("note") and e["note"] not in line:
+                missing.append(f"{c['id']}: the note of {rule}")
+            elif op == "eq" and "exactly" not in line:
+                missing.append(f"{c['id']}: {rule} is not said to be exact")
+    b = spec["budget"]
+    for needle in (f"within {b['per_contract_timeout_seconds']} s", f"within {b['max_wall_seconds']} s",
+                   f"at most {b['max_updates_per_seed']} optimizer updates"):
+        if needle not in text:
+            missing.append(f"limit: {needle}")
+    return missing
+
+
+def _rules_json(method: str) -> dict:
+    return _interface(method)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_the_interface_lists_every_rule_the_contracts_check(method):
+    from ruamel.yaml import YAML
+
+    text = runner.invoke(app, ["interface", method]).stdout
+    spec = YAML(typ="safe").load((ROOT / "specs" / f"{method}.yaml").read_text())
+    assert _missing_rules(text, spec) == []
+    # the parameters each rule states are the contract's own, and --json carries the same rules
+    data = _interface(method)
+    held = [c for c in spec["contracts"] if c.get("applies_to", "any") == "any"]
+    assert [r["contract"] for r in data["rules"]] == [c["id"] for c in held]
+    for r, c in zip(data["rules"], held):
+        assert json.loads(json.dumps(r["params"])) == json.loads(json.dumps(c.get("params") or {}))
+        assert [e["rule"] for e in r["expect"]] and len(r["expect"]) == len(c["expect"])
+    assert [r["contract"] for r in data["registered_only"]] == [
+        c["id"] for c in spec["contracts"] if c.get("applies_to") == "registered"]
+    # a budget contract states its memory unit in bytes and its operation limit
+    for r in data["rules"]:
+        if any(e["metric"] == "peak_memory_ratio" for e in r["expect"]):
+            assert r["unit"] and f"memory unit: {r['unit']}" in text
+        if "max_ops" in r["params"]:
+            assert f"operation limit: {r['params']['max_ops']} ATen operations" in text
+
+
+def test_a_rule_left_out_of_the_interface_is_found():
+    from ruamel.yaml import YAML
+
+    text = runner.invoke(app, ["interface", "tapo-trajectory"]).stdout
+    spec = YAML(typ="safe").load((ROOT / "specs" / "tapo-trajectory.yaml").read_text())
+    # planted: one expectation line dropped, one contract's block dropped, the registered-only list dropped
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("holds eps_hi_abs_err <= 6e-08 for float32"))
+    assert any("eps_hi_abs_err <= 6e-08 for float32" in m for m in _missing_rules(text.replace(line + "\n", ""), spec))
+    cut = text.split("\ncontract overflow_gradient ", 1)
+    dropped = cut[0] + "\n" + cut[1].split("\n\n", 1)[1]
+    assert "no rule for contract overflow_gradient" in _missing_rules(dropped, spec)
+    assert any("not listed" in m for m in _missing_rules(text.split("not held to a candidate")[0], spec))
+
+
+def test_the_interface_answers_what_implementers_had_to_guess():
+    tapo = runner.invoke(app, ["interface", "tapo-trajectory"]).stdout
+    assert "a token exactly on a bound keeps -A_t R~_t / N" in tapo
+    assert "a group whose rows have no valid token at all is such a group" in tapo
+    assert "never 0 * inf = NaN" in tapo and "not bit for bit" in tapo
+    mrtpo = runner.invoke(app, ["interface", "mrtpo"]).stdout
+    assert "credit_weights refuses them too" in mrtpo and "credit_weights_from_logits and mrtpo_advantages accept" in mrtpo
+    assert "float64 when it is float64, else float32, whatever logp_loo's dtype" in mrtpo
+    assert "A 0/1 integer or floating tensor means the same as the bool one" in mrtpo
+    tar = runner.invoke(app, ["interface", "tar-adaptive-replay"]).stdout
+    assert "PAD (id 0)" in tar and "the lowest prompt id first, then the lowest candidate index" in tar
+    assert "a 0-d tensor included" in tar and "before the conversion to the compute dtype" in tar
+    assert "0 log 0 = 0" in tar

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -931,3 +933,91 @@ def test_identity_point_constant_and_bounds():
     assert bad["value_max_abs_diff"] == 0 and bad["same_value_max_abs_diff"] == pytest.approx(1e-3)
     over, _ = measure("identity", {"q": lambda x, y, m: 2 * q(x, y, m)}, p)
     assert over["out_of_bounds"] > 0
+
+
+# --- ratio_overflow: a toy clipped-ratio loss, right and with the 0 * inf autograd form --------------------------
+
+
+def _ppo(x, y, adv, mask, literal=False):
+    """Token-mean -min(r A, clip(r, 0.8, 1.2) A) with r = exp(x - y); where the clip or A = 0 removes a token its
+    gradient is exactly 0 (r replaced by 1 there before exp's backward), unless `literal`."""
+    a = adv[:, None].expand_as(x) if adv.dim() == 1 else adv
+    r = torch.exp((x - y).detach())
+    removed = ~mask | (a == 0) | ((a > 0) & (r > 1.2)) | ((a < 0) & (r < 0.8))
+    if literal:  # autograd multiplies the clip's 0 by exp(inf) = inf: NaN
+        live, kept = torch.exp(x - y), torch.zeros_like(removed)
+    else:
+        live, kept = torch.exp(torch.where(removed, y, x) - y), removed
+    term = -torch.minimum(live * a, live.clamp(0.8, 1.2) * a)
+    fixed = -torch.minimum(r * a, r.clamp(0.8, 1.2) * a).detach()
+    term = torch.where(kept, torch.where(a == 0, torch.zeros_like(fixed), fixed), term)
+    if not literal:
+        term = torch.where(a == 0, torch.zeros_like(term), term)
+    return torch.where(mask, term, torch.zeros_like(term)).sum() / mask.sum()
+
+
+def _ppo_reference(x, y, adv, mask):
+    """The same loss and its gradient by float64 loops, in log space where exp overflows."""
+    a = (adv[:, None].expand_as(x) if adv.dim() == 1 else adv).tolist()
+    m, n = mask.tolist(), int(mask.sum())
+    grad = [[0.0] * len(row) for row in m]
+    zero = [[not v for v in row] for row in m]
+    total = 0.0
+    for b, row in enumerate(m):
+        for t, v in enumerate(row):
+            if not v:
+                continue
+            d = float(x[b, t]) - float(y[b, t])
+            r = math.exp(d) if d < 709 else math.inf
+            av = a[b][t]
+            total += 0.0 if av == 0 else -min(r * av, min(max(r, 0.8), 1.2) * av)
+            gone = av == 0 or (av > 0 and r > 1.2) or (av < 0 and r < 0.8)
+            zero[b][t] = gone
+            grad[b][t] = 0.0 if gone else -av * r / n
+    return {"value": torch.tensor(total / n, dtype=torch.float64), "scale": 1.0,
+            "grad": [torch.tensor(grad, dtype=torch.float64)], "zero_grad": [torch.tensor(zero)]}
+
+
+if "test_kinds.ppo" not in registry._REGISTRY.references:
+    registry.reference("test_kinds.ppo")(_ppo_reference)
+
+OVERFLOW = {"function": "loss", "args": ["x", "y", "adv", "mask"], "reference": "test_kinds.ppo", "grad_wrt": ["x"],
+            "plant": {"behaviour": "y", "mask": "mask", "advantages": "adv"},
+            "inputs": {"dims": {"B": [7, 9], "L": [1, 6]},
+                       "tensors": {"x": {"shape": ["B", "L"], "dist": "uniform", "low": -3.0, "high": -0.1},
+                                   "y": {"shape": ["B", "L"], "dist": "normal", "std": 0.3, "around": "x"},
+                                   "adv": {"cycle": [{"shape": ["B"], "dist": "normal"},
+                                                     {"shape": ["B", "L"], "dist": "normal"}]},
+                                   "mask": {"shape": ["B", "L"], "layout": "response", "prompt_max": 1}}}}
+
+
+def test_ratio_overflow_good_and_planted_zero_times_inf():
+    good, _ = measure("ratio_overflow", {"loss": _ppo}, OVERFLOW)
+    assert good["value_nan"] == good["grad_nan"] == good["grad_zero_violations"] == 0, good
+    assert good["grad_overflow_mismatches"] == 0 and good["grad_max_rel_err"] < 1e-12, good
+    # every class planted: (up, down) x (A > 0, < 0, = 0) and an untouched row; clipped and unclipped overflows
+    assert good["planted_classes"] == 7 and good["overflow_zero_grad_tokens"] and good["overflow_nonzero_grad_tokens"]
+    bad, c = measure("ratio_overflow", {"loss": lambda *a: _ppo(*a, literal=True)}, OVERFLOW)
+    assert bad["grad_nan"] > 0 and bad["grad_zero_violations"] > 0, bad  # 0 * inf at the clipped overflows
+    assert bad["value_nan"] > 0  # inf * 0 where A = 0
+    cases = failing_cases(c.case_log, [{"metric": "grad_nan", "op": "eq", "threshold": 0}], "float64")
+    assert cases and "planted" in cases[0]["argument"]
+
+
+def test_ratio_overflow_plants_both_directions_at_the_first_valid_token():
+    from engine.kinds.ratio_overflow import CLASSES, plant
+
+    drawn, _ = inputs_mod.draw(OVERFLOW["inputs"], 42, 0)
+    out, up, classes = plant(drawn, OVERFLOW["plant"], 0)
+    assert classes == set(range(len(CLASSES)))
+    shift = out["y"] - drawn["y"]
+    for b in range(drawn["mask"].shape[0]):
+        first = int(drawn["mask"][b].nonzero()[0])
+        changed = shift[b].nonzero().flatten().tolist()
+        go_up, sign = CLASSES[b % len(CLASSES)]
+        assert changed == ([] if go_up is None else [first])
+        if go_up is not None:
+            assert float(shift[b, first]) == (-800.0 if go_up else 800.0) and bool(up[b, first]) == go_up
+            assert float(out["adv"][b]) == 0.0 if sign == 0 else math.copysign(1, float(out["adv"][b])) == sign
+    _, _, odd = plant(drawn, OVERFLOW["plant"], 1)
+    assert 1 not in odd  # odd cases leave out (up, A < 0): their loss is finite and compared

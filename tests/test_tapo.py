@@ -528,3 +528,44 @@ def test_a_diverging_fused_metric_is_named_in_its_failing_case():
     failed = [{"metric": "metric_max_abs_diff", "op": "le", "threshold": 1e-12}]
     (first, *_) = failing_cases(c.case_log, failed, "float64")
     assert first["where"] == "metrics['clip_fraction'] of tapo_loss vs the composed loss", first
+
+
+# --- no NaN where the paper's gradient is 0 -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_tapo_loss_gradient_is_exactly_0_where_an_overflowed_ratio_is_clipped(dtype):
+    """old_logp = -800 at a row's first token: R~ overflows to inf there (and past float32's range for some tokens
+    after it). With A > 0 the clip removes every one of those tokens: their gradient is exactly 0, never 0 * inf =
+    NaN; a zero advantage removes its token too (the loss stays finite); with A < 0 the unclipped token's gradient
+    is +inf, the paper's own, and still no NaN anywhere."""
+    from methods.tapo.objective import tapo_loss
+
+    logp = torch.full((3, 6), -1.0, dtype=torch.float64)
+    old = logp.clone()
+    old[:, 0] = -800.0
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    adv = torch.tensor([[1.0] * 6, [0.0] + [1.0] * 5, [-1.0] + [0.5] * 5], dtype=torch.float64)
+    x = logp.to(dtype).requires_grad_(True)
+    loss, met = tapo_loss(x, old.to(dtype), adv.to(dtype), mask, 0.1, 0.2)
+    (g,) = torch.autograd.grad(loss, x)
+    assert not bool(torch.isnan(g).any()) and not math.isnan(float(loss))
+    assert met["ratio_max"] == math.inf
+    assert bool((g[0] == 0).all()) and bool((g[1] == 0).all())  # clipped (A > 0) or A = 0: exactly 0
+    assert float(g[2, 0]) == math.inf and float(loss) == math.inf  # unclipped with A < 0: the paper's +inf
+    # without the A < 0 row the loss is the finite sum of clipped terms (-(1 + eps_t) A_t / N) and zeros
+    x2 = logp[:2].to(dtype).requires_grad_(True)
+    loss2, _ = tapo_loss(x2, old[:2].to(dtype), adv[:2].to(dtype), mask[:2], 0.1, 0.2)
+    (g2,) = torch.autograd.grad(loss2, x2)
+    assert math.isfinite(float(loss2)) and bool((g2 == 0).all())
+
+
+def test_the_literal_ratio_form_is_the_nan_the_overflow_contract_kills():
+    """The mutant R~ * exp(logp - sg(logp)) written out: its autograd gives NaN at a clipped overflow."""
+    m = REG.get_mutant("tapo.clipped_grad_nan").factory()
+    logp = torch.full((1, 4), -1.0, dtype=torch.float64, requires_grad=True)
+    old = torch.full((1, 4), -1.0, dtype=torch.float64)
+    old[0, 0] = -800.0
+    loss, _ = m.tapo_loss(logp, old, torch.ones(1, dtype=torch.float64), torch.ones(1, 4, dtype=torch.bool), 0.1, 0.2)
+    (g,) = torch.autograd.grad(loss, logp)
+    assert bool(torch.isnan(g).any())

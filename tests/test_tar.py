@@ -634,3 +634,22 @@ def test_an_update_without_bank_rows_equals_the_replay_of_an_empty_batch(spec):
     assert float(rep.detach()) == 0.0 and torch.equal(skipped.detach(), called.detach())
     for a, b in zip(torch.autograd.grad(skipped, params, retain_graph=True), torch.autograd.grad(called, params)):
         assert torch.equal(a, b)
+
+
+def test_kl_to_base_reads_a_zero_probability_as_0_log_0_with_a_zero_gradient():
+    """logdist -inf (p_theta = 0): the entry adds 0 log 0 = 0 and gets gradient 0, not 0 * -inf = NaN; where the
+    base gives 0 probability to an entry the policy does not, the KL is +inf."""
+    from methods.tar.harness import kl_to_base
+
+    ninf = -math.inf
+    ld = torch.log_softmax(torch.tensor([[[0.0, ninf, 1.0], [0.5, 0.0, ninf]]], dtype=torch.float64), -1)
+    bd = torch.log_softmax(torch.tensor([[[0.2, 0.0, 1.0], [0.0, 0.3, 0.1]]], dtype=torch.float64), -1)
+    x = ld.clone().requires_grad_(True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    kl = kl_to_base(x, bd, mask)
+    (g,) = torch.autograd.grad(kl, x)
+    p = ld.exp()
+    want = torch.where(p > 0, p * (ld - bd), torch.zeros_like(p)).sum(-1).mean()
+    assert float(kl.detach()) == pytest.approx(float(want), rel=1e-14) and not bool(torch.isnan(g).any())
+    assert float(g[0, 0, 1]) == 0.0 and float(g[0, 1, 2]) == 0.0
+    assert float(kl_to_base(bd, ld, mask)) == math.inf

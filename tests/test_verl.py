@@ -26,7 +26,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "verl_tapo.py"
 METHOD = "tapo-trajectory"
 TAPO_LOSS = f"verl:{FIXTURE.relative_to(ROOT).as_posix()}:tapo"
 RATIO_ONLY = {"prefix_ratio_forward", "eq15_local_gradient", "clip_schedule"}  # nothing there for a loss to answer
-LOSS_ONLY = {"loss_forward", "zero_advantage_rejection", "split_invariance", "fused_matches_composed"}
+LOSS_ONLY = {"loss_forward", "loss_edges", "zero_advantage_rejection", "split_invariance", "overflow_gradient"}
 IN_PART = {"masked_junk_invariance", "on_policy_identity", "precision_agreement", "input_validation", "mechanism"}
 
 
@@ -126,7 +126,7 @@ def test_vanilla_and_gspo_fail(tmp_path, name, also_failed):
     pred = receipt(store)["predicate"]
     st = statuses(pred)
     failed = {c for c, s in st.items() if "failed" in s}
-    assert {"loss_forward", "zero_advantage_rejection", "fused_matches_composed", "mechanism"} | also_failed <= failed
+    assert {"loss_forward", "zero_advantage_rejection", "loss_edges", "mechanism"} | also_failed <= failed
     assert all(st[c] == {"not_applicable"} for c in RATIO_ONLY), st
     assert pred["implementation"]["function"]["qualname"] == f"compute_policy_loss_{name}"
     if name == "vanilla":  # verl's masked_sum uses torch.where: the junk in masked slots stays out

@@ -29,7 +29,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
     from engine.run.impl_loader import identity, parse_target
     from engine.run.isolation import DEFAULT_MEMORY_MB, make_runner, run_candidate
     from engine.run import sandbox
-    from engine.run.runner import build_statement
+    from engine.run.runner import build_statement, for_candidate
     from engine.spec.interface import from_spec
     from engine.spec.registry import known_names
     from engine.store.receipts import ensure_writable, utc_now, write_receipt
@@ -38,6 +38,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
         raise E.UsageError(f"--impl-timeout {timeout_s}: give a positive number of seconds")
     if memory_mb is not None and memory_mb < 0:
         raise E.UsageError(f"--impl-memory-mb {memory_mb}: give 0 (no limit) or a positive number of MiB")
+    plan = for_candidate(plan)  # a candidate is never held to a contract about how the registered one is built
     target = parse_target(impl)
     ident = identity(target)
     spec = plan.spec
@@ -85,6 +86,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             "coverage": run_coverage(pred, spec),
             "receipt": shown, "receipt_id": pred["receipt_id"], "summary": pred["summary"],
             "unproven_contracts": pred["unproven_contracts"], "applicability": pred.get("applicability"),
+            "registered_only": pred.get("registered_only"),
             "not_implemented": [{"function": fn, **entry} for fn, entry in not_implemented(pred).items()],
             "results": [result_summary(r) for r in pred["results"]],
             "mutants": [{k: m[k] for k in ("id", "killed", "killed_by")} for m in pred["mutants"]],
@@ -109,6 +111,10 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             _out(f"checks ran in: {iso['checks_in']}"
                  + (f"; beside the candidate: {', '.join(beside)}" if beside else "")
                  + (f"; memory/time measured in the candidate's process: {', '.join(metered)}" if metered else ""))
+        skipped = (pred.get("registered_only") or {}).get("skipped") or []
+        if skipped:
+            _out(f"not run for a candidate (applies_to: registered, they test how {spec.data['implementation']!r} "
+                 f"is built): {', '.join(skipped)}")
         for line in coverage_lines(pred):
             _out(line)
     stubs = not_implemented(pred)

@@ -21,6 +21,7 @@ from engine.cli.common import (
     shown_path,
 )
 from engine.paths import spec_path
+from engine.spec.applies import applies_to
 from engine.tiers import TIERS, tier_of
 
 
@@ -40,6 +41,7 @@ def show(
 ) -> None:
     """One method in full: formulas, assumptions, contracts, mutants, budget, paper results, receipts."""
     import shlex
+    import textwrap
 
     from engine.store.overview import Overview, ReceiptView
 
@@ -64,9 +66,11 @@ def show(
               "command": f"contracts gate {spec.key}" + ("" if not row.is_candidate else " --impl " + shlex.quote(
                   next((a.receipt.implementation.target for a in row.receipts if a.receipt is not None), None)
                   or "TARGET"))} for row in units]
+    # every contract says whom it binds: any implementation (the paper's rule), or the registered one only
+    d = {**d, "contracts": [{**c, "applies_to": applies_to(c)} for c in d["contracts"]]}
     if json_out:
         _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "tiers": _tiers(d), "receipts": recent,
-                     "gate": gates})
+                     "gate": gates, "applies_to": _applies(d)})
         return
     from rich.table import Table
 
@@ -89,20 +93,29 @@ def show(
     for a in d["assumptions"]:
         con.print(f"- {a['id']}: {a['text']}")
     t = Table(title="contracts", title_justify="left")
-    for col in ("id", "kind", "tier", "check", "dtypes", "cases", "expect"):
+    for col in ("id", "kind", "tier", "applies to", "check", "dtypes", "cases", "expect"):
         t.add_column(col)
     for c in d["contracts"]:
         check = c.get("check", "")
-        t.add_row(c["id"], c["kind"], tier_of(c), "" if check.startswith("kind:") else check, ",".join(c["dtypes"]),
-                  str(c["cases"]), "; ".join(_fmt_expect(e) for e in c["expect"]))
+        t.add_row(c["id"], c["kind"], tier_of(c), c["applies_to"], "" if check.startswith("kind:") else check,
+                  ",".join(c["dtypes"]), str(c["cases"]), "; ".join(_fmt_expect(e) for e in c["expect"]))
     con.print(t)
     tiers = _tiers(d)  # the few budget contracts by name: the rest is maths
     con.print(f"tiers: math {len(tiers['math'])}; budget {len(tiers['budget'])}"
               + (f" ({', '.join(tiers['budget'])})" if tiers["budget"] else ""))
+    held = _applies(d)
+    con.print(f"a candidate (--impl, evolve) is held to {len(held['any'])} of {len(d['contracts'])} contracts"
+              + (f"; registered implementation only (how it is built): {', '.join(held['registered'])}"
+                 if held["registered"] else ""))
     con.print("contract parameters", style="bold")
     for c in d["contracts"]:
-        con.print(f"- {c['id']} ({c['kind']}): {_fmt_params(c.get('params') or {})}"
-                  + (f" | why bespoke: {c['why']}" if c.get("why") else ""))
+        con.print(f"- {c['id']} ({c['kind']}, applies to {c['applies_to']})")
+        if c.get("why"):
+            why = textwrap.fill(f"why bespoke: {c['why']}", 80, initial_indent="    # ", subsequent_indent="    # ",
+                                break_long_words=False, break_on_hyphens=False)
+            con.print(why, soft_wrap=True)
+        for line in _fmt_params(c.get("params") or {}):
+            con.print(line, soft_wrap=True)  # already within 80 columns: no second wrap
     t = Table(title="mutants (known-bad variants each contract set must kill)", title_justify="left")
     t.add_column("id"), t.add_column("breaks"), t.add_column("killed by")
     for m in d["mutants"]:
@@ -138,8 +151,14 @@ def _tiers(d: dict) -> dict[str, list[str]]:
     return {tier: [c["id"] for c in d["contracts"] if tier_of(c) == tier] for tier in TIERS}
 
 
-def _fmt_params(params: dict) -> str:
-    """Parameters as compact flow-style text (inputs included), one line per contract."""
-    import json
+def _applies(d: dict) -> dict[str, list[str]]:
+    """The contract ids that bind any implementation (a candidate's check runs them) and the registered one only."""
+    return {"any": [c["id"] for c in d["contracts"] if applies_to(c) == "any"],
+            "registered": [c["id"] for c in d["contracts"] if applies_to(c) == "registered"]}
 
-    return json.dumps(params, separators=(", ", ": "), default=str) if params else "(none)"
+
+def _fmt_params(params: dict) -> list[str]:
+    """Parameters (inputs included) as YAML lines within 80 columns, indented under their contract."""
+    from engine.yamltext import lines
+
+    return lines(params, width=80, indent="    ") if params else ["    (no parameters)"]

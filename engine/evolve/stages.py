@@ -7,13 +7,15 @@ never rests on a stage that did not run:
   2  every contract except the mechanism runs, on every budget seed;
   3  every contract, mechanism runs included, on every budget seed: the whole check, and the spec's score.
 
+A candidate is never held to a contract marked `applies_to: registered` (engine/spec/applies.py): no stage needs it.
+
 `evaluate()` (OpenEvolve without a cascade) needs what stage 3 needs.
 """
 
 from __future__ import annotations
 
 # A contract's kind (engine/kinds) or, for a bespoke check, its legacy label: the value and gradient ones.
-STAGE1_KINDS = ("value", "gradient", "reference_agreement", "gradient_structure", "closed_form")
+STAGE1_KINDS = ("value", "gradient", "reference_agreement", "gradient_structure", "closed_form", "ratio_overflow")
 MECHANISM = "mechanism"
 STAGES = (1, 2, 3)
 FULL = 3
@@ -22,6 +24,10 @@ Cell = tuple  # (contract id, seed, dtype)
 
 
 def _in_stage(contract: dict, stage: int) -> bool:
+    from engine.spec.applies import REGISTERED, applies_to
+
+    if applies_to(contract) == REGISTERED:  # tests how the registered implementation is built: never a candidate's
+        return False
     if stage == 1:
         return contract["kind"] in STAGE1_KINDS
     if stage == 2:

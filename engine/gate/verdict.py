@@ -121,8 +121,9 @@ def _signed(spec: Spec, policy, untrusted: list[Assessed], flags: str) -> dict:
 
 
 def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed], cmd: "_Command",
-            untrusted: list[Assessed] = (), refused: list[tuple[Assessed, list[str]]] = ()) -> dict:
-    data = spec.data
+            untrusted: list[Assessed] = (), refused: list[tuple[Assessed, list[str]]] = (),
+            data: dict | None = None) -> dict:
+    data = spec.data if data is None else data  # a candidate's: the contracts it is held to
     all_seeds = data["promotion"]["requires"]["all_budget_seeds"]
     seeds = list(data["budget"]["seeds"])
     on_dev = [a for a in fresh if a.device == device]
@@ -225,8 +226,10 @@ def _tier_cells(data: dict, all_seeds: bool, seeds: list, tier: dict[str, str], 
     return out
 
 
-def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command") -> dict:
-    required = spec.data["promotion"]["requires"]["mutants_killed"]
+def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command",
+             data: dict | None = None) -> dict:
+    data = spec.data if data is None else data  # a candidate's: its contracts, and the mutants they kill
+    required = data["promotion"]["requires"]["mutants_killed"]
     if not required:
         return _req("mutants_killed", True, "not required by the spec", required=False, receipts=[],
                     survived=[], unproven=[])
@@ -241,9 +244,9 @@ def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Co
         for cid, ms in a.receipt.contracts_proven.items():
             if ms:
                 proven_in.setdefault(cid, []).append(a.receipt_id)
-    mutant_ids = [m["id"] for m in spec.data["mutants"]]
+    mutant_ids = [m["id"] for m in data["mutants"]]
     survived = [m for m in mutant_ids if m not in killed_in]
-    unproven = [c["id"] for c in spec.data["contracts"] if c["id"] not in proven_in]
+    unproven = [c["id"] for c in data["contracts"] if c["id"] not in proven_in]
     met = not survived and not unproven
     where = "/".join(devices)
     if met:
@@ -506,6 +509,7 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     requires = promo["requires"]
     if assessed is None:
         assessed, _ = assess_receipts(receipts_dir, root, specs_dir, key, cache=cache, policy=policy)
+    from engine.spec.applies import candidate_view
     from engine.spec.registry import implementation_file
 
     spec_name = f"specs/{spec.path.name}"
@@ -517,9 +521,12 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     cmd = _Command(key, flags, policy)
     relevant = [a for a in fresh if a.device in devices]
 
+    # A candidate is held to the contracts that apply to it: never to one about how the registered implementation
+    # is built (applies_to: registered), which its check does not run.
+    held = spec.data if implementation == "default" else candidate_view(spec.data)
     requirements = [_review(spec, receipts_dir, policy, flags)]
-    requirements += [_device(spec, dev, fresh, stale, cmd, untrusted, refused) for dev in devices]
-    requirements.append(_mutants(spec, relevant, devices, cmd))
+    requirements += [_device(spec, dev, fresh, stale, cmd, untrusted, refused, data=held) for dev in devices]
+    requirements.append(_mutants(spec, relevant, devices, cmd, data=held))
     requirements.append(_formal(spec, relevant, devices, cmd))
     requirements.append(_signed(spec, policy, untrusted, flags))
     if requires.get("mutation_score") is not None:  # only when the spec asks: older verdicts keep their shape

@@ -26,7 +26,10 @@ def cases(ctx: Any, params: dict) -> Iterator[tuple[int, dict[str, torch.Tensor]
 
 
 def on_device(ctx: Any, x: Any, dtype: torch.dtype | None = None) -> Any:
-    """A fresh leaf on the device in the dtype under test (bool and integer tensors keep their dtype)."""
+    """A fresh leaf on the device in the dtype under test (bool and integer tensors keep their dtype); the tensors in
+    a list (one context's logits per reward, None for an empty block) each so."""
+    if isinstance(x, list) and any(isinstance(v, torch.Tensor) for v in x):
+        return [on_device(ctx, v, dtype) for v in x]
     if not isinstance(x, torch.Tensor):
         return x
     # One copy (copy=True), not a cast, a move and a clone: page-scale budget inputs are 10^7 elements.

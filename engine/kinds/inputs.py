@@ -21,7 +21,7 @@ adds input X (`around: [X, Y]` adds both). `{values: [[...]]}` is a literal tens
 A `generator` may stand beside `tensors`: the declared tensors are drawn after the generator's inputs.
 `{from_dim: L, plus: 3}` is a Python int (L + 3), `{none: true}` is None (useful in a `cycle`),
 `{omit: true}` leaves a keyword argument out (the function's default applies), `{scalar: 0.5}`
-is a Python float. Mask layouts: response (a masked prompt of 0..prompt_max tokens,
+is a Python float. `zero_prob: p` makes each element exactly 0 with probability p. Mask layouts: response (a masked prompt of 0..prompt_max tokens,
 a response with holes of probability hole_prob, its first token kept, masked
 padding; `empty_rows: k` masks k whole rows), full (every slot valid).
 """
@@ -140,7 +140,10 @@ def _tensor(spec: dict, shape: list[int], g: torch.Generator, drawn: dict[str, A
         # elements, and calls.on_device writes the case's dense copy in the tested dtype from it.
         x = torch.tensor(float(spec.get("value", 0.0)), dtype=f64).expand(tuple(shape))
     x = _around(x, spec, drawn)
-    return x.log_softmax(-1) if spec.get("log_softmax") else x
+    x = x.log_softmax(-1) if spec.get("log_softmax") else x
+    if spec.get("zero_prob"):  # exact zeros (an advantage of 0 removes its token): drawn after the values
+        x = torch.where(torch.rand(tuple(shape), generator=g) < float(spec["zero_prob"]), torch.zeros((), dtype=f64), x)
+    return x
 
 
 def _around(x: torch.Tensor, spec: dict, drawn: dict[str, Any]) -> torch.Tensor:

@@ -45,7 +45,15 @@ class ReferenceAgreement(Kind):
                                  "properties": {"output": {"type": "integer", "minimum": 0},
                                                 "reference": {"type": "string"},
                                                 "keys": {"type": "array", "items": {"type": "string"},
-                                                         "minItems": 1, "maxItems": 32}}}}
+                                                         "minItems": 1, "maxItems": 32},
+                                                "optional": {"type": "array", "items": {"type": "string"},
+                                                             "maxItems": 32, "description": "keys the interface "
+                                                             "makes optional: compared when the dict holds them"},
+                                                "per_key": {"type": "array", "items": {"type": "string"},
+                                                            "maxItems": 32, "description": "keys also measured "
+                                                            "on their own, as KEY_abs_err (a tighter tolerance "
+                                                            "than the shared one; an optional key not reported "
+                                                            "measures 0)"}}}}
     required = CALL_REQUIRED + ["reference"]
     metrics = {"max_abs_err": "largest |got - want|", "max_rel_err": "largest |got - want| / |want|",
                "max_scaled_err": "largest |got - want| / max |want|", "grad_max_rel_err":
@@ -54,7 +62,8 @@ class ReferenceAgreement(Kind):
                "dtype_mismatches": "outputs of another dtype than result_dtype declares",
                "out_of_bounds": "outputs outside `bounds`", "undefined_nonfinite":
                "non-finite outputs where the reference is undefined", "compared": "entries compared", "cases": "cases",
-               "keys_max_abs_err": "keys_agree: largest |got - want| over the keys", "keys_max_rel_err":
+               "keys_max_abs_err": "keys_agree: largest |got - want| over the keys", "KEY_abs_err":
+               "keys_agree per_key: |got - want| of that key alone", "keys_max_rel_err":
                "keys_agree: largest |got - want| / max(|want|, 1)", "keys_missing":
                "keys_agree: keys absent from the returned dict or not numbers"}
 
@@ -169,7 +178,10 @@ def _keys_agree(ctx, params, t, whole, m, w) -> None:
 
     spec = params["keys_agree"]
     got = whole[spec["output"]] if isinstance(whole, (tuple, list)) and len(whole) > spec["output"] else None
-    want = calls.reference({**params, "reference": spec["reference"]}, t)
+    want = calls.reference({**params, "reference": spec["reference"]}, t, ctx=ctx)
+    optional, per_key = set(spec.get("optional") or ()), list(spec.get("per_key") or ())
+    for key in per_key:  # an optional key the call does not report is not held to anything: it measures 0
+        m[key + "_abs_err"] = 0.0
     worst_abs, worst_rel, missing, where = 0.0, 0.0, 0, None
     for key in spec["keys"]:
         ref = float(want[key])
@@ -177,12 +189,18 @@ def _keys_agree(ctx, params, t, whole, m, w) -> None:
             continue
         value = got.get(key) if isinstance(got, dict) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if key in optional and not (isinstance(got, dict) and key in got):
+                continue
             missing += 1
             ctx.not_applicable(f"the result has no number under {key!r}", "keys_missing")
             continue
         err = abs(float(value) - ref) if math.isfinite(float(value)) or float(value) != ref else 0.0
         if math.isnan(err):
             err = math.inf
+        if key in per_key:
+            m[key + "_abs_err"] = err
+            if err:
+                w[key + "_abs_err"] = f"key {key}: got {float(value)!r}, want {ref!r}"
         rel = err / max(abs(ref), 1.0)
         if err > worst_abs:
             worst_abs = err

@@ -44,6 +44,8 @@ INPUTS: dict[str, Any] = {
                 "from_dim": {"type": "string", "description": "a Python int: this dim's value (+ plus)"},
                 "plus": {"type": "integer"},
                 "none": {"const": True, "description": "the argument is None in this case"},
+                "zero_prob": {"type": "number", "minimum": 0, "maximum": 1,
+                              "description": "each element is exactly 0 with this probability (after around)"},
             },
         }
     },

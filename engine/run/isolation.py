@@ -690,8 +690,11 @@ def _adapted_identity(cand: "CandidateRun", ident: dict, target, outside=None) -
 
 def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
     """An engine.run.runner.Runner whose receipt names the candidate: its identity in the predicate, its files as
-    `impl:` subjects, its replaced-function mutants (a surviving one fails the run like any mutant)."""
-    from engine.run.runner import FAILED, PARTIAL, PASSED, Runner
+    `impl:` subjects, its replaced-function mutants (a surviving one fails the run like any mutant). `plan` is
+    narrowed to what a candidate is held to (engine.run.runner.for_candidate): no registered-only contract runs."""
+    from engine.run.runner import FAILED, PARTIAL, PASSED, Runner, for_candidate
+
+    plan = for_candidate(plan)
 
     class CandidateRunner(Runner):
         candidate_mutants: list = []
@@ -709,6 +712,8 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
         def predicate(self) -> dict:
             pred = super().predicate()
             pred["isolation"] = self.isolation
+            # which selected contracts a candidate is not held to (they test how the registered one is built)
+            pred["registered_only"] = {"skipped": list(plan.registered_only), "applies_to": "registered"}
             # `name` is the spec's registered implementation whose interface the candidate exposes; `kind:
             # external` and the target say it ran instead of that one (engine.run.impl_loader.unit_of)
             pred["implementation"] = {k: v for k, v in ident.items() if k != "subjects"} | {

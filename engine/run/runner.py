@@ -80,6 +80,8 @@ class Plan:
     mutants: list[dict]  # spec mutants, killed_by restricted to the selected contracts
     only: list[str] | None
     case: int | None = None  # check --case N: every selected contract runs its case N alone
+    # A candidate's run (for_candidate): the selected contracts it is not held to (`applies_to: registered`)
+    registered_only: list[str] = field(default_factory=list)
 
 
 def plan_run(spec: Spec, seeds: list[int] | None = None, only: list[str] | None = None,
@@ -107,6 +109,27 @@ def plan_run(spec: Spec, seeds: list[int] | None = None, only: list[str] | None 
             if killers:
                 planned.append({**m, "killed_by": killers})
     return Plan(spec=spec, seeds=seeds, contracts=contracts, mutants=planned, only=only)
+
+
+def for_candidate(plan: Plan) -> Plan:
+    """The plan a candidate implementation runs (`check --impl`, the evolve evaluator): without the contracts that
+    test how the registered implementation is built (`applies_to: registered`), which it is never held to, and
+    without the mutants only they kill. `registered_only` names the contracts left out, for the receipt."""
+    from engine.errors import NothingSelected
+    from engine.spec.applies import registered_only
+
+    internal = registered_only(plan.spec.data)  # the spec's, selected or not: none of them is a candidate's
+    if not internal or plan.registered_only == internal:
+        return plan
+    held = [c for c in plan.contracts if c["id"] not in internal]
+    if not held:
+        raise NothingSelected(f"{', '.join(c['id'] for c in plan.contracts)} test(s) how "
+                              f"{plan.spec.data['implementation']!r} is built (applies_to: registered) and never run "
+                              f"for --impl; select a contract a candidate is held to (contracts interface "
+                              f"{plan.spec.key} lists them)")
+    mutants = [{**m, "killed_by": [k for k in m["killed_by"] if k not in internal]} for m in plan.mutants]
+    return Plan(spec=plan.spec, seeds=plan.seeds, contracts=held, mutants=[m for m in mutants if m["killed_by"]],
+                only=plan.only, case=plan.case, registered_only=internal)
 
 
 def _plain_measurements(raw: Any) -> dict[str, Any]:

@@ -66,6 +66,12 @@ class Interface:
     declared: bool = True
     conventions: tuple[dict, ...] = ()  # {topic, rule}: what every function follows
     types: tuple[Type, ...] = ()
+    # Every contract a candidate is held to, as rules (engine/spec/rules.py), generated from the spec's contracts
+    # so the interface cannot drift from what the checks hold; the limits every check runs under; and the
+    # contracts a candidate is not held to (applies_to: registered).
+    rules: tuple[dict, ...] = ()
+    limits: dict = field(default_factory=dict)
+    registered_only: tuple[dict, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -74,11 +80,15 @@ class Interface:
 
 def from_spec(data: dict, registered: tuple[str, ...] | None = None) -> Interface:
     """The interface of a validated spec's data; without a section, the `registered` function names."""
+    from engine.spec import rules as rules_mod
+
+    held = {"rules": rules_mod.rules(data), "limits": rules_mod.limits(data),
+            "registered_only": rules_mod.registered_only(data)}
     section = data.get("interface")
     if section is None:
         names = tuple(sorted(registered or ()))
         return Interface(method=data["method"], implementation=data["implementation"],
-                         functions=tuple(Function(name=n, declared=False) for n in names), declared=False)
+                         functions=tuple(Function(name=n, declared=False) for n in names), declared=False, **held)
     functions = []
     for f in section["functions"]:
         args = tuple(Arg(name=a["name"], type=a["type"], meaning=a["meaning"], kind=a.get("kind", POSITIONAL),
@@ -91,7 +101,7 @@ def from_spec(data: dict, registered: tuple[str, ...] | None = None) -> Interfac
                      conventions=tuple(dict(c) for c in section.get("conventions", [])) + audited(data),
                      types=tuple(Type(name=ty["name"], summary=ty["summary"],
                                       fields=tuple(dict(f) for f in ty.get("fields", [])))
-                                 for ty in section.get("types", [])))
+                                 for ty in section.get("types", [])), **held)
 
 
 def audited(data: dict) -> tuple[dict, ...]:
@@ -190,6 +200,8 @@ def as_json(iface: Interface) -> dict:
 
     return {"method": iface.method, "implementation": iface.implementation, "declared": iface.declared,
             "description": iface.description, "conventions": [dict(c) for c in iface.conventions],
+            "limits": dict(iface.limits), "rules": [dict(r) for r in iface.rules],
+            "registered_only": [dict(r) for r in iface.registered_only],
             "types": [{"name": ty.name, "summary": ty.summary, "fields": [dict(f) for f in ty.fields]}
                       for ty in iface.types],
             "functions": [{"name": f.name, "signature": signature(f) if f.declared else None, "summary": f.summary,
@@ -253,7 +265,29 @@ def text_lines(iface: Interface) -> list[str]:
             lines += _value_lines(r, "    ", "returns ")
         for r in f.raises:
             lines.append(f"    raises {r['type']} when {_clean(r['when'])}{_clean(_message_words(r))}")
+    lines += rules_text(iface)
     return lines
+
+
+def rules_text(iface: Interface) -> list[str]:
+    """The limits, every rule a candidate is held to, and the contracts it is not, as terminal-safe lines."""
+    from engine.spec.rules import limit_lines, rule_lines
+
+    out = []
+    if iface.limits:
+        out += ["", "limits (every check of an implementation runs under them):"]
+        out += [f"    {_clean(x)}" for x in limit_lines(iface.limits)]
+    if iface.rules:
+        out += ["", f"rules: the {len(iface.rules)} contracts an implementation is held to, each expectation and "
+                    "parameter as the spec states it (an equality is exact)"]
+        for rule in iface.rules:
+            out.append("")
+            out += [_clean(x) for x in rule_lines(rule)]
+    if iface.registered_only:
+        out += ["", "not held to a candidate (applies_to: registered: they test how the registered implementation "
+                    "is built, and run on it only):"]
+        out += [f"    {_clean(r['contract'])}: {_clean(r['why'])}" for r in iface.registered_only]
+    return out
 
 
 def _value_lines(v: dict, indent: str, word: str) -> list[str]:

@@ -654,6 +654,9 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
         if score["contract"] not in contract_ids:
             err(["evolve", "score", "contract"], f"evolve.score names no contract of this spec: {score['contract']!r}",
                 use_one_of(contract_ids, score["contract"]))
+        elif any(c.get("id") == score["contract"] and c.get("applies_to") == "registered" for c in data["contracts"]):
+            err(["evolve", "score", "contract"], f"evolve.score names {score['contract']!r}, which a candidate never "
+                "runs (applies_to: registered)", "score candidates by a contract that applies to any implementation")
         if not score["range"][0] < score["range"][1]:
             err(["evolve", "score", "range"], f"range {list(score['range'])} is not [low, high] with low < high",
                 "give the score's worst and best values in increasing order, e.g. [0.0, 1.0]")

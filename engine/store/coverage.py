@@ -89,6 +89,7 @@ def facts(pred: dict) -> dict:
     budget = pred.get("budget") if isinstance(pred.get("budget"), dict) else {}
     mutation = pred.get("mutation") if isinstance(pred.get("mutation"), dict) else None
     only = req.get("only")
+    skipped = pred.get("registered_only") if isinstance(pred.get("registered_only"), dict) else {}
     return {
         "kind": FACTS_KIND,
         "only": _ids(only) if isinstance(only, list) and only else None,
@@ -102,6 +103,8 @@ def facts(pred: dict) -> dict:
         "budget_seeds": _ints(budget.get("seeds")),
         "status": pred.get("status") if isinstance(pred.get("status"), str) else None,
         "mutation_complete": None if mutation is None else mutation.get("complete") is True,
+        # a candidate's run: the contracts it is not held to (applies_to: registered), out of its scope
+        "registered_only": _ids(skipped.get("skipped")),
     }
 
 
@@ -116,7 +119,9 @@ def coverage(pred: dict, spec: Any = None) -> Coverage:
     selected (so `total` is None after --only)."""
     f = facts(pred)
     data = _spec_data(spec)
-    spec_contracts = [c.get("id") for c in data["contracts"] if isinstance(c, dict)] if data else None
+    not_held = set(f.get("registered_only") or ())
+    spec_contracts = [c.get("id") for c in data["contracts"] if isinstance(c, dict) and c.get("id") not in not_held] \
+        if data else None
     requested = f["contracts"]
     total = len(spec_contracts) if spec_contracts is not None else (None if f["only"] else len(requested))
     scope = set(spec_contracts) if spec_contracts is not None else set(requested)

@@ -211,6 +211,29 @@ def surrogate_optimistic():
     return IMPL.replace("tapo.surrogate_optimistic", tapo_loss=build_tapo_loss(surrogate_fn=_surrogate_optimistic))
 
 
+def _surrogate_zero_adv_nan(ratio, adv, eps):
+    """The surrogate multiplies an overflowed ratio by A = 0: inf * 0 = NaN in the value (no torch.where)."""
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps)
+    return -torch.minimum(ratio * adv, clipped * adv)
+
+
+@registry.mutant("tapo.zero_adv_nan", base="tapo")
+def zero_adv_nan():
+    return IMPL.replace("tapo.zero_adv_nan", tapo_loss=build_tapo_loss(surrogate_fn=_surrogate_zero_adv_nan))
+
+
+def _ratio_autograd_product(logp, old_logp, mask):
+    """R^ written literally as sg[R~] * exp(logp - sg[logp]): autograd's product rule multiplies the clip's 0 by an
+    overflowed R~, 0 * inf = NaN, at a token the clip removes."""
+    return _ratio_from_prefix_mean(
+        logp, old_logp, mask, lambda delta, m, cdt: delta.cumsum(-1) / m.cumsum(-1).clamp_min(1).to(cdt))
+
+
+@registry.mutant("tapo.clipped_grad_nan", base="tapo")
+def clipped_grad_nan():
+    return _with_ratio("tapo.clipped_grad_nan", _ratio_autograd_product)
+
+
 # --- proximal-update defects ---------------------------------------------------
 
 

@@ -122,7 +122,10 @@ class _LocalRatio(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (grad_scale,) = ctx.saved_tensors
-        return (grad * grad_scale).to(ctx.logp_dtype), None, None
+        # A token whose incoming gradient is 0 (the clip or a zero advantage removed it) gets exactly 0, also
+        # where R~_t overflowed: 0 * inf would be NaN, and one NaN token poisons the whole update.
+        g = torch.where(grad == 0, torch.zeros((), dtype=grad.dtype, device=grad.device), grad * grad_scale)
+        return g.to(ctx.logp_dtype), None, None
 
 
 def trajectory_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -213,9 +216,13 @@ def reject_silent_rows(row_has_signal: torch.Tensor, group_size: int | None) -> 
 
 
 def ppo_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """Per-token PPO loss -min(R A, clip(R, 1 - eps, 1 + eps) A) with per-position bounds."""
+    """Per-token PPO loss -min(R A, clip(R, 1 - eps, 1 + eps) A) with per-position bounds.
+
+    A token with A = 0 contributes exactly 0 (the paper's term, whatever R): selected with torch.where, so an
+    overflowed R (inf * 0 = NaN) reaches neither the value nor, through the unselected branch, the gradient."""
     clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps)
-    return -torch.minimum(ratio * adv, clipped * adv)
+    term = -torch.minimum(ratio * adv, clipped * adv)
+    return torch.where(adv == 0, torch.zeros((), dtype=term.dtype, device=term.device), term)
 
 
 class _FusedLoss(torch.autograd.Function):

@@ -43,8 +43,11 @@ def bank_logprobs(policy, base, prompts: torch.Tensor, responses: torch.Tensor) 
 
 
 def kl_to_base(logdist: torch.Tensor, base_logdist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token mean over valid positions of KL(pi_theta || pi_base) = sum_v p_theta (log p_theta - log p_base)."""
-    kl_tok = (logdist.exp() * (logdist - base_logdist)).sum(-1)
+    """Token mean over valid positions of KL(pi_theta || pi_base) = sum_v p_theta (log p_theta - log p_base); an
+    entry with p_theta = 0 (logdist -inf) adds 0 log 0 = 0 and gets gradient 0 (not 0 * -inf = NaN)."""
+    zero_p = logdist == float("-inf")
+    safe = torch.where(zero_p, torch.zeros_like(logdist), logdist)  # the double where: no -inf reaches autograd
+    kl_tok = torch.where(zero_p, torch.zeros_like(safe), safe.exp() * (safe - base_logdist)).sum(-1)
     return masked_mean(kl_tok, as_bool_mask(mask))
 
 

@@ -9,7 +9,8 @@ take every case, against float64 loops that share no code with it:
   over valid tokens never sees (the GRU is causal);
 * `bank_logprobs`: a live policy that differs from the frozen base, so scoring by the wrong one
   shows; the live log-probs carry a gradient, the base's do not;
-* `kl_to_base`: the value and the gradient with respect to the policy's log-distribution
+* `kl_to_base`: the value and the gradient with respect to the policy's log-distribution, which holds zero
+  probabilities (-inf log-probs: 0 log 0 = 0, gradient 0)
   against float64 KL(pi_theta || pi_base), token mean over valid positions, with other
   distributions in the padding slots.
 """
@@ -64,9 +65,9 @@ def _kl_reference(lt: list, lq: list, mask: list) -> tuple[float, list]:
         g_row = []
         for t, valid in enumerate(row):
             l, q = lt[b][t], lq[b][t]
-            if valid:
-                total.append(math.fsum(math.exp(a) * (a - c) for a, c in zip(l, q)))
-                g_row.append([math.exp(a) * (a - c + 1.0) / n for a, c in zip(l, q)])
+            if valid:  # a zero probability (l = -inf) adds 0 log 0 = 0 and has gradient 0
+                total.append(math.fsum(math.exp(a) * (a - c) for a, c in zip(l, q) if a != -math.inf))
+                g_row.append([math.exp(a) * (a - c + 1.0) / n if a != -math.inf else 0.0 for a, c in zip(l, q)])
             else:
                 g_row.append([0.0] * len(l))
         grad.append(g_row)
@@ -107,15 +108,21 @@ def harness_reference(impl, ctx) -> dict:
 
     # KL term: value and gradient, other distributions in padding.
     V = vocab
-    l_theta = torch.log_softmax(torch.randn(N, T, V, generator=g, dtype=F64) * 2, -1)
+    raw = torch.randn(N, T, V, generator=g, dtype=F64) * 2
     l_base = torch.log_softmax(torch.randn(N, T, V, generator=g, dtype=F64) * 2, -1)
+    # zero probabilities in the policy's distribution (log-prob -inf): 0 log 0 = 0, gradient 0, never NaN
+    drop = torch.rand(N, T, V, generator=g) < 0.2
+    drop[..., 0] = False
+    l_theta = torch.log_softmax(torch.where(drop, -math.inf, raw), -1)
+    l_full = torch.log_softmax(raw, -1)  # for the direction check: KL(base || theta) is +inf where theta is 0
     x = l_theta.to(ctx.device, dt).requires_grad_(True)
     kl = impl.kl_to_base(x, l_base.to(ctx.device, dt), mask)
     gx = torch.autograd.grad(kl, x, allow_unused=True)[0] if kl.requires_grad else None
     gx = torch.zeros_like(x) if gx is None else gx  # a cut gradient is measured as 0, not raised
     lt_r, lb_r = l_theta.to(dt).double(), l_base.to(dt).double()
     want_kl, want_grad = _kl_reference(lt_r.tolist(), lb_r.tolist(), mask.cpu().tolist())
-    rev_kl, _ = _kl_reference(lb_r.tolist(), lt_r.tolist(), mask.cpu().tolist())
+    full_kl, _ = _kl_reference(l_full.to(dt).double().tolist(), lb_r.tolist(), mask.cpu().tolist())
+    rev_kl, _ = _kl_reference(lb_r.tolist(), l_full.to(dt).double().tolist(), mask.cpu().tolist())
     swapped = torch.where(mask[..., None].cpu(), l_theta, l_base.roll(1, 0))
     kl_pad = impl.kl_to_base(swapped.to(ctx.device, dt), torch.where(mask[..., None].cpu(), l_base, l_theta).to(ctx.device, dt), mask)
     # The token mean's edges: one valid token (the mean is that token's KL) and none (0, not 0/0).
@@ -140,7 +147,7 @@ def harness_reference(impl, ctx) -> dict:
         "policy_base_logp_gap": policy_gap,
         "kl_abs_err": _maxabs(torch.tensor(float(kl.detach()) - want_kl)),
         "kl_grad_max_abs_err": _maxabs(gx.detach().double().cpu() - torch.tensor(want_grad, dtype=F64)),
-        "kl_direction_gap": abs(want_kl - rev_kl),
+        "kl_direction_gap": abs(full_kl - rev_kl),
         "kl_padding_abs_diff": abs(float(kl_pad.detach()) - float(kl.detach())),
         "kl_edge_abs_err": edge_err,
     }

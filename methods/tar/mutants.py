@@ -17,6 +17,8 @@ from methods.common.source_edit import recompile
 from methods.tar import fps as fps_module
 from methods.tar import reference as ref
 from methods.tar.fps import TIE_TOL, _segment_fps, farthest_point_prototypes
+from methods.common import masked_mean
+from methods.common.masking import as_bool_mask
 from methods.tar.harness import kl_to_base, trajectory_embeddings
 from methods.tar.impl import IMPL
 from methods.tar.replay import DENOM_EPS, adaptive_replay_loss, check_replay_inputs, compute_dtype, soft_gate, tar_total_loss
@@ -194,6 +196,17 @@ def kl_sign_flipped():
         return -kl_to_base(logdist, base_logdist, mask)
 
     return IMPL.replace("tar.kl_sign_flipped", kl_to_base=kl)
+
+
+@registry.mutant("tar.kl_zero_prob_nan", base="tar")
+def kl_zero_prob_nan():
+    """p log p written as exp(l) * l with no select: a zero probability (l = -inf) gives 0 * -inf = NaN."""
+
+    def kl(logdist, base_logdist, mask):
+        kl_tok = (logdist.exp() * (logdist - base_logdist)).sum(-1)
+        return masked_mean(kl_tok, as_bool_mask(mask))
+
+    return IMPL.replace("tar.kl_zero_prob_nan", kl_to_base=kl)
 
 
 # --- batched-FPS defects -------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Independent references for the TAR checks: plain Python floats (float64), loops, no torch math.
+"""Independent references for the TAR checks: loops in exact rationals or 40-digit decimals, each result rounded to a
+float64 once; no torch math.
 
 Nothing here imports the method's code. `fps_per_prompt_loop` is the one
 exception to "no torch": it is the naive per-prompt torch loop the vectorised
@@ -8,6 +9,8 @@ FPS is benchmarked against (same rule, one prompt at a time).
 from __future__ import annotations
 
 import math
+from decimal import Decimal, localcontext
+from fractions import Fraction
 from typing import Sequence
 
 import torch
@@ -22,13 +25,31 @@ DENOM_EPS = 1e-8
 # --- soft gate and replay loss -------------------------------------------------
 
 
+_PREC = 40  # decimal digits of the loops below: each result is rounded to a float64 once
+
+
+def _phi_dec(z: Decimal) -> Decimal:
+    """max(1 - e^-z, 0) in decimals: the Taylor series of -expm1(-z) for small z, where 1 - e^-z would cancel."""
+    if z <= 0:
+        return Decimal(0)
+    if z >= Decimal("0.1"):
+        return 1 - (-z).exp()
+    term = total = z
+    k = 1
+    while True:
+        k += 1
+        term = -term * z / k
+        if abs(term) <= abs(total) * Decimal(10) ** -(_PREC + 3):
+            return total
+        total += term
+
+
 def phi(z: float) -> float:
-    """max(1 - e^-z, 0) for a Python float (0 for z <= 0, e^-z taken only for z > 0)."""
+    """max(1 - e^-z, 0) for a Python float, correctly rounded (0 for z <= 0, NaN stays NaN)."""
     if math.isnan(z):
         return math.nan
-    if z <= 0.0:
-        return 0.0
-    return -math.expm1(-z)
+    with localcontext(prec=_PREC):
+        return float(_phi_dec(Decimal(z)))
 
 
 def replay_reference(
@@ -36,28 +57,31 @@ def replay_reference(
     logp_base: Sequence[Sequence[float]],
     mask: Sequence[Sequence[bool]],
 ):
-    """Loss, analytic gradient d L / d logp_theta, gates and weights, by loops in float64.
+    """Loss, analytic gradient d L / d logp_theta, gates and weights, by loops in 40-digit decimals, each result
+    rounded to a float64 once (the contracts hold gates and weights to 1e-14, which a float64 loop rounding at
+    every step could not be certified against).
 
     L = (1/B) sum_b g_b * sum_t w_bt (-l_bt) / (1e-8 + sum_t w_bt)
     dL/dl_bt = -(1/B) g_b w_bt / (1e-8 + sum_t w_bt) at valid t, 0 elsewhere.
     """
     B = len(logp_theta)
-    loss = 0.0
     grad, gates, weights = [], [], []
-    for b in range(B):
-        valid = [t for t, v in enumerate(mask[b]) if v]
-        deltas = {t: float(logp_base[b][t]) - float(logp_theta[b][t]) for t in valid}
-        mean_delta = math.fsum(deltas.values()) / len(valid) if valid else 0.0
-        g = phi(mean_delta)
-        w = [phi(deltas[t]) if t in deltas else 0.0 for t in range(len(mask[b]))]
-        wsum = math.fsum(w)
-        num = math.fsum(w[t] * (-float(logp_theta[b][t])) for t in valid)
-        loss += g * num / (DENOM_EPS + wsum)
-        grad.append([(-g * w[t] / (DENOM_EPS + wsum)) / B if t in deltas else 0.0 for t in range(len(mask[b]))])
-        gates.append(g)
-        weights.append(w)
-    loss = loss / B if B else 0.0
-    return loss, grad, gates, weights
+    with localcontext(prec=_PREC):
+        eps = Decimal(DENOM_EPS)
+        loss = Decimal(0)
+        for b in range(B):
+            valid = [t for t, v in enumerate(mask[b]) if v]
+            lt = {t: Decimal(float(logp_theta[b][t])) for t in valid}
+            deltas = {t: Decimal(float(logp_base[b][t])) - lt[t] for t in valid}
+            mean = sum(deltas.values(), Decimal(0)) / len(valid) if valid else Decimal(0)
+            g = _phi_dec(mean)
+            w = {t: _phi_dec(d) for t, d in deltas.items()}
+            den = eps + sum(w.values(), Decimal(0))
+            loss += g * sum((w[t] * -lt[t] for t in valid), Decimal(0)) / den
+            grad.append([float(-g * w[t] / den / B) if t in w else 0.0 for t in range(len(mask[b]))])
+            gates.append(float(g))
+            weights.append([float(w[t]) if t in w else 0.0 for t in range(len(mask[b]))])
+        return (float(loss / B) if B else 0.0), grad, gates, weights
 
 
 # --- farthest-point sampling ---------------------------------------------------
@@ -222,7 +246,9 @@ def total_tensor(grpo_loss, replay_loss, lambda_rep=1.0) -> dict:
     """L_GRPO + lambda_rep L_rep and its gradient w.r.t. both parts (1 and lambda_rep); lambda_rep's default is
     the page's 1."""
     lam = float(lambda_rep)
-    return {"value": grpo_loss + lam * replay_loss,
+    # L_GRPO + lambda L_rep rounded once (exact rationals), as the contract's 1e-15 relative tolerance needs
+    value = float(Fraction(float(grpo_loss)) + Fraction(lam) * Fraction(float(replay_loss)))
+    return {"value": torch.tensor(value, dtype=torch.float64).reshape(grpo_loss.shape),
             "grad": [torch.ones_like(grpo_loss), torch.full_like(replay_loss, lam)]}
 
 
