@@ -96,9 +96,10 @@ def show(
         t.add_row(c["id"], c["kind"], tier_of(c), "" if check.startswith("kind:") else check, ",".join(c["dtypes"]),
                   str(c["cases"]), "; ".join(_fmt_expect(e) for e in c["expect"]))
     con.print(t)
-    tiers = _tiers(d)  # the few budget contracts by name: the rest is maths
-    con.print(f"tiers: math {len(tiers['math'])}; budget {len(tiers['budget'])}"
-              + (f" ({', '.join(tiers['budget'])})" if tiers["budget"] else ""))
+    tiers = _tiers(d)  # the few budget and scale contracts by name: the rest is maths
+    con.print(f"tiers: math {len(tiers['math'])}; "
+              + "; ".join(f"{t} {len(tiers[t])}" + (f" ({', '.join(tiers[t])})" if tiers[t] else "")
+                          for t in TIERS if t != "math"))
     con.print("contract parameters", style="bold")
     for c in d["contracts"]:
         con.print(f"- {c['id']} ({c['kind']}): {_fmt_params(c.get('params') or {})}"
@@ -134,7 +135,7 @@ def show(
 
 
 def _tiers(d: dict) -> dict[str, list[str]]:
-    """The contract ids of each tier (math, budget), in spec order."""
+    """The contract ids of each tier (math, budget, scale), in spec order."""
     return {tier: [c["id"] for c in d["contracts"] if tier_of(c) == tier] for tier in TIERS}
 
 

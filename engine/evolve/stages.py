@@ -3,9 +3,12 @@
 Each stage needs everything the stages before it needed, so a stage's verdict
 never rests on a stage that did not run:
 
-  1  the value and gradient contracts, on the budget's first seed (cheap, catches most broken candidates);
-  2  every contract except the mechanism runs, on every budget seed;
-  3  every contract, mechanism runs included, on every budget seed: the whole check, and the spec's score.
+  1  the value and gradient contracts of the math tier, on the first seed (cheap, catches most broken candidates);
+  2  every contract except the mechanism runs, the scale tier included, on every seed;
+  3  every contract, mechanism runs included, on every seed: the whole check, and the spec's score.
+
+The seeds are the evaluator's: by default drawn fresh from the operating system for every candidate and stage
+(engine/evolve/evaluator.py), so a stage's cells name that stage's seeds.
 
 `evaluate()` (OpenEvolve without a cascade) needs what stage 3 needs.
 """
@@ -22,8 +25,8 @@ Cell = tuple  # (contract id, seed, dtype)
 
 
 def _in_stage(contract: dict, stage: int) -> bool:
-    if stage == 1:
-        return contract["kind"] in STAGE1_KINDS
+    if stage == 1:  # the scale tier's cases are large: stage 2 runs them, once stage 1 holds
+        return contract["kind"] in STAGE1_KINDS and contract.get("tier", "math") != "scale"
     if stage == 2:
         return contract["kind"] != MECHANISM
     return True
