@@ -93,15 +93,15 @@ class Handle:
         attrs = object.__getattribute__(self, "_attrs")
         if name in attrs:
             return attrs[name]
-        raise AttributeError(f"the checks' {object.__getattribute__(self, '_kind')} is a handle here: call it "
+        raise AttributeError(f"the caller's {object.__getattribute__(self, '_kind')} is a handle here: call it "
                              f"with tensors; of its attributes only {sorted(attrs) or 'none'} are readable, "
                              f"not {name!r}")
 
     def __setattr__(self, name, value):
-        raise AttributeError("the checks' objects are read-only here")
+        raise AttributeError("the caller's objects are read-only here")
 
     def __repr__(self):
-        return f"<handle to the checks' {self._kind}>"
+        return f"<handle to the caller's {self._kind}>"
 
 
 def _tensors(obj, out: list) -> list:
@@ -469,7 +469,11 @@ def _load_object(target: dict):
     """Execute a file or module target; return the module, or its attribute."""
     if target.get("path"):
         path = Path(target["path"])
-        name = "contracts_candidate_" + re.sub(r"\W", "_", path.stem)
+        # its own name, as `import stem` would give it (a name taken already, by torch or the standard library,
+        # gets a suffix): nothing in the module's name says how it is being run
+        name = re.sub(r"\W", "_", path.stem) or "module"
+        while name in sys.modules:
+            name += "_"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load {path.name} as a module")
