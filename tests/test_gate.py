@@ -143,6 +143,33 @@ def test_the_device_requirement_counts_math_and_budget_apart_and_may_require_onl
     assert not _req(_gate(root, specs, receipts), "device:cpu")["met"]
 
 
+def test_a_candidate_needs_a_fresh_seed_receipt(layout):
+    """The budget's seeds are public: beside them an --impl candidate needs a receipt on seeds drawn at run time
+    in which every contract held; the registered implementation only when the spec asks (fresh_seeds: true)."""
+    root, specs, receipts = layout
+    G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
+    own = _req(_gate(root, specs, receipts), "fresh_seeds")
+    assert own["met"] and not own["required"] and "registered implementation" in own["detail"]
+    spec = load_spec(specs / "toy.yaml", root)
+    cand = _req(evaluate(spec, receipts, root, specs, implementation="impl:" + "0" * 64), "fresh_seeds")
+    assert cand["required"] and not cand["met"] and cand["argv"][-2:] == ["--seeds", "fresh"]
+    _set_requires(specs, "    all_budget_seeds: true", "    all_budget_seeds: true\n    fresh_seeds: true")
+    G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
+    r = _gate(root, specs, receipts)
+    assert not _req(r, "fresh_seeds")["met"] and _req(r, "device:cpu")["met"]  # the budget seeds alone: not enough
+    assert "no fresh cpu receipt with seeds drawn at run time" in _req(r, "fresh_seeds")["detail"]
+    G.write(root, receipts, specs / "toy.yaml", seeds=(9001, 9002), seed_source="given")  # chosen, not drawn
+    assert not _req(_gate(root, specs, receipts), "fresh_seeds")["met"]
+    G.write(root, receipts, specs / "toy.yaml", seeds=(3952690999, 17), seed_source="fresh")
+    r = _gate(root, specs, receipts)
+    assert _req(r, "fresh_seeds")["met"] and "fresh seeds 3952690999,17" in _req(r, "fresh_seeds")["detail"]
+    assert r["promotable"], r["reasons"]
+    # a failure on a drawn seed is a failure: the device requirement closes, whatever else passed
+    G.write(root, receipts, specs / "toy.yaml", seeds=(555,), seed_source="fresh", fail={("double-value", 555,
+                                                                                           "float32")})
+    assert not _req(_gate(root, specs, receipts), "device:cpu")["met"]
+
+
 def test_one_seed_is_enough_when_all_budget_seeds_is_false(layout):
     root, specs, receipts = layout
     _set_requires(specs, "all_budget_seeds: true", "all_budget_seeds: false")

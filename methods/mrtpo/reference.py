@@ -226,7 +226,9 @@ def _register() -> None:
     def pairs(g, case, ctx, inputs):
         """Two [rows, V] log-distributions of the case's regime (PAIR_KINDS, in turn): unrelated, nearly
         identical, peaked, exact zeros, disjoint supports, -1e4 entries."""
-        rows = int((inputs.get("dims") or {}).get("N", 4))  # the spec declares N; V is drawn per case
+        from engine.kinds.inputs import _dim
+
+        rows = _dim((inputs.get("dims") or {}).get("N", 4), g)  # the spec declares N (a range); V is drawn per case
         regimes = (inputs.get("options") or {}).get("regimes") or PAIR_KINDS
         regime = regimes[case % len(regimes)]
         if regime.startswith("onehot"):  # one-hot rows, -inf or -1e4 elsewhere; b the next row's one-hot
