@@ -232,8 +232,13 @@ def _scale_register() -> None:
         per = torch.where(near & has, torch.full_like(per, math.nan), per)
         g = torch.where(m, per[:, None].expand(m.shape), torch.zeros((), dtype=f64))
         return {"value": torch.tensor(fsum(term) / rows, dtype=f64), "scale": fsum(term.abs()) / rows, "grad": [g],
-                "scalars": {"tokens": int(n.sum()), "rows": rows},
                 "counts": {"clipped_rows": int((clipped & has).sum()), "grad_excluded_rows": int((near & has).sum())}}
+
+    @registry.reference("gspo.loss_counts")
+    def loss_counts(logp, old_logp, advantages, mask, **_):
+        """The counts gspo_loss reports: the valid tokens and the non-empty responses, exactly."""
+        n = mask.to(torch.bool).sum(-1)
+        return {"tokens": int(n.sum()), "rows": int((n > 0).sum())}
 
 
 _scale_register()

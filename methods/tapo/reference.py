@@ -185,8 +185,13 @@ def _scale_register() -> None:
         near = m & (((r - hi).abs() <= margin * hi) | ((r - lo).abs() <= margin * lo.clamp_min(1e-300)))
         clipped = int((m & ~near & (g == 0)).sum())
         return {"value": torch.tensor(fsum(term) / n, dtype=f64), "scale": fsum(term.abs()) / n,
-                "grad": [torch.where(near, torch.full_like(g, math.nan), g)], "scalars": {"tokens": n},
+                "grad": [torch.where(near, torch.full_like(g, math.nan), g)],
                 "counts": {"clipped_tokens": clipped, "grad_excluded": int(near.sum())}}
+
+    @registry.reference("tapo.loss_counts")
+    def loss_counts(logp, old, adv, mask, *args, **kwargs):
+        """The count tapo_loss reports (metrics['tokens']): the valid tokens, exactly."""
+        return {"tokens": int(mask.to(torch.bool).sum())}
 
 
 _scale_register()
