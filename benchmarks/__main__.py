@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks.harness import ROOT, Row
 
-ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "boundary", "tui")
+ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "boundary", "audit", "tui")
 # The TUI rows generate 10,000 receipts and let the first start index them (about 130 ms of CPU per
 # receipt, mostly the receipt schema check): far longer than every other row together, so they run only
 # when named, `--only tui`, and the default run stays under five minutes on a 2-core machine.
@@ -89,6 +89,10 @@ def measure(name: str, device: str, quick: bool) -> list[Row]:
         from benchmarks import sandbox_bench
 
         return sandbox_bench.boundary(device, **({"repeats": 1, "check_repeats": 1} if quick else {}))
+    if name == "audit":
+        from benchmarks import audit_bench
+
+        return audit_bench.run(device, **({"repeats": 1} if quick else {}))
     if name == "tui":
         from benchmarks import tui_rows
 

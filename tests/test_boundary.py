@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.impl_support import ROOT
 from tests.test_impl import FIXTURE, METHOD, RATIO_BODY, check, invoke, receipts_of, variant
+
+MRTPO_FIXTURE = ROOT / "tests" / "fixtures" / "my_mrtpo.py"
 
 PROBE = '''
 import sys
@@ -126,10 +129,97 @@ def unmetered(x):
 
     __main__._meter_class().report = lambda self: None
     return x * 2.0
+
+
+def snapshot(policy):
+    """MRTPO's freeze as the interface says: a deep copy (made by the checks), put in eval mode, no grad."""
+    import copy
+
+    return copy.deepcopy(policy).requires_grad_(False).eval()
+
+
+def snapshot_of_copy(policy):
+    import copy
+
+    return copy.deepcopy(copy.deepcopy(policy)).eval()
+
+
+def copies(policy, n):
+    import copy
+
+    return [copy.deepcopy(policy) for _ in range(n)][-1]
+
+
+def tamper(policy, how):
+    """Everything a freeze might try on the live student through its handle."""
+    import copy
+    import pickle
+
+    if how == "train":
+        policy.train()
+    elif how == "eval":
+        policy.eval()
+    elif how == "no_grad":
+        policy.requires_grad_(False)
+    elif how == "parameters":
+        policy.parameters()
+    elif how == "state_dict":
+        policy.state_dict()
+    elif how == "set":
+        policy.weight = None
+    elif how == "del":
+        del policy.weight
+    elif how == "shallow":
+        copy.copy(policy)
+    elif how == "pickle":
+        pickle.dumps(policy)
+    elif how == "forged_request":
+        policy._do("load_state_dict", {})
+    elif how == "to":
+        policy._do("to", "cuda")
+    elif how == "copy_train_with_a_string":
+        copy.deepcopy(policy)._do("train", "yes")
+    return policy
+
+
+def forged(policy, index):
+    """A handle of its own making, by number."""
+    return type(policy)(None, index, "Linear", {})
+
+
+def kept_copy(policy):
+    import copy
+
+    _KEPT.append(copy.deepcopy(policy))
+    return _KEPT[-1]
+
+
+def give_kept():
+    return _KEPT[-1]
+
+
+def in_a_tuple(policy):
+    return (policy,)
+
+
+def not_a_policy(policy):
+    return torch.ones(1)
+
+
+def a_tuple(policy):
+    return (1,)
+
+
+def in_a_generator(policy):
+    yield policy
 '''
 NAMES = ["engine_modules", "patch_the_judge", "square", "refuse", "custom", "leaves", "stub", "text", "an_object",
          "generator", "through", "give_back", "peek", "fields", "widen", "keep", "use_kept", "call_with",
-         "unmetered"]
+         "unmetered", "snapshot", "snapshot_of_copy", "copies", "tamper", "forged", "kept_copy", "give_kept",
+         "in_a_tuple", "not_a_policy", "a_tuple", "in_a_generator"]
+# the functions the probe's interface declares to return a policy (as MRTPO's declares `freeze`)
+RETURNS = {"snapshot", "snapshot_of_copy", "copies", "tamper", "forged", "kept_copy", "give_kept", "not_a_policy",
+           "a_tuple", "in_a_generator"}
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +233,7 @@ def remote(tmp_path_factory):
                      "memory_mb": 2048, "cwd": str(path.parent)}, 180)
     assert msg["op"] == "loaded" and not msg["missing"], msg
     conn.deadline_s = 60.0
-    yield boundary.implementation(conn, "probe", NAMES), conn
+    yield boundary.implementation(conn, "probe", NAMES, RETURNS), conn
     conn.close()
 
 
@@ -301,6 +391,91 @@ def test_a_kept_handle_does_not_reach_the_next_checks_object_at_its_index(remote
     assert conn.lost is None
 
 
+def _linear():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2, dtype=torch.float64)
+    lin.vocab_size = 7  # a plain attribute: what the candidate may read
+    return lin
+
+
+def test_a_deep_copy_of_a_handle_is_made_here_and_comes_back_as_that_object(remote, impl):
+    """MRTPO's freeze(policy) -> Policy: `copy.deepcopy(handle)` asks the checks for a copy of their module; the
+    candidate may put that copy (only) in eval mode without grad, and returning its handle gives the check the
+    copy itself, while the checks' own module is untouched."""
+    _impl, conn = remote
+    lin = _linear()
+    frozen = impl.snapshot(lin)
+    assert isinstance(frozen, torch.nn.Linear) and frozen is not lin
+    assert not frozen.training and not any(q.requires_grad for q in frozen.parameters()) and frozen.vocab_size == 7
+    assert lin.training and all(q.requires_grad for q in lin.parameters())
+    for a, b in zip(frozen.parameters(), lin.parameters()):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    with torch.no_grad():
+        lin.weight.add_(1.0)  # the student moves on; the snapshot does not
+    assert not torch.equal(frozen.weight, lin.weight)
+    again = impl.snapshot_of_copy(lin)  # a copy of a copy is the candidate's too
+    assert again is not frozen and again is not lin and not again.training
+    # what freeze returns is the object the candidate's handle stands for: the live student when it returns that
+    assert impl.tamper(lin, "none") is lin
+    assert conn.lost is None and conn.refused is None
+
+
+def test_a_handle_refuses_what_would_reach_or_change_the_checks_own_module(remote, impl):
+    """The live student is the checks': its mode, its requires_grad, its weights and its attributes are not the
+    candidate's, whatever route it tries (a forged request too); a copy's mode only takes a bool."""
+    _impl, conn = remote
+    lin = _linear()
+    state = {k: v.clone() for k, v in lin.state_dict().items()}
+    for how, exc, text in (("train", PermissionError, "applies only to a copy made with copy.deepcopy"),
+                           ("eval", PermissionError, "applies only to a copy"),
+                           ("no_grad", PermissionError, "applies only to a copy"),
+                           ("parameters", AttributeError, "handle here"),
+                           ("state_dict", AttributeError, "handle here"),
+                           ("set", AttributeError, "read-only"),
+                           ("del", AttributeError, "read-only"),
+                           ("shallow", TypeError, "shallow copy would share its parameters"),
+                           ("pickle", TypeError, "does not pickle"),
+                           ("forged_request", TypeError, "does not 'load_state_dict'"),
+                           ("to", TypeError, "does not 'to'"),
+                           ("copy_train_with_a_string", TypeError, "does not 'train'")):
+        with pytest.raises(exc, match=text):
+            impl.tamper(lin, how)
+    assert lin.training and all(q.requires_grad for q in lin.parameters())
+    assert all(torch.equal(v, lin.state_dict()[k]) for k, v in state.items())
+    assert conn.lost is None
+
+
+def test_only_a_function_declared_to_return_a_policy_gives_back_a_handle_and_only_one_issued_in_this_check(
+        remote, impl):
+    from engine.run.boundary import MAX_COPIES, ReturnRefused
+
+    _impl, conn = remote
+    lin = _linear()
+    for fn, args, text in (("give_back", (lin,), "handle to the checks' Linear: only a function the interface "
+                                                 "declares to return a policy"),
+                           ("in_a_tuple", (lin,), "return value\\[0\\] is a handle"),
+                           ("not_a_policy", (lin,), "return value is a Tensor: the interface declares a policy"),
+                           ("a_tuple", (lin,), "return value is a tuple: the interface declares a policy"),
+                           ("in_a_generator", (lin,), "return value is a generator: the interface declares a policy"),
+                           ("forged", (lin, 10**6), "did not issue in this check")):
+        conn.refused = None
+        with pytest.raises(ReturnRefused, match=text):
+            getattr(impl, fn)(*args)
+    conn.refused = None
+    issued = next(i for i, h in enumerate(conn.handles) if h is lin)
+    assert impl.forged(lin, issued) is lin  # a number issued in this check: that very object
+    assert isinstance(impl.copies(lin, MAX_COPIES), torch.nn.Linear)
+    with pytest.raises(ValueError, match=f"more than {MAX_COPIES} copies"):
+        impl.copies(lin, MAX_COPIES + 1)
+    # a copy kept from an earlier check is gone with that check: returned, or copied again, it reaches nothing
+    impl.kept_copy(lin)
+    conn.reset()
+    conn.refused = None
+    with pytest.raises(ReturnRefused, match="did not issue in this check"):
+        impl.give_kept()
+    assert conn.lost is None
+
+
 def test_a_call_back_with_token_ids_outside_the_vocabulary_is_refused_before_it_indexes(impl):
     """On a GPU an out-of-range id is a device-side assert that poisons every later check: refused here first."""
     emb = torch.nn.Embedding(5, 2)
@@ -441,27 +616,89 @@ def test_a_contract_whose_argument_is_a_policy_runs_here_and_calls_the_candidate
     assert iso["checks_in"] == "supervisor" and "checks_in_candidate" not in iso, iso
 
 
-def test_budget_contracts_are_checked_here_on_the_call_loops_meter_and_freeze_runs_beside(tmp_path):
+def test_budget_contracts_are_checked_here_on_the_call_loops_meter_and_freeze_runs_here_too(tmp_path):
     """MRTPO: a budget contract is checked in the supervisor on the candidate's own memory reading (the receipt
-    says measured_in candidate); a contract calling freeze (it returns a module) runs beside, and says why."""
-    from tests.impl_support import ROOT
-
+    says measured_in candidate); a contract calling freeze runs here too: the module freeze returns is a handle,
+    read as the checks' own object (the copy the candidate asked for)."""
     store = tmp_path / "r"
-    r = invoke("check", "mrtpo", "--impl", str(ROOT / "tests" / "fixtures" / "my_mrtpo.py"), "--seeds", "42",
-               "--only", "js_vectorised", "--only", "protocol", "--no-mutants", "--no-sandbox", "--receipts",
-               str(store))
+    r = invoke("check", "mrtpo", "--impl", str(MRTPO_FIXTURE), "--seeds", "42", "--only", "js_vectorised", "--only",
+               "protocol", "--no-mutants", "--no-sandbox", "--receipts", str(store))
     assert r.exit_code == 0, r.output
-    assert "checks ran in: mixed; beside the candidate: protocol; memory/time measured in the candidate's " \
-        "process: js_vectorised" in r.output
+    assert "checks ran in: supervisor; memory/time measured in the candidate's process: js_vectorised" in r.output
     (path,) = (store / "mrtpo").glob("*.json")
     pred = json.loads(path.read_text())["predicate"]
     iso = pred["isolation"]
-    assert iso["checks_in"] == "mixed"
-    assert [(c["contract"], "freeze returns a policy module" in c["why"]) for c in iso["checks_in_candidate"]] == \
-        [("protocol", True)]
+    assert iso["checks_in"] == "supervisor" and "checks_in_candidate" not in iso, iso
     assert [c["contract"] for c in iso["measured_in_candidate"]] == ["js_vectorised"]
     where = {(x["contract"], x["checked_in"], x.get("measured_in")) for x in pred["results"]}
-    assert where == {("js_vectorised", "supervisor", "candidate"), ("protocol", "candidate", None)}
+    assert where == {("js_vectorised", "supervisor", "candidate"), ("protocol", "supervisor", None)}
+
+
+# An MRTPO whose student sees the first verifier block (alone it fails loo_contexts and mechanism), with issue 36's
+# attack: where the checks run in its process (a worker beside it that holds the engine), it re-points
+# Runner.call so that every contract measures the registered implementation instead of it.
+LEAK = "def student_context(prompts, blocks):\n    return torch.cat([prompts, blocks[0]], 1)\n"
+REPOINT = ("\nimport sys as _s\n"
+           "_r = _s.modules.get('engine.run.runner')\n"
+           "if _r is not None:\n"
+           "    _real = _r.Runner.call\n"
+           "    def _call(self, impl, *a, **k):\n"
+           "        from engine.spec import registry as _reg\n"
+           "        return _real(self, _reg.load().get_implementation('mrtpo'), *a, **k)\n"
+           "    _r.Runner.call = _call\n")
+
+
+def _mrtpo_variant(tmp_path, name: str, old: str, new: str, tail: str = "") -> Path:
+    src = MRTPO_FIXTURE.read_text()
+    assert src.count(old) == 1, old
+    path = tmp_path / name
+    path.write_text(src.replace(old, new) + tail)
+    return path
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no-sandbox"])
+def test_a_candidate_that_re_points_the_runner_from_a_freeze_contract_fails_because_freeze_runs_here(
+        tmp_path, monkeypatch, sandboxed):
+    """Issue 36: MRTPO's freeze contracts ran beside the candidate, where re-pointing Runner.call made a candidate
+    that leaks a verifier block to its student pass them. They run in the supervisor now: the leak fails the
+    contracts that see it, named, and the receipt says checks_in supervisor. Beside it (the old way) the same
+    file passes."""
+    from engine.run import isolation, sandbox
+
+    if sandboxed and sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    cand = _mrtpo_variant(tmp_path, "repoint.py", "def student_context(prompts, blocks):\n    return prompts\n", LEAK,
+                          REPOINT)
+    flag = [] if sandboxed else ["--no-sandbox"]
+    store = tmp_path / "r"
+    r = invoke("check", "mrtpo", "--impl", str(cand), "--seeds", "42", "--only", "loo_contexts", "--only",
+               "mechanism", "--no-mutants", "--json", *flag, "--receipts", str(store))
+    assert r.exit_code == 1, r.output
+    (run,) = json.loads(r.stdout)["runs"]
+    assert {x["contract"]: x["status"] for x in run["results"]} == {"loo_contexts": "failed", "mechanism": "failed"}
+    (path,) = (store / "mrtpo").glob("*.json")
+    iso = json.loads(path.read_text())["predicate"]["isolation"]
+    assert iso["checks_in"] == "supervisor" and "checks_in_candidate" not in iso, iso
+    if sandboxed:
+        return
+    monkeypatch.setattr(isolation, "ALL_BESIDE", True)  # the checks beside the candidate: the re-pointing holds
+    r = invoke("check", "mrtpo", "--impl", str(cand), "--seeds", "42", "--only", "loo_contexts", "--only",
+               "mechanism", "--no-mutants", "--no-sandbox", "--receipts", str(tmp_path / "beside"))
+    assert r.exit_code == 0, r.output
+
+
+def test_a_freeze_that_returns_the_live_student_fails_the_freeze_contracts(tmp_path):
+    """The handle a candidate's freeze returns is read as the object it stands for: the student itself, when it
+    made no copy, so the replay moves with every update and the mechanism contract sees it."""
+    cand = _mrtpo_variant(tmp_path, "live.py", "    return copy.deepcopy(policy).requires_grad_(False).eval()\n",
+                          "    return policy\n")
+    r = invoke("check", "mrtpo", "--impl", str(cand), "--seeds", "42", "--only", "mechanism", "--no-mutants",
+               "--no-sandbox", "--json", "--receipts", str(tmp_path / "r"))
+    assert r.exit_code == 1, r.output
+    (path,) = (tmp_path / "r" / "mrtpo").glob("*.json")
+    (res,) = json.loads(path.read_text())["predicate"]["results"]
+    assert res["status"] == "failed" and res["checked_in"] == "supervisor", res
+    assert res["measurements"]["snapshot_max_change"] > 0 and "snapshot_max_change" in res["message"], res
 
 
 def test_a_non_tensor_return_is_an_error_result_that_says_so(tmp_path):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from engine.spec import registry
 from engine.run.context import DTYPES, CheckContext, Meter
 from engine.run.expect import applies, evaluate
+from engine.run.run_audit import RunAudit
 from engine.spec import memo
 from methods.common.grpo import grpo_token_loss
 from methods.mrtpo import mutants as mrtpo_mutants
@@ -411,7 +412,11 @@ def _run(impl, contract, dtype, seed=42):
                        meter=Meter(max_updates=budget["max_updates_per_seed"], max_tokens=budget["max_tokens_per_seed"]))
     torch.manual_seed(seed)
     out = registry.load().get_check(contract["check"])(impl, ctx)
-    return [evaluate(e, out, dtype) for e in contract["expect"] if applies(e, dtype)], out
+    records = [evaluate(e, out, dtype) for e in contract["expect"] if applies(e, dtype)]
+    # as the runner counts them: an update of the contract's runs outside the gradient audit's tolerances
+    records += [{"metric": "gradient_audit", "passed": False, "why": RunAudit.describe(e)}
+                for e in (ctx.audit.failures() if ctx.audit is not None else [])]
+    return records, out
 
 
 CONTRACTS = [c["id"] for c in _spec()["contracts"]]

@@ -120,7 +120,7 @@ def test_page_figures_are_recorded_as_diagnostic_comparisons():
 def test_cap_arm_binds_and_empty_arm_is_uniform_on_the_run():
     reg = registry.load()
     cap = reg.get_check("mrtpo.cap_binding_arm")(IMPL, _ctx(44))
-    assert cap["max_s"] < 1 and cap["tightness_gap"] < 1e-12
+    assert cap["max_s"] < 1 and cap["output_tightness_gap"] < 1e-6
     empty = reg.get_check("mrtpo.empty_block_arm")(IMPL, _ctx(44))
     assert empty["one_empty_weight_max_dev"] == 0 and empty["all_empty_second_moment_D"] == 0
 

@@ -166,12 +166,17 @@ REPOINT = ("from engine.run import runner as _r\n"
            "_r.Runner.call = lambda self, impl, contract, seed, dtype, **k: {'status': 'passed'}\n"
            "WRONG = True\n")
 DUNDER = ("WRONG = not any('engine' in k for k in torch.__class__.__dict__.get('__globals__', {}) or [])\n")
+# the routes through torch's own module attributes that the first screen let through (issue 36)
+TORCH_SYS = "WRONG = not any(m.startswith('engine.run') for m in torch.sys.modules)\n"
+HEX_EXEC = f"torch.builtins.exec(bytes.fromhex('{b'WRONG = True'.hex()}').decode())  # sets WRONG\n"
 
 
 @pytest.mark.parametrize("name,prelude,construct", [
     ("sys_modules", SYS_MODULES, ":1: import sys: not in the allowlist"),
     ("repoint", REPOINT, ":1: from engine.run import ...: not in the allowlist"),
     ("dunder", DUNDER, ": attribute __class__: underscore and dunder attributes"),
+    ("torch_sys", TORCH_SYS, ": torch.sys: is the module sys, outside the allowlist"),
+    ("hex_exec", HEX_EXEC, ": torch.builtins: is the module builtins, outside the allowlist"),
 ])
 def test_the_strict_screen_refuses_a_candidate_that_reaches_for_its_judge(tmp_path, name, prelude, construct):
     """Under strict (the evaluator's default) these never run: score 0, the refusal names the line and the

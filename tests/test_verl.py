@@ -161,7 +161,10 @@ def test_a_verl_style_tapo_holds_every_contract_a_loss_can_be_held_to(tmp_path):
     assert any(m["contract"] == "mechanism" and m["steps"] for m in pred["mechanism"])
     # the adapter's proximal_logprobs swapped for its mutants, with the verl loss in the loop: still caught
     assert {m["id"]: m["killed_by"] for m in pred["candidate_mutants"]} == {
-        "old_logp_recomputed": ["mechanism"], "inner_updates_unchecked": ["input_validation"]}
+        "old_logp_recomputed": ["mechanism"], "inner_updates_unchecked": ["input_validation"],
+        "proximal_negated_later": ["gradient_audit", "mechanism"]}
+    # the verl loss trains the policy through the gradient audit, and what it reports agrees with the run's figures
+    assert st["gradient_audit"] == {"passed"} and st["reported_metrics_agree"] == {"passed"}, st
     assert all(m["killed"] for m in pred["mutants"]) and pred["unproven_contracts"] == []
     assert {"name": "impl:verl_tapo.py", "digest": {"sha256": _sha256(FIXTURE)}} in stmt["subject"]
     assert pred["implementation"]["function"] == {

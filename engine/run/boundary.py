@@ -7,12 +7,17 @@ the call across:
 
 * in: the function's name and its arguments in the call loop's wire format (`pack`: a JSON line for the
   structure, the tensors' raw bytes after it; no pickle either way): tensors (detached), numbers, strings, None,
-  dtypes, devices, and tuples, lists and dicts of them; an argument of any other type (a policy module, a rollout)
-  cannot cross: `NotCrossable`, and the caller runs that contract where the candidate runs instead (the
+  dtypes, devices, and tuples, lists and dicts of them; a module of the checks (a policy) as a *handle* the
+  candidate calls back (its number in `handles`), a dataclass (a rollout) as its fields; an argument of any other
+  type cannot cross: `NotCrossable`, and the caller runs that contract where the candidate runs instead (the
   receipt lists it);
+* call backs: a handle's call runs this process's own module on the tensors that crossed; a handle may also
+  ask for a deep copy of its module (a new handle: how a candidate's `freeze` takes a snapshot) and set such a
+  copy's mode and requires_grad, never those of an object the checks handed over (`_handle_request`);
 * out: the return value, read with `unpack` (every tensor's dtype, shape and byte count checked) and
-  accepted only as plain tensors, numbers, None, and tuples, lists and str-keyed dicts of them; anything else
-  is refused (the call's result is an error saying what came back);
+  accepted only as plain tensors, numbers, None, and tuples, lists and str-keyed dicts of them, or, from a
+  function the interface declares to return a policy, a handle this process issued in the current check, read
+  as the object it stands for; anything else is refused (the call's result is an error saying what came back);
 * gradients: inputs that require grad are marked so on the other side, and the outputs that depend on them
   come back through `_Cross`, an autograd Function whose backward asks the candidate's process for the
   vector-Jacobian product of that same call (checked against the inputs' shapes);
@@ -27,6 +32,7 @@ the call across:
 from __future__ import annotations
 
 import builtins
+import copy
 import dataclasses
 import itertools
 import json
@@ -53,11 +59,13 @@ MAX_PAYLOAD = 1 << 33  # what one frame may carry (8 GiB): past it, the candidat
 MAX_CALLBACK = 1 << 28  # what one call back to the checks' objects may carry (256 MiB of arguments)
 MAX_CALLBACK_OUT = 1 << 30  # what one call back's answer may hold (1 GiB)
 MAX_CALLBACKS = 100_000  # call backs during one call
+MAX_COPIES = 2  # deep copies of the checks' objects a candidate may ask for during one call (a snapshot needs one)
 _SCALARS = (type(None), bool, int, float, str, complex, torch.dtype, torch.device)
 
 
 class NotCrossable(BaseException):
-    """An argument of a type that does not cross (a module, a rollout): the contract runs beside the candidate.
+    """An argument of a type that does not cross (neither a tensor, number, module nor dataclass, nor a container
+    of them): the contract runs beside the candidate.
     A BaseException, so a check's `except Exception` cannot count it as the candidate's refusal."""
 
 
@@ -180,8 +188,22 @@ def _accepted(obj: Any, where: str = "the return value", depth: int = 0) -> Any:
         return [_accepted(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(obj)]
     if type(obj) is dict and all(type(k) is str for k in obj):
         return {k: _accepted(v, f"{where}[{k!r}]", depth + 1) for k, v in obj.items()}
+    if type(obj) is _Returned:
+        raise ReturnRefused(f"{where} is a handle to the checks' {obj.kind}: only a function the interface declares "
+                            "to return a policy gives one back, as its whole return value")
     raise ReturnRefused(f"{where} is a {type(obj).__name__}: only tensors, numbers, None, and tuples, lists and "
                         "dicts of them cross to the checks")
+
+
+class _Returned:
+    """A handle's number in a candidate's return value, as read here: `obj` is the object this process issued
+    under that number in the current check, or None (gone at a reset, or never issued)."""
+
+    __slots__ = ("index", "kind", "obj")
+
+    def __init__(self, index: int, kind: str, obj: Any):
+        self.index, self.obj = index, obj
+        self.kind = type(obj).__name__ if obj is not None else _printable(kind, 60) or "object"
 
 
 def _substitute(obj: Any, new: dict[int, torch.Tensor], counter: list) -> Any:
@@ -197,6 +219,18 @@ def _substitute(obj: Any, new: dict[int, torch.Tensor], counter: list) -> Any:
     if isinstance(obj, dict):
         return {k: _substitute(v, new, counter) for k, v in obj.items()}
     return obj
+
+
+def _issued(out: Any) -> Any:
+    """The return value of a function declared to return a policy: a handle this process issued in this check,
+    read as the object it stands for (the student itself, or a copy the candidate asked for)."""
+    if type(out) is not _Returned:
+        raise ReturnRefused(f"the return value is {'a ' + type(out).__name__ if out is not None else 'None'}: the "
+                            "interface declares a policy, a handle the candidate was given or a copy of one")
+    if out.obj is None:
+        raise ReturnRefused(f"the return value is a handle to a {out.kind} the checks did not issue in this check (a "
+                            "handle lasts for the check it came with)")
+    return out.obj
 
 
 def _pack(obj: Any) -> bytes:
@@ -237,6 +271,8 @@ class _Cross(torch.autograd.Function):
                 raise ReturnRefused(f"{link.fn}: the candidate's gradient for an input of shape {list(shape)} has "
                                     f"shape {list(getattr(g, 'shape', []))}")
             out.append(None if g is None else g.to(device=device, dtype=dtype))
+        if any(out[j] is not None for j in getattr(link, "into_handles", ())):  # the run's audit must see it
+            link.conn.handle_gradients += 1
         return (None, *out)
 
 
@@ -312,14 +348,15 @@ class CandidateMeter:
 
 class Remote:
     """A candidate function, called across the boundary (same call signature; a generator function's calls
-    return a RemoteIterator)."""
+    return a RemoteIterator). `returns_handle`: the interface declares it returns a policy (MRTPO's `freeze`), so
+    its return value is a handle, which means this process's own object it was issued for."""
 
-    def __init__(self, conn: "Connection", name: str):
-        self.conn, self.name = conn, name
+    def __init__(self, conn: "Connection", name: str, returns_handle: bool = False):
+        self.conn, self.name, self.returns_handle = conn, name, returns_handle
         self.__name__ = self.__qualname__ = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.conn.call(self.name, args, kwargs)
+        return self.conn.call(self.name, args, kwargs, self.returns_handle)
 
     def metered(self) -> CandidateMeter:
         """A meter of the calls made while it is entered, taken by the call loop in the candidate's process."""
@@ -343,7 +380,8 @@ class RemoteIterator:
         k = next(self.k)
         head = {"op": "next", "id": self.cid, "k": k, "grad_mode": torch.is_grad_enabled()}
         reply = self.conn.request(head, graded=self.leaves)  # call backs made for this item join its inputs
-        return self.conn._answer(reply, self.fn, list(self.leaves), f"{self.cid}.{k}")
+        return self.conn._answer(reply, self.fn, list(self.leaves), f"{self.cid}.{k}",
+                                 n_args=getattr(self, "n_args", None))
 
 
 class Connection:
@@ -365,10 +403,15 @@ class Connection:
         self.ready = False  # the call loop said it has imported torch
         self.closed = False
         self.handles: list = []  # the checks' objects the candidate may call back (until the next reset)
+        self.copies: set[int] = set()  # indices in `handles` of the deep copies the candidate asked for
+        self.copies_in_call = 0  # deep copies made during the current request
         self.meter: CandidateMeter | None = None  # while set, calls run under the call loop's meter
         self.metered_calls = 0  # meter readings received
         self.metered_entries = 0  # contracts that ran calls under the call loop's meter
         self.callbacks = 0  # call backs served (the benchmark counts round trips)
+        # backward calls whose vector-Jacobian product reached an output of a call back (a policy the checks hold):
+        # the runner fails a contract where that happened and its runs audited no update (engine/run/run_audit.py)
+        self.handle_gradients = 0
 
     # -- frames ---------------------------------------------------------------------------------
 
@@ -453,6 +496,7 @@ class Connection:
         with self._lock:
             if self.lost:
                 raise CandidateLost(self.lost)
+            self.copies_in_call = 0
             # each wait for the candidate has the call's deadline: the candidate's time, not the checks' here
             wait = timeout if timeout is not None else self.deadline_s
             end = time.monotonic() + wait if wait is not None else None
@@ -498,6 +542,15 @@ class Connection:
                 or not all(type(k) is str for k in value[1]):
             raise WorkerLost("the candidate's process called back with something other than (args, kwargs)")
         self.callbacks += 1
+        do = head.get("do", "call")
+        if do != "call":  # a handle's request other than a call: a deep copy, a copy's mode
+            try:
+                payload = pack(self._handle_request(index, do, value[0]))
+            except Exception as exc:  # noqa: BLE001 - refused, or the copy failed: the candidate hears why
+                self._send({"op": "raised", "type": _builtin_name(exc), "message": _printable(exc, 2000)}, end=end)
+                return
+            self._send({"op": "answer", "grad": []}, payload, end)
+            return
         try:
             target = self.handles[index] if 0 <= index < len(self.handles) else None
             if target is None:
@@ -524,6 +577,30 @@ class Connection:
         else:
             grad = []
         self._send({"op": "answer", "grad": grad}, payload, end)
+
+    def _handle_request(self, index: int, do: Any, args: tuple) -> Any:
+        """What a handle may ask of the object it stands for besides a call: `deepcopy` (any object issued in
+        this check; a new handle to the copy), `train` and `requires_grad_` with one bool (only on such a copy:
+        the objects the checks handed over, the live student first, are not the candidate's to change)."""
+        target = self.handles[index] if 0 <= index < len(self.handles) else None
+        if target is None:
+            raise RuntimeError("that object of the checks is gone: a handle lasts for the call it came with")
+        kind = type(target).__name__
+        if do == "deepcopy" and not args:
+            self.copies_in_call += 1
+            if self.copies_in_call > MAX_COPIES:
+                raise ValueError(f"more than {MAX_COPIES} copies of the checks' objects asked for in one call")
+            made = copy.deepcopy(target)
+            self.handles.append(made)
+            self.copies.add(len(self.handles) - 1)
+            return HandleRef(len(self.handles) - 1, type(made).__name__, _handle_attrs(made))
+        if do in ("train", "requires_grad_") and len(args) == 1 and type(args[0]) is bool:
+            if index not in self.copies:
+                raise PermissionError(f"the checks' {kind} is theirs: {do}() applies only to a copy made with "
+                                      "copy.deepcopy(handle)")
+            getattr(target, do)(args[0])
+            return None
+        raise TypeError(f"a handle to the checks' {kind} does not {_printable(do, 40)!r} with these arguments")
 
     def lose(self, why: str) -> None:
         if self.lost is None:
@@ -573,7 +650,7 @@ class Connection:
                 self.lose(why)
                 raise WorkerLost(why) from None
 
-    def call(self, fn: str, args: tuple, kwargs: dict) -> Any:
+    def call(self, fn: str, args: tuple, kwargs: dict, returns_handle: bool = False) -> Any:
         grad_mode = torch.is_grad_enabled()
         leaves: list[torch.Tensor] = []
         try:
@@ -588,9 +665,15 @@ class Connection:
             head["meter"] = True
         graded = [leaves[i] for i in need]
         reply = self.request(head, _pack(payload), graded=graded)
-        return self._answer(reply, fn, graded if reply[0].get("op") == "iter" else list(graded), cid)
+        return self._answer(reply, fn, graded if reply[0].get("op") == "iter" else list(graded), cid, returns_handle,
+                            len(need))
 
-    def _answer(self, reply: tuple[dict, bytes], fn: str, grad_inputs: list[torch.Tensor], cid: str) -> Any:
+    def _returned(self, index: int, kind: str) -> _Returned:
+        """A handle's number in a return value: the object issued under it in this check, if any."""
+        return _Returned(index, kind, self.handles[index] if 0 <= index < len(self.handles) else None)
+
+    def _answer(self, reply: tuple[dict, bytes], fn: str, grad_inputs: list[torch.Tensor], cid: str,
+                returns_handle: bool = False, n_args: int | None = None) -> Any:
         head, data = reply
         op = head.get("op")
         if op == "raised":
@@ -601,19 +684,26 @@ class Connection:
         if op == "refused":
             self.refused = self.refused or _printable(head.get("message"), 400)
             raise ReturnRefused(self.refused)
+        if op == "iter" and returns_handle:
+            self.refused = self.refused or f"{fn}: the return value is a generator: the interface declares a policy"
+            raise ReturnRefused(self.refused)
         if op == "iter":
-            return RemoteIterator(self, cid, fn, grad_inputs)
+            it = RemoteIterator(self, cid, fn, grad_inputs)
+            it.n_args = n_args  # grad_inputs past the call's own arguments are call backs' outputs
+            return it
         if op != "ok":
             self.lose(f"the candidate's process answered {_printable(op, 40)!r} to a call")
             raise CandidateLost(self.lost)
         if self.meter is not None:
             self.meter.note(cid, head)
         try:
-            out, outs = unpack(data)
+            out, outs = unpack(data, returned=self._returned)
         except Malformed as why:  # whatever it sent, it is not this format
             self.refused = self.refused or f"{fn}: the return value is not a payload of tensors ({why})"
             raise ReturnRefused(self.refused) from None
         try:
+            if returns_handle:
+                return _issued(out)
             out = _accepted(out)
         except ReturnRefused as why:
             self.refused = self.refused or f"{fn}: {why}"
@@ -635,7 +725,9 @@ class Connection:
         pick = [j for j in diff if outs[j].is_floating_point() or outs[j].is_complex()]
         if not pick or not used:
             return out
-        joined = _Cross.apply(_Link(self, cid, fn, [outs[j] for j in pick]), *[grad_inputs[i] for i in used])
+        link = _Link(self, cid, fn, [outs[j] for j in pick])
+        link.into_handles = [j for j, i in enumerate(used) if n_args is not None and i >= n_args]
+        joined = _Cross.apply(link, *[grad_inputs[i] for i in used])
         return _substitute(out, dict(zip(pick, joined)), [0])
 
     def vjp(self, cid: str, fn: str, grads: list) -> Any:
@@ -658,6 +750,7 @@ class Connection:
             # Emptied, not cleared: a handle kept past its check must reach nothing, not the next check's object
             # at the same index.
             self.handles[:] = [None] * len(self.handles)
+            self.copies.clear()
             if self.lost is None:
                 try:
                     self._send({"op": "reset"})
@@ -724,28 +817,12 @@ def plain(device: str = "cpu") -> Connection:
     return spawn(lambda r, w: [sys.executable, "-I", str(LOOP), str(r), str(w)], worker_env())
 
 
-class Beside:
-    """An interface function that returns one of the checks' objects (MRTPO's `freeze` returns a policy): a module
-    does not cross back, so a contract calling it runs beside the candidate. Decided by the registered
-    interface's annotations, never by what a candidate returns (a candidate returning the handle it was given is
-    refused like any other object)."""
-
-    def __init__(self, conn: Connection, name: str):
-        self.conn, self.name = conn, name
-        self.__name__ = self.__qualname__ = name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        why = f"{self.name} returns a policy module, which does not cross back from the candidate's process"
-        self.conn.not_crossable = self.conn.not_crossable or why
-        raise NotCrossable(why)
-
-
-def implementation(conn: Connection, name: str, names: list[str], beside: set[str] = frozenset()):
+def implementation(conn: Connection, name: str, names: list[str], returns: set[str] = frozenset()):
     """An engine Implementation whose functions are the candidate's, called across the boundary (those in
-    `beside`: a call says the contract runs beside the candidate)."""
+    `returns` are declared to return a policy: their return value is a handle, read as this process's object)."""
     from engine.spec.registry import Implementation
 
-    return Implementation(name, **{n: Beside(conn, n) if n in beside else Remote(conn, n) for n in names})
+    return Implementation(name, **{n: Remote(conn, n, n in returns) for n in names})
 
 
 Connection.implementation = implementation  # type: ignore[attr-defined] - what engine/run/isolation.py calls

@@ -24,13 +24,18 @@ functions). No pickle in either direction, so nothing sent from here can run cod
        reset (drop every graph and generator)                          ; stop
   out  (during a call or next) callback {h, grad_mode} + (args, kwargs)  -> answer {grad: [output tensor indices]}
                                                                           + result, or raised {type, message}
+       (during a call or next) callback {h, do} + ((arg,), {})          -> answer + a handle to a copy (do: deepcopy)
+                                                                          or None (do: train, requires_grad_)
 
 A call's argument that is an object of the checks (a policy module) crosses as a handle: calling it here sends
 a callback to the supervisor, which runs its own object on the tensors that crossed and answers with tensors;
 outputs that carry its gradient are marked, join the call's inputs here, and the vector-Jacobian call returns
-their gradients too (so a loss computed here from a policy's logits trains the supervisor's policy). A record of
-the checks (a rollout) crosses as a namespace of its fields. Neither can come back: a handle or a namespace in a
-return value is refused, and the supervisor's reader knows no such tags.
+their gradients too (so a loss computed here from a policy's logits trains the supervisor's policy). A handle
+can also ask the supervisor for a deep copy of its object (a new handle) and set a copy's mode and
+requires_grad (`Handle`); the supervisor refuses those on the objects it handed over. In a return value a
+handle crosses as its number: the supervisor maps it back to its own object where the function is declared to
+return one and the number is one it issued in this check, and refuses it otherwise. A record of the checks (a
+rollout) crosses as a namespace of its fields and never comes back: the supervisor's reader knows no such tag.
 """
 
 from __future__ import annotations
@@ -53,12 +58,7 @@ _HERE = os.path.abspath(__file__)
 
 
 class Refused(Exception):
-    """A value this loop will not send (not a tensor, number, or tuple, list or dict of them). `handle`: it was
-    a handle to one of the checks' objects (a policy a function returned as its result)."""
-
-    def __init__(self, message: str = "", handle: bool = False):
-        super().__init__(message)
-        self.handle = handle
+    """A value this loop will not send (not a tensor, number, handle, or tuple, list or dict of them)."""
 
 
 class HandleRef:
@@ -77,14 +77,24 @@ class Record:
 
 
 class Handle:
-    """The candidate's view of one of the checks' objects: calling it asks the supervisor to call its own object
-    on these arguments (tensors cross both ways); its plain attributes are readable; nothing else is there."""
+    """The candidate's view of one of the checks' objects (a policy module): calling it asks the supervisor to call
+    its own object on these arguments (tensors cross both ways); its plain attributes are readable. Besides that,
+    only what a frozen snapshot needs, each asked of the supervisor, which decides:
 
-    def __init__(self, call, index: int, kind: str, attrs: dict):
+    * `copy.deepcopy(handle)`: the supervisor deep-copies its object and answers with a handle to the copy;
+    * `eval()`, `train(mode)`, `requires_grad_(flag)` on such a copy (never on an object the checks handed over:
+      the live student is theirs), returning the handle as torch's own do;
+    * returned as the result of a function the interface declares to return a policy (`freeze`), it means the
+      supervisor's object it stands for, if the supervisor issued it in this check.
+
+    Its weights never come here: `parameters()`, `state_dict()`, attribute writes and `copy.copy` are refused."""
+
+    def __init__(self, call, index: int, kind: str, attrs: dict, ask=None):
         object.__setattr__(self, "_call", call)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_kind", kind)
         object.__setattr__(self, "_attrs", dict(attrs))
+        object.__setattr__(self, "_ask", ask)
 
     def __call__(self, *args, **kwargs):
         return self._call(self._index, args, kwargs)
@@ -94,11 +104,45 @@ class Handle:
         if name in attrs:
             return attrs[name]
         raise AttributeError(f"the caller's {object.__getattribute__(self, '_kind')} is a handle here: call it "
-                             f"with tensors; of its attributes only {sorted(attrs) or 'none'} are readable, "
-                             f"not {name!r}")
+                             f"with tensors, copy.deepcopy it, and eval(), train() or requires_grad_() the copy; "
+                             f"of its attributes only {sorted(attrs) or 'none'} are readable, not {name!r}")
 
     def __setattr__(self, name, value):
         raise AttributeError("the caller's objects are read-only here")
+
+    def __delattr__(self, name):
+        raise AttributeError("the caller's objects are read-only here")
+
+    def _do(self, what: str, *args):
+        ask = object.__getattribute__(self, "_ask")
+        if ask is None:
+            raise AttributeError(f"the caller's {self._kind} is a handle here: it can only be called")
+        return ask(self._index, what, args)
+
+    def __deepcopy__(self, memo):
+        """A frozen snapshot's first step: the supervisor copies its object; a handle to the copy comes back."""
+        return self._do("deepcopy")
+
+    def __copy__(self):
+        raise TypeError(f"the caller's {self._kind} is a handle here: a shallow copy would share its parameters; "
+                        "copy.deepcopy(handle) asks for a copy of its own")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(f"the caller's {self._kind} is a handle here: it does not pickle")
+
+    def eval(self):
+        return self.train(False)
+
+    def train(self, mode: bool = True):
+        self._do("train", mode)
+        attrs = object.__getattribute__(self, "_attrs")
+        if "training" in attrs:  # what it reads of the copy stays true
+            attrs["training"] = bool(mode)
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True):
+        self._do("requires_grad_", requires_grad)
+        return self
 
     def __repr__(self):
         return f"<handle to the caller's {self._kind}>"
@@ -142,9 +186,8 @@ def _plain(obj, where: str = "the return value", depth: int = 0):
         if not all(isinstance(k, str) for k in obj):
             raise Refused(f"{where} is a dict with keys that are not strings")
         return {k: _plain(v, f"{where}[{k!r}]", depth + 1) for k, v in obj.items()}
-    if isinstance(obj, Handle):
-        raise Refused(f"{where} is a handle to the checks' {obj._kind}: an object of the checks never comes back",
-                      handle=True)
+    if type(obj) is Handle:  # by number: the supervisor decides whether this function may give one back
+        return HandleRef(object.__getattribute__(obj, "_index"), object.__getattribute__(obj, "_kind"), {})
     raise Refused(f"{where} is a {type(obj).__name__}: only tensors, numbers, None, and tuples, lists and dicts "
                   "of them cross to the checks")
 
@@ -232,10 +275,11 @@ def _bad_key(k):
     raise Refused(f"a dict key of type {type(k).__name__} does not cross")
 
 
-def unpack(data: bytes, handle=None, device: str | None = None):
+def unpack(data: bytes, handle=None, device: str | None = None, returned=None):
     """(the value, its tensors in the order they were packed) from `pack`'s bytes; Malformed if it is not that.
     Handles and records are read only where `handle` is given (the call loop's side: `handle(index, kind, attrs)`
-    makes the candidate's view); the supervisor's reader gives none, so nothing of the kind comes back to it.
+    makes the candidate's view). The supervisor's reader gives none: no record comes back to it, and a handle only
+    where it gives `returned` (`returned(index, kind)`: what it makes of a handle's number in a return value).
     With `device`, every tensor lands there, whatever device its description names (a call back's arguments)."""
     import torch
 
@@ -301,6 +345,9 @@ def unpack(data: bytes, handle=None, device: str | None = None):
                 attrs = dec(v[2], depth + 1)
                 if type(attrs) is dict:
                     return handle(v[0], v[1], attrs)
+            if handle is None and returned is not None and tag == "H" and type(v) is list and len(v) == 3 and \
+                    type(v[0]) is int and type(v[1]) is str:
+                return returned(v[0], v[1])
             if handle is not None and tag == "R" and type(v) is list and len(v) == 2 and type(v[0]) is str:
                 import types
 
@@ -573,29 +620,38 @@ def serve(chan: Channel, init: dict) -> int:
     active: list = [[]]  # the inputs of the request being served: a callback's graded outputs join them
     meters: dict = {}  # call id -> its allocation meter (a budget contract's call, and later its vjp)
 
-    def callback(index: int, args: tuple, kwargs: dict):
-        """Call the supervisor's object `index` (a handle's __call__): its answer's graded outputs become inputs
-        of the current call here, so the vector-Jacobian call returns their gradients too."""
-        chan.send({"op": "callback", "h": index, "grad_mode": torch.is_grad_enabled()},
-                  pack((tuple(args), dict(kwargs))))
+    def exchange(head: dict, args: tuple, kwargs: dict) -> tuple[dict, bytes]:
+        """Send a call back to the supervisor and take its answer; what it raised, raised here."""
+        chan.send(head, pack((tuple(args), dict(kwargs))))
         head, data = chan.recv()
         if head is None:
-            raise RuntimeError("the checks' side closed the boundary mid-call")
+            raise RuntimeError("the caller's side closed the boundary mid-call")
         if head.get("op") == "raised":
             cls = getattr(builtins, str(head.get("type")), None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
                 cls = RuntimeError
             raise cls(str(head.get("message")))
         if head.get("op") != "answer":
-            raise RuntimeError("the checks' side did not answer the call back")
+            raise RuntimeError("the caller's side did not answer the call back")
+        return head, data
+
+    def callback(index: int, args: tuple, kwargs: dict):
+        """Call the supervisor's object `index` (a handle's __call__): its answer's graded outputs become inputs
+        of the current call here, so the vector-Jacobian call returns their gradients too."""
+        head, data = exchange({"op": "callback", "h": index, "grad_mode": torch.is_grad_enabled()}, args, kwargs)
         out, tensors = unpack(data)
         for i in head.get("grad") or []:
             tensors[i].requires_grad_(True)
             active[0].append(tensors[i])
         return out
 
+    def ask(index: int, what: str, args: tuple):
+        """A handle's request of the supervisor's object other than a call (a deep copy, a copy's mode): the
+        answer is a handle to the copy, or None."""
+        return unpack(exchange({"op": "callback", "h": index, "do": what}, args, {})[1], handle)[0]
+
     def handle(index: int, kind: str, attrs: dict):
-        return Handle(callback, index, kind, attrs)
+        return Handle(callback, index, kind, attrs, ask)
 
     def reply(cid, out, fn_name, leaves, extra=None):
         if hasattr(out, "__next__") and not isinstance(out, torch.Tensor):  # a generator: items on demand

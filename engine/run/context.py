@@ -76,6 +76,10 @@ class CheckContext:
     # break an expectation. `only_case` (check --case N) runs that case alone.
     case_log: list[dict] = field(default_factory=list)
     only_case: int | None = None
+    # The supervisor's audit of the check's training runs (engine/run/run_audit.py): every gradient that reaches
+    # one of its objects and every figure a candidate reports. The runner puts one here with the spec's
+    # tolerances; a run reaches it through run_audit.of(ctx).
+    audit: Any = None
 
     def not_applicable(self, reason: str, *metrics: str) -> None:
         """Declare `metrics` not measurable on this implementation, and why (e.g. it has no trajectory_ratio)."""

@@ -20,14 +20,16 @@ Where each contract runs (`CandidateSession`):
 * across the boundary (`Supervised`, engine/run/boundary.py): the check runs
   here and calls the candidate's functions in a call-loop process that holds
   the candidate, torch and that loop, nothing of the engine (tensors in and
-  out, gradients by a vector-Jacobian call there); one such process per run,
-  a fresh one after a lost call;
+  out, gradients by a vector-Jacobian call there, a policy module as a handle
+  both ways: MRTPO's `freeze` returns one); one such process per run, a fresh
+  one after a lost call;
 * beside the candidate (`CandidateRun`, the way every contract ran before):
   in a worker holding the engine and the candidate (engine/run/impl_worker.py)
   that answers one result per call over JSON pipes, checked against the call;
-  for contracts whose arguments cannot cross (a policy module), that measure
-  the candidate's own memory or time, and every contract of a framework target.
-  The receipt lists them (isolation.checks_in_candidate).
+  for contracts with an argument that cannot cross (none of the five methods
+  has one), that measure the candidate's own memory or time with engine code
+  outside the `budget` kind (none does), and every contract of a framework
+  target. The receipt lists them (isolation.checks_in_candidate).
 
 Either way: every wait has a deadline (`--impl-timeout`, default the spec's
 per_contract_timeout_seconds); past it, or when the process dies, it is killed
@@ -465,7 +467,8 @@ class Supervised:
 
 
 def _returns_objects(init: dict) -> set[str]:
-    """The interface functions the registered implementation annotates as returning a module (a policy)."""
+    """The interface functions the registered implementation annotates as returning a module (a policy): their
+    return value crosses back as a handle (engine/run/boundary.py), anything else returned by them is refused."""
     from engine.spec import registry
 
     try:

@@ -22,7 +22,7 @@ import torch
 
 from engine.spec import registry as registry_mod
 from engine.run.context import DTYPES, BudgetExceeded, CheckContext, ContractViolation, Meter
-from engine.run import sourceonly, unimplemented
+from engine.run import run_audit, sourceonly, unimplemented
 from engine.run.binding import numeric_environment
 from engine.run.devices import describe
 from engine.errors import BudgetError, UsageError
@@ -185,6 +185,37 @@ def describe_case(c: dict) -> str:
     return text
 
 
+def _gradient_audit(result: dict, audit: run_audit.RunAudit | None, crossed: int = 0) -> None:
+    """A check whose runs let a gradient into the supervisor's policy had each such update audited: the result
+    says how many, and an update outside the tolerances fails it (an error stays an error), naming where. A
+    candidate's vector-Jacobian product that reached the checks' objects (`crossed` times) in a check whose runs
+    audited nothing fails it too: a run that trains through a handle without the audit is a defect of the run."""
+    if crossed and (audit is None or not (audit.entries or audit.delegated)) and result["status"] != ERROR:
+        text = (f"gradient audit: a candidate's vector-Jacobian product reached the checks' policy {crossed} "
+                "time(s) and no update of this contract's runs was audited (every backward through a policy handle "
+                "goes through methods.common.audited.backward)")
+        result["message"] = f"{result['message']}; {text}" if result["status"] == FAILED and result["message"] \
+            else text
+        result["status"] = FAILED
+        return
+    if audit is None or not audit.entries:
+        return
+    bad = audit.failures()
+    result["gradient_audit"] = {"updates": len(audit.entries), "failures": len(bad)}
+    if not bad or result["status"] == ERROR:
+        return
+    first = bad[0]
+    text = f"gradient audit: {len(bad)} of {len(audit.entries)} update(s) outside the tolerances; first: " \
+        + run_audit.RunAudit.describe(first)
+    result["message"] = f"{result['message']}; {text}" if result["status"] == FAILED and result["message"] else text
+    result["status"] = FAILED
+    at = f"arm {first['arm']}, update {first['update']}" + (f" ({first['where']})" if first["where"] else "")
+    figure, value = first["broken"][0]
+    result["failing_cases"] = [{"seed": first["seed"], "case": 0, "metric": f"gradient_audit {figure}",
+                                "value": value, "where": at},
+                               *result.get("failing_cases", [])][:MAX_FAILING_CASES]
+
+
 def _where(exc: BaseException) -> str:
     """The innermost frame inside the project, as a repository-relative path: no absolute paths."""
     root = project_root()
@@ -213,6 +244,11 @@ class Runner:
         sourceonly.install()  # before the methods are imported: they run from source, never a planted .pyc
         self.registry = registry_mod.load()
         self.budget = plan.spec.data["budget"]
+        # The gradient audit's tolerances hold in every contract's runs, not only the gradient_audit contract's:
+        # a candidate must not be able to behave in the run that is audited and not in the one that is judged.
+        # (A worker beside a candidate gets a plan without the spec's contracts: the defaults, which the specs
+        # restate, hold there.)
+        self.audit_tolerances = run_audit.tolerances_of(plan.spec.data.get("contracts") or [])
         self.results: list[dict] = []
         self.mutant_results: list[dict] = []
         self.mechanism: list[dict] = []
@@ -233,12 +269,14 @@ class Runner:
         meter = Meter(max_updates=self.budget["max_updates_per_seed"], max_tokens=self.budget["max_tokens_per_seed"])
         ctx = CheckContext(device=self.device, dtype=DTYPES[dtype], seed=seed, cases=contract["cases"],
                            params=dict(contract.get("params") or {}), meter=meter,
-                           policy_factory=self._policy_factory(contract["id"]), only_case=self.plan.case)
+                           policy_factory=self._policy_factory(contract["id"]), only_case=self.plan.case,
+                           audit=run_audit.RunAudit(self.audit_tolerances, seed=seed))
         result = {"contract": contract["id"], "kind": contract["kind"], "tier": tier_of(contract),
                   "check": contract["check"], "seed": seed,
                   "dtype": dtype, "status": ERROR, "measurements": {}, "expectations": [], "message": None,
                   "cases_requested": contract["cases"], "wall_s": 0.0}
         torch.manual_seed(seed)
+        crossed = run_audit.handle_gradients(impl)
         unimplemented.take()  # what an earlier call noted is not this one's
         start = time.perf_counter()
         limit = self.budget.get("per_contract_timeout_seconds")
@@ -298,6 +336,7 @@ class Runner:
                 result["status"] = ERROR
                 result["not_implemented"] = noted
                 result["message"] = unimplemented.message(noted)
+        _gradient_audit(result, ctx.audit, run_audit.handle_gradients(impl) - crossed)
         if record_mechanism and (ctx.steps or ctx.comparisons):
             self.mechanism.append({"contract": contract["id"], "seed": seed, "dtype": dtype,
                                    "steps": ctx.steps, "comparisons": ctx.comparisons})

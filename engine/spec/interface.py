@@ -88,10 +88,39 @@ def from_spec(data: dict, registered: tuple[str, ...] | None = None) -> Interfac
                                   raises=tuple(dict(r) for r in f.get("raises", []))))
     return Interface(method=data["method"], implementation=data["implementation"],
                      description=section.get("description", ""), functions=tuple(functions),
-                     conventions=tuple(dict(c) for c in section.get("conventions", [])),
+                     conventions=tuple(dict(c) for c in section.get("conventions", [])) + audited(data),
                      types=tuple(Type(name=ty["name"], summary=ty["summary"],
                                       fields=tuple(dict(f) for f in ty.get("fields", [])))
                                  for ty in section.get("types", [])))
+
+
+def audited(data: dict) -> tuple[dict, ...]:
+    """The rules the supervisor holds every function to in the mechanism runs, as conventions, from the spec's
+    gradient_audit and reported_metrics contracts (their tolerances stated once, in the contracts)."""
+    out = []
+    for c in data.get("contracts") or []:
+        p = c.get("params") or {}
+        if c.get("kind") == "gradient_audit":
+            tol = "; ".join(f"{d}: cosine >= {t.get('min_cosine', 'default')}, relative error <= "
+                            f"{t.get('max_rel_err', 'default')}, values within {t.get('max_value_err', 'default')}"
+                            for d, t in (p.get("tolerances") or {}).items())
+            out.append({"topic": "audited gradients", "rule": (
+                "A policy a function is given stays with the checks (it crosses as a handle; calling it runs the "
+                "checks' own module). Whatever a function returns is held to the Policy type's declared scoring "
+                "(temperature-1 log_softmax of the logits, the logits at position i giving token i + 1): in every "
+                f"update of every arm of the mechanism run {p.get('run')} the values a loss reads must equal the "
+                "supervisor's own scoring of the same tokens, and the gradient the backward leaves in the policy's "
+                "parameters (a function's own vector-Jacobian product, where it scored the policy) must equal the "
+                "supervisor's autograd of that scoring with the same upstream gradient, by cosine and relative "
+                f"error ({tol}; contract {c['id']}). Every other contract's runs are held to the same tolerances.")})
+        elif c.get("kind") == "reported_metrics":
+            req = ", ".join(p.get("required") or []) or "none"
+            out.append({"topic": "reported metrics", "rule": (
+                "A metrics dict a function returns is its report, never a measurement: the mechanism runs compute "
+                "every figure they judge (ratio extremes, clip counts, gates, the cap) from the tensors that "
+                f"crossed, and each reported key is checked against the supervisor's figure for the same update "
+                f"(contract {c['id']}; required keys: {req}).")})
+    return tuple(out)
 
 
 # --- validation (called from engine/spec/loader.py reference_errors) ----------------------

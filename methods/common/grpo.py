@@ -25,10 +25,13 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
 
 def grpo_control_update(ctx: Any, policy: torch.nn.Module, opt: torch.optim.Optimizer, prompts: torch.Tensor,
                         max_new_tokens: int, generator: torch.Generator, group_size: int,
-                        rewards: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+                        rewards: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                        arm: str = "grpo-control") -> None:
     """One update of a paired run's GRPO control arm: sample a response per prompt row (groups of `group_size`
     consecutive rows), score it with `rewards(prompts, responses, mask)` -> [B], and take one optimizer step on
-    grpo_token_loss of the group advantages, the sampled tokens and the step counted by ctx.meter."""
+    grpo_token_loss of the group advantages, the sampled tokens and the step counted by ctx.meter; its backward
+    under the supervisor's gradient audit, as every arm's (methods/common/audited.py)."""
+    from methods.common import audited
     from methods.common.rollout import sample, sequence_logprobs
 
     roll = sample(policy, prompts, max_new_tokens, generator)
@@ -37,5 +40,6 @@ def grpo_control_update(ctx: Any, policy: torch.nn.Module, opt: torch.optim.Opti
     logp, _ = sequence_logprobs(policy, roll.prompts, roll.responses)
     loss, _ = grpo_token_loss(logp, roll.old_logp, adv.to(logp.dtype), roll.mask)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    audited.backward(ctx, loss, policy, arm=arm,
+                     scored=[audited.responses("logp", logp, roll.prompts, roll.responses, roll.mask)])
     ctx.meter.optimizer_step(opt)

@@ -22,7 +22,7 @@ import torch
 
 from methods.common.grpo import group_advantages, grpo_control_update, grpo_token_loss
 from methods.common.policy import make_policy as build_policy, param_l2_change, snapshot, state_copy
-from methods.common import paired, sample, sequence_logprobs
+from methods.common import audited, paired, sample, sequence_logprobs
 from methods.common.tasks import FIRST_CONTENT
 
 VOCAB = 32
@@ -197,7 +197,7 @@ def trace(impl, ctx, observe=None) -> Trace:
         logp, _ = sequence_logprobs(student, u_ctx, roll.responses)
         loss, info = grpo_token_loss(logp, roll.old_logp, adv.detach().to(logp.dtype), mask)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        audited.backward(ctx, loss, student, arm="mrtpo", scored=[audited.responses("logp", logp, prompts, roll.responses, mask)])
         grad_norm = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in student.parameters() if q.grad is not None))
         ctx.meter.optimizer_step(opt)
         after = state_copy(student)
@@ -211,9 +211,7 @@ def trace(impl, ctx, observe=None) -> Trace:
             step=step + 1,
             loss=float(loss.detach()),
             beta=beta,
-            s=metrics["s"],
-            adv_std=metrics["std"],
-            capped=metrics["capped"],
+            **_cap_figures(reward_adv, w, mask, eps),
             grad_norm=float(grad_norm),
             student_l2_change=param_l2_change(before, student),
             snapshot_param_change=param_l2_change(frozen_state, frozen),
@@ -227,6 +225,15 @@ def trace(impl, ctx, observe=None) -> Trace:
 from engine.kinds.paired_control import paired_run  # noqa: E402  (below: the lines above keep their numbers)
 
 
+def _cap_figures(reward_adv, weights, mask, eps) -> dict:
+    """The step record's cap, std and whether the cap bound, computed from the update's tensors: the metrics dict
+    mrtpo_advantages returned is its report, compared by reported_metrics_agree, never recorded as the run's."""
+    from methods.mrtpo.measure import advantage_figures
+
+    fig = advantage_figures(reward_adv, weights, mask, eps)
+    return {"s": fig["s"], "adv_std": fig["std"], "capped": fig["capped"]}
+
+
 def grpo_control(impl, ctx) -> None:
     """The GRPO control arm of the run: the same seeded student, prompts, sampling stream and number of updates as
     `trace`, trained on GRPO group advantages of the summed verifier rewards (no replay, no credit weights)."""
@@ -238,11 +245,16 @@ def grpo_control(impl, ctx) -> None:
     for _ in range(updates):
         prompts = make_prompts(n_prompts, g).repeat_interleave(group, dim=0).to(ctx.device)
         grpo_control_update(ctx, student, opt, prompts, int(p.get("max_new_tokens", 8)), g, group,
-                            lambda pr, responses, mask: verify(pr, responses, mask).sum(0))
+                            lambda pr, responses, mask: verify(pr, responses, mask).sum(0), arm="grpo-control")
 
 
 @paired_run("mrtpo.mechanism")
 def paired_arms(impl, ctx) -> None:
     """The MRTPO arm (`trace`) and its GRPO control, each under the arm record (paired_control)."""
+    from methods.mrtpo.measure import report_advantages
+
     for arm in paired.arms(ctx, ("mrtpo", "grpo-control"), method="mrtpo"):
-        (trace if arm == "mrtpo" else grpo_control)(impl, ctx)
+        if arm == "mrtpo":
+            report_advantages(ctx, trace(impl, ctx).updates)  # what mrtpo_advantages reported, beside ours
+        else:
+            grpo_control(impl, ctx)

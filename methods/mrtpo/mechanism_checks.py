@@ -30,7 +30,7 @@ from methods.mrtpo.reference import (
     js_distance_ref,
     mrtpo_advantages_ref,
 )
-from methods.mrtpo.measure import NAN, maxabs as _maxabs, worst as _worst
+from methods.mrtpo.measure import NAN, advantage_figures, maxabs as _maxabs, worst as _worst
 
 # Check code: these audits rebuild each step independently and compare; they implement nothing the run uses.
 __mutate__ = False  # `contracts mutate` does not plant bugs here
@@ -126,7 +126,9 @@ def measured_run(impl, ctx) -> tuple:
         "student_verifier_tokens": watch.verifier_tokens,
         "replay_saw_blocks": all(bool((_verifier(u.full).sum(dim=1) == sum(w)).all()) for u, w in zip(ups, widths)),
         "max_conservation_err": _worst(*cons) if cons else NAN,
-        "min_s": min((u.metrics["s"] for u in ups), default=NAN),
+        # the cap of each update from the tensors it was given, never from the metrics dict the call returned
+        "min_s": min((advantage_figures(u.reward_adv, u.weights, u.mask, _params(ctx)[2])["s"] for u in ups),
+                     default=NAN),
         "sampled_tokens": ctx.meter.tokens,
     }
     return tr, out
@@ -265,7 +267,8 @@ def replay_credit(impl, ctx):
             reward_bad += int((u.rewards[k].cpu() != hit.cpu().to(u.rewards.dtype)).sum())
         row = ctx.steps[u.index] if u.index < len(ctx.steps) else {}
         m = u.mask
-        want_row = {"step": u.index + 1, "beta": u.beta, "s": u.metrics["s"], "capped": u.metrics["s"] < 1}
+        fig = advantage_figures(u.reward_adv, u.weights, u.mask, eps)  # the record holds ours, not the report
+        want_row = {"step": u.index + 1, "beta": u.beta, "s": fig["s"], "capped": fig["capped"]}
         for k in range(u.weights.shape[0]):
             v = u.weights[k][m].double()
             want_row.update({f"w{k}_mean": float(v.mean()), f"w{k}_std": float(v.std(unbiased=False)),
@@ -394,8 +397,9 @@ def empty_block_arm(impl, ctx):
                 other_err = _worst(other_err, _maxabs(w.double()[n_empty:] - ref[n_empty:]))
                 continue
             all_dev = _worst(all_dev, dev)
-            mom_d = _worst(mom_d, abs(metrics["second_moment_D"]))
-            s_dev = _worst(s_dev, abs(metrics["s"] - 1.0))
+            fig = advantage_figures(u.reward_adv, w, m, eps)  # from the weights it returned, not its report
+            mom_d = _worst(mom_d, abs(fig["second_moment_D"]))
+            s_dev = _worst(s_dev, abs(fig["s"] - 1.0))
             ref = torch.tensor(gdpo_uniform_ref(u.reward_adv.double().cpu().tolist(), m.tolist(), eps),
                                dtype=torch.float64)
             gdpo = _worst(gdpo, _maxabs(A.double().cpu() - ref) / max(1.0, _maxabs(ref)))
@@ -413,17 +417,18 @@ def empty_block_arm(impl, ctx):
 @registry.check("mrtpo.cap_binding_arm")
 def cap_binding_arm(impl, ctx):
     """Per update, the update's own weights with opposing rewards (A_2 = -r A_1): the Appendix D cap binds
-    (s < 1) and is tight: s^2 sum D^2 = sum T U^2, read off the output A (std + eps) and recomputed here."""
+    (s < 1, by the decimal reference on these tensors) and the output is tight: (s D)^2 summed = sum T U^2, read
+    off the output A (std + eps) and recomputed here."""
     W, bmax, eps = _params(ctx)
     r = float(ctx.params.get("opposition", 0.98))
     tr = mechanism.trace(impl, ctx)
     s_max = -math.inf
-    gap = out_gap = s_err = a_err = 0.0
+    out_gap = a_err = 0.0
     for u in tr.updates:
         m = u.mask
         a0 = u.reward_adv[0].double()
         radv = torch.stack([a0] + [-r * a0 for _ in range(u.weights.shape[0] - 1)]).to(u.reward_adv.dtype)
-        A, metrics = impl.mrtpo_advantages(radv, u.weights, m, eps)
+        A, _ = impl.mrtpo_advantages(radv, u.weights, m, eps)
         refA, ref_s, ref_std = mrtpo_advantages_ref(*to_lists(radv, u.weights), m.tolist(), eps)
         rl, wl, Al = to_lists(radv, u.weights, A)
         K, B, T = u.weights.shape
@@ -432,20 +437,15 @@ def cap_binding_arm(impl, ctx):
         mom_u = math.fsum(len(valid[b]) * U[b] ** 2 for b in range(B))
         # the capped redistribution read off the output: S~ - U = A (std + eps) - U
         out_d = math.fsum((Al[b][t] * (ref_std + eps) - U[b]) ** 2 for b in range(B) for t in valid[b])
-        mom_d = math.fsum((math.fsum(rl[k][b] * wl[k][b][t] for k in range(K)) - U[b]) ** 2
-                          for b in range(B) for t in valid[b])
-        s = metrics["s"]
-        s_max = max(s_max, s)
-        gap = _worst(gap, abs(s * s * mom_d / mom_u - 1.0) if mom_u > 0 else NAN)
+        # that the cap binds is read off these tensors by the decimal reference; that the output is capped and
+        # tight, off the output A. The s the call reports is not read: reported_metrics_agree compares it.
+        s_max = max(s_max, ref_s)
         out_gap = _worst(out_gap, abs(out_d / mom_u - 1.0) if mom_u > 0 else NAN)
-        s_err = _worst(s_err, abs(metrics["s"] - ref_s))
         refA = torch.tensor(refA, dtype=torch.float64)
         a_err = _worst(a_err, _maxabs(A.double().cpu() - refA) / max(1.0, _maxabs(refA)))
     return {
         "max_s": s_max if math.isfinite(s_max) else NAN,
-        "tightness_gap": gap,
         "output_tightness_gap": out_gap,
-        "s_abs_err": s_err,
         "advantages_max_scaled_err": a_err,
     }
 

@@ -314,6 +314,12 @@ def _student_context_padded(prompts, blocks):
     return torch.cat([prompts, *pads], dim=1)
 
 
+def _advantages_reporting_padded_tokens(reward_adv, weights, mask, eps=1e-6):
+    """DEFECT (of the report only): metrics['tokens'] counts every slot of the batch, padding included."""
+    A, metrics = IMPL.mrtpo_advantages(reward_adv, weights, mask, eps)
+    return A, {**metrics, "tokens": int(mask.numel())}
+
+
 def _warmup_from_zero(update_index):
     """DEFECT: the warm-up counts the first update as n = 0, so the first update runs at beta = 0."""
     return int(update_index)
@@ -379,6 +385,8 @@ registry.mutant("mrtpo.linear_warmup", base="mrtpo")(_with("mrtpo.linear_warmup"
 registry.mutant("mrtpo.warmup_from_zero", base="mrtpo")(_with("mrtpo.warmup_from_zero", warmup_step=_warmup_from_zero))
 registry.mutant("mrtpo.student_sees_verifier_block", base="mrtpo")(
     _with("mrtpo.student_sees_verifier_block", student_context=_student_sees_block))
+registry.mutant("mrtpo.reports_padded_tokens", base="mrtpo")(
+    _with("mrtpo.reports_padded_tokens", mrtpo_advantages=_advantages_reporting_padded_tokens))
 registry.mutant("mrtpo.student_context_padded", base="mrtpo")(
     _with("mrtpo.student_context_padded", student_context=_student_context_padded))
 registry.mutant("mrtpo.replay_with_live_policy", base="mrtpo")(

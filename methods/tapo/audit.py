@@ -36,7 +36,15 @@ def _bad(x: float) -> float:
 
 
 class ProximalAudit:
-    """Accumulates the worst errors and the mechanism's activity over a run's TAPO updates."""
+    """Accumulates the worst errors and the mechanism's activity over a run's TAPO updates.
+
+    Every figure it keeps is computed here from the tensors the update used (the log-probs, the behaviour
+    log-probs, the advantages and the mask that crossed) and the float64 loops: the ratio extremes and clip
+    counts of an update (what `update` returns) are the supervisor's, and the loss's metrics dict is only
+    compared with them (the reported_metrics contract), never read as one of them. The loss's gradient is
+    compared after the update's backward, on the gradient that backward really sent into the log-probs
+    (`gradient`), not on a second vector-Jacobian call that a candidate could answer differently.
+    """
 
     def __init__(self) -> None:
         self.updates = 0
@@ -51,8 +59,11 @@ class ProximalAudit:
         self.later_clipped_tokens = 0
         self.max_response_tokens = 0
         self.unmeasured: dict[str, str] = {}  # metric -> why (the implementation lacks the function it needs)
+        self._pending = None
 
-    def update(self, impl, behaviour, ro, k, logp, old_logp, adv, loss, met, eps_min, eps_max) -> None:
+    def update(self, impl, behaviour, ro, k, logp, old_logp, adv, loss, eps_min, eps_max) -> dict:
+        """The update's values against the float64 loops; returns the supervisor's figures of the update
+        (ratio extremes, clip fractions, tokens, eps ends, and how many tokens sit within rounding of a bound)."""
         mask = ro.mask
         rows_m = _rows(mask)
         with torch.no_grad():
@@ -71,14 +82,16 @@ class ProximalAudit:
             self.unmeasured["run_eps_max_abs_err"] = no_clip
         got_r = None if no_ratio else _rows(impl.trajectory_ratio(logp.detach(), old_logp, mask))
         want_l, want_g, near, scale = ref.loss_and_grad(rows_l, rows_o, adv_rows, rows_m, eps_min, eps_max, None, _MARGIN)
-        (grad,) = torch.autograd.grad(loss, logp, retain_graph=True) if loss.requires_grad else (torch.zeros_like(logp),)
-        got_g = _rows(grad)
-        gscale = max(abs(x) for row in want_g for x in row) or 1.0
+        self._pending = (want_g, near)
         self.loss_err = max(self.loss_err, _bad(abs(float(loss.detach()) - want_l)) / max(scale, 1e-300))
+        ratios, outside, active, ambiguous, firsts, lasts = [], 0, 0, 0, [], []
         for b, mrow in enumerate(rows_m):
             T = sum(mrow)
             self.max_response_tokens = max(self.max_response_tokens, T)
             eps = ref.clip_eps(T, eps_min, eps_max) if T else []
+            if T:
+                firsts.append(eps[0])
+                lasts.append(eps[-1])
             if T and not no_clip:
                 got_eps = impl.length_aware_clip(T, eps_min, eps_max, dtype=logp.dtype, device=logp.device)
                 got_eps = got_eps.detach().to("cpu", torch.float64).tolist()
@@ -91,26 +104,39 @@ class ProximalAudit:
                 if not valid:
                     continue
                 r = want_r[b][i]
+                ratios.append(r)
                 if got_r is not None:
                     self.ratio_err = max(self.ratio_err, _bad(abs(got_r[b][i] - r)) / r)
                 e = eps[t]
                 t += 1
                 binds = (arow[b] > 0 and r > 1.0 + e) or (arow[b] < 0 and r < 1.0 - e)
+                outside += int(r > 1.0 + e or r < 1.0 - e)
+                active += int(binds)
+                ambiguous += int(near[b][i])
                 self.clipped_tokens += int(binds)
                 if k > 0:
                     self.later_ratio_dev = max(self.later_ratio_dev, abs(r - 1.0))
                     self.later_clipped_tokens += int(binds)
-                if not near[b][i]:
-                    self.grad_err = max(self.grad_err, _bad(abs(got_g[b][i] - want_g[b][i])) / gscale)
-        # The loss's own clip-bound metrics against the reference schedule of these rows.
-        lens = [sum(mrow) for mrow in rows_m if sum(mrow)]
-        lo_want = min(ref.clip_eps(T, eps_min, eps_max)[-1] for T in lens)
-        hi_want = max(ref.clip_eps(T, eps_min, eps_max)[0] for T in lens)
-        if "eps_lo" in met or "eps_hi" in met:  # optional in the interface; checked whenever reported
-            self.eps_err = max(self.eps_err, _bad(abs(met.get("eps_lo", math.nan) - lo_want)),
-                               _bad(abs(met.get("eps_hi", math.nan) - hi_want)))
         self.updates += 1
         self.later_updates += int(k > 0)
+        n = len(ratios)
+        return {"ratio_min": min(ratios, default=math.nan), "ratio_max": max(ratios, default=math.nan),
+                "clip_fraction": outside / max(n, 1), "clip_active_fraction": active / max(n, 1), "tokens": n,
+                "eps_lo": min(lasts, default=math.nan), "eps_hi": max(firsts, default=math.nan),
+                "ambiguous_fraction": ambiguous / max(n, 1)}
+
+    def gradient(self, upstream) -> None:
+        """d loss / d logp as the update's backward sent it (None: none reached the log-probs), against the
+        float64 loop's gradient; tokens within rounding of a clip bound are left out (their active set is
+        ambiguous in float32, as in the loss_forward contract)."""
+        want_g, near = self._pending
+        self._pending = None
+        got_g = _rows(upstream) if upstream is not None else [[0.0] * len(row) for row in want_g]
+        gscale = max(abs(x) for row in want_g for x in row) or 1.0
+        for b, row in enumerate(want_g):
+            for i, w in enumerate(row):
+                if not near[b][i]:
+                    self.grad_err = max(self.grad_err, _bad(abs(got_g[b][i] - w)) / gscale)
 
     def measurements(self) -> dict:
         """The audit's figures; those in `unmeasured` are left out (the check declares them not applicable)."""

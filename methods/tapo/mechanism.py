@@ -11,9 +11,9 @@ three seeds of a 16-token toy model are not evidence of capability.
 
 Which behaviour log-probs each proximal update is measured against is the
 implementation's decision (`impl.proximal_logprobs`); every TAPO update is audited on
-the run's own tensors (methods/tapo/audit.py): old log-probs against the behaviour
-policy's re-scoring, R~_t, eps_t, loss and gradient against the float64 loops, and
-whether later updates were off-policy with the clip binding.
+the run's own tensors (methods/tapo/audit.py: old log-probs, R~_t, eps_t, loss and its
+gradient against the float64 loops, later updates off-policy with the clip binding), and
+every update of both arms has its policy gradient audited (methods/common/audited.py).
 
 This module is the harness only: each line here is a step the run depends on. What the
 run measures about itself (gradient norms, counters, the audit, step records, validation
@@ -31,7 +31,7 @@ import torch
 
 from engine.spec import registry
 from methods.common.grpo import group_advantages, grpo_token_loss
-from methods.common import make_policy, paired
+from methods.common import audited, make_policy, paired
 from methods.common.rollout import sample
 from methods.common.tasks import TargetTokenTask
 from methods.tapo.proximal import proximal_logprobs as project_proximal_logprobs
@@ -89,8 +89,11 @@ def mechanism(impl, ctx) -> dict:
                     loss, met = grpo_token_loss(logp, old_logp, adv, ro.mask, clip_eps=control_eps)
                 rec.loss(arm, k, ro, logp, old_logp, adv, loss, met)
                 opt.zero_grad(set_to_none=True)
-                if loss.requires_grad:
-                    loss.backward()
+                # the supervisor audits the gradient the backward leaves in its policy (the candidate's
+                # vector-Jacobian product, where its proximal_logprobs scored the policy through a handle)
+                up = audited.backward(ctx, loss, policy, arm=arm, where=f"group {gi}, k {k}",
+                                      scored=[audited.responses("logp", logp, ro.prompts, ro.responses, ro.mask)])
+                rec.backward_done(arm, up)
                 ctx.meter.optimizer_step(opt)
                 rec.stepped(arm, gi, k, ro, loss, policy)
         rec.validate(arm, policy, task, val_prompts, val_samples, max_new)

@@ -240,6 +240,62 @@ def inner_updates_unchecked():
     return IMPL.replace("tapo.inner_updates_unchecked", proximal_logprobs=_proximal_unchecked)
 
 
+# --- what crosses into the supervisor's policy, and what the loss reports about itself -------------------------
+# The mechanism run's policy lives in the supervisor: proximal_logprobs scores it through a handle, and what reaches
+# its parameters in backward is proximal_logprobs's own vector-Jacobian product. The gradient audit compares that
+# gradient, and the values, with the supervisor's autograd of the declared scoring; the run takes every figure it
+# judges from the tensors that crossed, and reported_metrics_agree compares the loss's metrics dict with them.
+
+
+def _checked_inner(inner_updates) -> None:
+    if isinstance(inner_updates, bool) or not isinstance(inner_updates, int) or inner_updates < 1:
+        raise ValueError(f"inner_updates must be an integer >= 1, got {inner_updates!r}")
+
+
+def _negated(logp: torch.Tensor) -> torch.Tensor:
+    """logp's value with the gradient into the policy negated: sg[l] - (l - sg[l])."""
+    return logp.detach() - (logp - logp.detach())
+
+
+def _proximal_negated_later(policy, rollout, inner_updates):
+    """Exact log-probs; from the second proximal update on, their gradient into the policy negated (cosine -1 with
+    the honest one), so the later updates step away from the surrogate they report."""
+    _checked_inner(inner_updates)
+    for k in range(inner_updates):
+        logp, _ = sequence_logprobs(policy, rollout.prompts, rollout.responses)
+        yield k, (logp if k == 0 else _negated(logp)), rollout.old_logp
+
+
+@registry.mutant("tapo.proximal_negated_later", base="tapo")
+def proximal_negated_later():
+    return IMPL.replace("tapo.proximal_negated_later", proximal_logprobs=_proximal_negated_later)
+
+
+def _loss_reporting_on_policy(*args, **kwargs):
+    """The loss as it is, its metrics saying every update was on-policy: R^ = 1 everywhere, nothing clipped."""
+    loss, metrics = IMPL.tapo_loss(*args, **kwargs)
+    return loss, {**metrics, "ratio_min": 1.0, "ratio_max": 1.0, "clip_fraction": 0.0, "clip_active_fraction": 0.0}
+
+
+def _proximal_temperature_two(policy, rollout, inner_updates):
+    """The policy scored at temperature 2, not at the sampling temperature 1 (TRL #4159's shape of bug)."""
+    _checked_inner(inner_updates)
+    for k in range(inner_updates):
+        logp, _ = sequence_logprobs(policy, rollout.prompts, rollout.responses, temperature=2.0)
+        yield k, logp, rollout.old_logp
+
+
+@registry.mutant("tapo.reports_on_policy", base="tapo")
+def reports_on_policy():
+    return IMPL.replace("tapo.reports_on_policy", tapo_loss=_loss_reporting_on_policy)
+
+
+@registry.mutant("tapo.temperature_two_reports_on_policy", base="tapo")
+def temperature_two_reports_on_policy():
+    return IMPL.replace("tapo.temperature_two_reports_on_policy", proximal_logprobs=_proximal_temperature_two,
+                        tapo_loss=_loss_reporting_on_policy)
+
+
 # --- fused-path defects ----------------------------------------------------------
 # The default loss runs `_fused_tapo_loss` (and its autograd node `_FusedLoss`). These mutants
 # are that very source with one edit, compiled beside the module, so each is a defect of the code

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from engine.run import run_audit
 from methods.common.policy import param_l2_change, snapshot, state_copy
 from methods.common.rollout import sample
 from methods.tapo.audit import ProximalAudit
@@ -23,6 +24,12 @@ from methods.tapo.audit import ProximalAudit
 __mutate__ = False
 
 ARMS = ("tapo", "grpo-control")
+# What tapo_loss's metrics dict declares (the interface), each compared with the supervisor's own figure.
+REPORTED = ("ratio_min", "ratio_max", "clip_fraction", "clip_active_fraction", "tokens", "eps_lo", "eps_hi")
+
+
+def _dev(r: float) -> float:
+    return math.inf if math.isnan(r) else abs(r - 1.0)
 
 
 def grad_norm(module: torch.nn.Module) -> float:
@@ -52,20 +59,22 @@ class RunRecord:
         self.zero_not_rejected = 0
         self.first_ratio_dev = 0.0
         self.first_updates = 0
-        self.no_ratio_metrics = False
         self.audit = ProximalAudit()
         self.acc: dict[str, float] = {}
         self.behaviour = None
         self._draws = 0
+        self._group = -1  # the arm's group being updated (the run's gi)
         self._before = None
         self._ratios = (math.nan, math.nan, math.nan)
 
     def start_arm(self, arm: str, policy) -> None:
         # A copy of the behaviour policy, refreshed at each group's sampling: what the audit re-scores with.
         self.behaviour = snapshot(policy) if arm == "tapo" else None
+        self._group = -1
 
     def start_group(self) -> None:
         self._draws = 0
+        self._group += 1
 
     def drawn(self) -> None:
         self._draws += 1
@@ -93,24 +102,40 @@ class RunRecord:
         self._before = state_copy(policy)
 
     def loss(self, arm: str, k: int, ro, logp, old_logp, adv, loss, met) -> None:
-        """The update's loss, before its backward: the audit (TAPO) and the ratio extremes (both arms)."""
+        """The update's loss, before its backward: the audit (TAPO) and the ratio extremes (both arms), computed
+        here from the tensors the update used; the loss's own metrics dict is only compared with them."""
         if arm == "tapo":
-            rmin, rmax, clip = met.get("ratio_min"), met.get("ratio_max"), met.get("clip_fraction")
-            if rmin is None or rmax is None:  # a framework loss may report none: its R^ stays unseen
-                self.no_ratio_metrics = True
-            self.audit.update(self.impl, self.behaviour, ro, k, logp, old_logp, adv, loss, met, self.eps_min,
-                              self.eps_max)
+            fig = self.audit.update(self.impl, self.behaviour, ro, k, logp, old_logp, adv, loss, self.eps_min,
+                                    self.eps_max)
+            self._report(fig, met, f"group {self._group}, k {k}")
+            rmin, rmax, clip = fig["ratio_min"], fig["ratio_max"], fig["clip_fraction"]
         else:
             with torch.no_grad():
-                ratio = torch.exp(torch.where(ro.mask, logp - old_logp, torch.zeros_like(logp)))
+                ratio = torch.exp(torch.where(ro.mask, logp.double() - old_logp.double(),
+                                              torch.zeros((), dtype=torch.float64, device=logp.device)))
                 rmin = float(torch.where(ro.mask, ratio, torch.full_like(ratio, math.inf)).min())
                 rmax = float(torch.where(ro.mask, ratio, torch.full_like(ratio, -math.inf)).max())
-            clip = met["clip_fraction"]
+                eps = float(self.ctx.params.get("control_clip_eps", 0.2))
+                clip = float(((ratio > 1.0 + eps) | (ratio < 1.0 - eps))[ro.mask].double().mean())
         if k == 0:  # first update: the policy is the behaviour policy, the ratio must be 1
-            if rmin is not None and rmax is not None:
-                self.first_ratio_dev = max(self.first_ratio_dev, abs(rmin - 1.0), abs(rmax - 1.0))
+            self.first_ratio_dev = max(self.first_ratio_dev, _dev(rmin), _dev(rmax))
             self.first_updates += 1
         self._ratios = (rmin, rmax, clip)
+
+    def _report(self, fig: dict, met, where: str) -> None:
+        """The candidate's metrics beside the supervisor's figures (the reported_metrics contract compares them);
+        a token within rounding of a clip bound may be counted on either side."""
+        met = met if isinstance(met, dict) else {}
+        audit = run_audit.of(self.ctx)
+        slack = {"clip_fraction": fig["ambiguous_fraction"], "clip_active_fraction": fig["ambiguous_fraction"]}
+        for key in REPORTED:
+            audit.report(arm="tapo", function="tapo_loss", key=key, reported=met.get(key), measured=fig[key],
+                         slack=slack.get(key, 0.0), where=where)
+
+    def backward_done(self, arm: str, upstream: dict) -> None:
+        """After the update's backward: the loss's gradient as it reached the log-probs, against the loop's."""
+        if arm == "tapo":
+            self.audit.gradient(upstream.get("logp"))
 
     def stepped(self, arm: str, group: int, k: int, ro, loss, policy) -> None:
         """After the optimiser step: gradient norm, parameter change, the step record."""
@@ -185,9 +210,6 @@ class RunRecord:
         t, c = self.res["tapo"], self.res["grpo-control"]
         for metric, why in self.audit.unmeasured.items():
             self.ctx.not_applicable(why, metric)
-        if self.no_ratio_metrics:
-            self.ctx.not_applicable("tapo_loss reported no ratio_min/ratio_max metrics, so its own ratio at the first "
-                                    "(on-policy) update is unseen", "first_update_ratio_max_dev")
         return {
             "updates_made": t["updates"],
             "control_updates": c["updates"],
@@ -196,7 +218,7 @@ class RunRecord:
             "control_min_grad_norm": min(c["grad"], default=0.0),
             "control_min_param_l2_change": min(c["change"], default=0.0),
             "nonfinite_steps": t["nonfinite"] + c["nonfinite"],
-            **({} if self.no_ratio_metrics else {"first_update_ratio_max_dev": self.first_ratio_dev}),
+            "first_update_ratio_max_dev": self.first_ratio_dev,
             "first_updates": self.first_updates,
             "zero_adv_groups": t["zero"],
             "zero_adv_not_rejected": self.zero_not_rejected,

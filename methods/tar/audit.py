@@ -26,6 +26,8 @@ from contextlib import contextmanager
 
 import torch
 
+from engine.run import run_audit
+from methods.common import audited
 from methods.common.policy import param_l2_change, state_copy
 from methods.common.rollout import sequence_logprobs
 from methods.tar import reference as ref
@@ -38,6 +40,11 @@ __mutate__ = False
 # whose log-probs can differ in the last float32 bit: gates of about 5e-8 come from that, not
 # from suppression. A fired replay has a gate above this.
 GATE_NOISE = 1e-4
+# |mean delta| of a bank row below which float32 may put its gate on either side of 0 (a report of the share of
+# active rows may count such a row either way).
+DELTA_ROUNDING = 1e-6
+# What adaptive_replay_loss's metrics dict declares (the interface), each compared with the float64 loop's.
+REPORTED = ("gates", "mean_delta", "token_weights", "weight_sum", "active_fraction", "num_trajectories")
 
 
 def _bad(x: float) -> float:
@@ -101,6 +108,8 @@ class RunAudit:
         self._seen: list[torch.Tensor] = []
         self._bank = None
         self.selection_mismatch = self.replayed_rows = self.other_prompt_rows = 0
+        self.replay_grad_err = 0.0
+        self._replay = None  # the update's replay by the float64 loops (supervisor's figures)
 
     # --- the bank --------------------------------------------------------------------------
 
@@ -193,17 +202,84 @@ class RunAudit:
         self.min_total_grad = min(self.min_total_grad, total_norm)
         self.nonzero_grad_steps += int(total_norm > 0)
 
+        self._replay = self._replay_figures(bank_sel, parts)
         self._harness(roll, bank_sel, parts, rep_norm)
         self._selection(idx, bank_sel, parts)
-        gates = met["gates"].detach().double().cpu() if met is not None else torch.zeros(0, dtype=torch.float64)
-        active = bool((gates > 0).any())
-        self.active_steps += int(active)
-        self.active_zero_grad += int(active and rep_norm == 0.0)
-        self.inactive_nonzero_replay += int(not active and float(rep.detach().abs()) != 0.0)
+        fig = self._replay
+        gates = fig["gates"]
+        gmax = float(gates.max()) if gates.numel() else 0.0
+        self.active_steps += int(gmax > 0)
+        # fired: a gate above the float32 noise of an unchanged policy (a tinier one may be 0 in float32)
+        self.active_zero_grad += int(gmax > GATE_NOISE and rep_norm == 0.0)
+        # silent: no bank row's mean delta is positive, so the paper's replay loss is exactly 0
+        self.inactive_nonzero_replay += int(gmax == 0.0 and abs(float(rep.detach())) > 1e-6)
         if step == 0:
-            self.first_step_replay_abs = float(rep.detach().abs())
-            self.first_step_gate_max = float(gates.abs().max()) if gates.numel() else 0.0
-        self._record(step, idx, rewards, bank_sel, parts, gates, active, total, rep_norm, total_norm)
+            self.first_step_replay_abs = float(rep.detach().abs())  # the candidate's loss: it must be 0 here
+            self.first_step_gate_max = gmax
+        self._report(met, fig, f"step {step}")
+        self._record(step, idx, rewards, bank_sel, parts, gates, gmax > 0, total, rep_norm, total_norm)
+
+    @torch.no_grad()
+    def _replay_figures(self, bank_sel, parts) -> dict:
+        """The update's replay by the float64 loops of reference.py on the bank log-probs that crossed: the
+        supervisor's gates, weights and loss (what the run judges), never the loss's metrics dict."""
+        lt, lb = parts["bank_logp"], parts["bank_base_logp"]
+        if lt is None or lb is None:
+            z = torch.zeros(0, dtype=torch.float64)
+            return {"loss": 0.0, "grad": None, "gates": z, "weights": torch.zeros(0, 1, dtype=torch.float64),
+                    "mean_delta": z, "mask": None}
+        m = bank_sel.mask.bool().cpu()
+        lt64, lb64 = lt.detach().double().cpu(), lb.detach().double().cpu()
+        loss, grad, gates, weights = ref.replay_reference(lt64.tolist(), lb64.tolist(), m.tolist())
+        n = m.sum(1)
+        delta = torch.where(m, lb64 - lt64, torch.zeros_like(lt64))
+        mean_delta = torch.tensor([math.fsum(row) for row in delta.tolist()], dtype=torch.float64) / n.clamp_min(1)
+        return {"loss": loss, "grad": torch.tensor(grad, dtype=torch.float64).reshape(lt64.shape),
+                "gates": torch.tensor(gates, dtype=torch.float64),
+                "weights": torch.tensor(weights, dtype=torch.float64).reshape(lt64.shape),
+                "mean_delta": mean_delta, "mask": m}
+
+    def _report(self, met, fig, where: str) -> None:
+        """adaptive_replay_loss's metrics beside the float64 loop's figures (the reported_metrics contract)."""
+        if fig["mask"] is None:
+            return
+        met = met if isinstance(met, dict) else {}
+        gates, weights = fig["gates"], fig["weights"]
+        B = int(gates.numel())
+        ambiguous = int((fig["mean_delta"].abs() <= DELTA_ROUNDING).sum())
+        want = {"gates": gates, "mean_delta": fig["mean_delta"], "token_weights": weights,
+                "weight_sum": weights.sum(1), "active_fraction": float((gates > 0).double().mean()) if B else 0.0,
+                "num_trajectories": B}
+        audit = run_audit.of(self.ctx)
+        for key in REPORTED:
+            audit.report(arm="tar", function="adaptive_replay_loss", key=key, reported=met.get(key),
+                         measured=want[key], slack=ambiguous / max(B, 1) if key == "active_fraction" else 0.0,
+                         where=where)
+
+    def scored(self, roll, bank_sel, parts) -> list:
+        """What the update's total loss was computed from, for the gradient audit: the full-vocabulary
+        log-distributions of the sampled tokens (the GRPO and KL terms read them; the supervisor scored them) and
+        the bank log-probs (the candidate's bank_logprobs scored them through a handle)."""
+        out = [audited.responses("logdist", parts["logdist"], roll.prompts, roll.responses, roll.mask, full=True)]
+        if parts["bank_logp"] is not None:
+            out.append(audited.responses("bank_logp", parts["bank_logp"], bank_sel.prompts, bank_sel.responses,
+                                         bank_sel.mask))
+        return out
+
+    def backward_done(self, upstream) -> None:
+        """After the update's backward: the gradient that reached the bank log-probs in it against
+        lambda_rep * the float64 loop's d L_rep / d logp_theta, relative to its largest entry."""
+        fig, self._replay = self._replay, None
+        if fig is None or fig["grad"] is None:
+            return
+        want = self.lambda_rep * fig["grad"]
+        g = upstream.get("bank_logp")
+        got = torch.zeros_like(want) if g is None else g.detach().double().cpu()
+        if got.shape != want.shape:
+            self.replay_grad_err = math.inf
+            return
+        scale = max(float(want.abs().max()), 1e-30)
+        self.replay_grad_err = max(self.replay_grad_err, _bad(float((got - want).abs().max()) / scale))
 
     @torch.no_grad()
     def _selection(self, idx, bank_sel, parts) -> None:
@@ -231,9 +307,7 @@ class RunAudit:
                 want, _ = sequence_logprobs(model, bank_sel.prompts, bank_sel.responses)
                 diff = torch.where(m, (got.detach().double() - want.double()).abs(), zero)
                 setattr(self, name, max(getattr(self, name), _bad(float(diff.max()) if diff.numel() else 0.0)))
-            r_loss, _, _, _ = ref.replay_reference(lt.detach().double().cpu().tolist(), lb.double().cpu().tolist(),
-                                                   m.cpu().tolist())
-            self.replay_err = max(self.replay_err, _bad(abs(float(parts["replay"].detach()) - r_loss)))
+            self.replay_err = max(self.replay_err, _bad(abs(float(parts["replay"].detach()) - self._replay["loss"])))
         lt, lq = parts["logdist"].detach().double(), parts["base_logdist"].double()
         m = roll.mask.bool()
         fwd_tok = (lt.exp() * (lt - lq)).sum(-1)
@@ -245,17 +319,17 @@ class RunAudit:
         self.kl_err = max(self.kl_err, _bad(abs(kl - fwd)))
         self.kl_gap = max(self.kl_gap, abs(fwd - rev))
         self.kl_min = min(self.kl_min, _bad(kl))
-        met = parts["replay_metrics"]
-        gmax = float(met["gates"].detach().double().max()) if met is not None and met["gates"].numel() else 0.0
+        gates = self._replay["gates"]
+        gmax = float(gates.max()) if gates.numel() else 0.0
         self.max_gate = max(self.max_gate, gmax)
         if gmax > GATE_NOISE and rep_norm > 0:
             self.fired_steps += 1
             self.max_fired_grad = max(self.max_fired_grad, rep_norm)
 
     def _record(self, step, idx, rewards, bank_sel, parts, gates, active, total, rep_norm, total_norm) -> None:
-        met, rep = parts["replay_metrics"], parts["replay"]
+        rep, fig = parts["replay"], self._replay
         valid = bank_sel.mask.cpu().bool()
-        w = met["token_weights"].detach().double().cpu() if met is not None else torch.zeros(0, 1, dtype=torch.float64)
+        w = fig["weights"]
         wv = w[valid] if w.shape == valid.shape else torch.zeros(0, dtype=torch.float64)
         self.ctx.record_step(
             step=step + 1,
@@ -265,9 +339,9 @@ class RunAudit:
             reward_mean=float(rewards.mean()),
             bank_rows=int(bank_sel.responses.shape[0]),
             replay_active=active,
-            active_fraction=float(met["active_fraction"]) if met is not None else 0.0,
+            active_fraction=float((gates > 0).double().mean()) if gates.numel() else 0.0,
             gates=gates.tolist(),
-            mean_delta=met["mean_delta"].detach().double().cpu().tolist() if met is not None else [],
+            mean_delta=fig["mean_delta"].tolist(),
             token_weight_mean=float(wv.mean()) if wv.numel() else 0.0,
             token_weight_max=float(wv.max()) if wv.numel() else 0.0,
             token_weight_positive_fraction=float((wv > 0).double().mean()) if wv.numel() else 0.0,
@@ -316,5 +390,6 @@ class RunAudit:
             "replayed_bank_rows": self.replayed_rows,
             "bank_rows_of_other_prompts": self.other_prompt_rows,
             "replay_max_gate": self.max_gate,
+            "run_replay_grad_max_rel_err": self.replay_grad_err,
             "replay_fired_max_grad_norm": self.max_fired_grad,
         }

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.common import TargetTokenTask, group_advantages, grpo_control_update, grpo_token_loss, make_policy, paired, sample, sequence_logprobs, snapshot
+from methods.common import TargetTokenTask, audited, group_advantages, grpo_control_update, grpo_token_loss, make_policy, paired, sample, sequence_logprobs, snapshot
 from methods.tar.audit import RunAudit
 
 SETTINGS = ("updates", "prompts_per_step", "group_size", "base_samples", "bank_k", "max_new_tokens", "vocab_size",
@@ -134,7 +134,11 @@ def run(impl, ctx) -> dict:
         audit.update(step, idx, roll, rewards, bank_sel, total, parts, losses)
 
         opt.zero_grad()
-        total.backward()
+        # the supervisor audits the gradient the backward leaves in its policy: the candidate's bank_logprobs
+        # scored it through a handle, so what reaches it through the bank log-probs is the candidate's own VJP
+        upstream = audited.backward(ctx, total, policy, arm="tar", where=f"step {step}",
+                                    scored=audit.scored(roll, bank_sel, parts))
+        audit.backward_done(upstream)
         ctx.meter.optimizer_step(opt)
     return {"updates": ctx.meter.updates, **audit.measurements()}
 

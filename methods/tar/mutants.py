@@ -282,6 +282,34 @@ def replay_whole_bank():
     return IMPL.replace("tar.replay_whole_bank", replay_rows=rows)
 
 
+# --- what crosses into the supervisor's policy, and what the replay loss reports -------------------------------
+
+
+@registry.mutant("tar.bank_replay_gradient_reversed", base="tar")
+def bank_replay_gradient_reversed():
+    """bank_logprobs returns the policy's exact log-probs of the bank tokens with their gradient into the policy
+    reversed (sg[l] - (l - sg[l])): the replay pushes the bank's tokens down while every value is right."""
+
+    def bank_logprobs(policy, base, prompts, responses):
+        logp_theta, logp_base = IMPL.bank_logprobs(policy, base, prompts, responses)
+        return logp_theta.detach() - (logp_theta - logp_theta.detach()), logp_base
+
+    return IMPL.replace("tar.bank_replay_gradient_reversed", bank_logprobs=bank_logprobs)
+
+
+@registry.mutant("tar.reports_no_replay", base="tar")
+def reports_no_replay():
+    """The replay loss as it is, its metrics saying no trajectory was ever gated in (gates and weights 0)."""
+
+    def replay(logp_theta, logp_base, mask):
+        loss, metrics = adaptive_replay_loss(logp_theta, logp_base, mask)
+        zeros = torch.zeros_like(metrics["gates"])
+        return loss, {**metrics, "gates": zeros, "token_weights": torch.zeros_like(metrics["token_weights"]),
+                      "weight_sum": zeros, "active_fraction": 0.0}
+
+    return IMPL.replace("tar.reports_no_replay", adaptive_replay_loss=replay)
+
+
 # --- pairing defects of the mechanism run (methods/common/paired.py) -------------------------------------
 
 from methods.common.paired import defect  # noqa: E402
