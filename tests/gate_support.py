@@ -160,7 +160,7 @@ def toy_project(tmp: Path, monkeypatch) -> tuple[Path, Path, Path]:
 
 def predicate(spec_path: Path, *, device: str = "cpu", seeds=(1, 2, 3), fail=(), mutants=None,
               comparisons=None, errors=(), status: str | None = None, created_at: str | None = None,
-              spec_state: str = "not-promoted") -> dict:
+              spec_state: str = "not-promoted", seed_source: str | None = None) -> dict:
     """A predicate shaped like engine.run.runner's. `fail` holds (contract, seed, dtype) cells that failed;
     `comparisons` maps seed -> list of comparison dicts for the mechanism contract."""
     results = []
@@ -197,7 +197,7 @@ def predicate(spec_path: Path, *, device: str = "cpu", seeds=(1, 2, 3), fail=(),
                                    "name": "Fake GPU" if device == "cuda" else "cpu", "cuda": None, "capability": None},
                         "torch_threads": 1},
         "request": {"device": device, "seeds": list(seeds), "only": None, "contracts": list(CONTRACTS),
-                    "mutants": list(mutants)},
+                    "mutants": list(mutants), **({"seed_source": seed_source} if seed_source else {})},
         "actual": {"seeds": list(seeds), "results": len(results), "cases": 0, "mutants_run": len(mut)},
         "results": results, "mutants": mut,
         "contracts_proven": {cid: (list(mutants) if killed_any else []) for cid in CONTRACTS},

@@ -61,8 +61,10 @@ def test_full_check_passes_and_writes_one_complete_receipt(full_run):
     # each result records its contract's tier; the summary counts the tiers apart (TAPO has no budget contract)
     tiers = {c["id"]: c["tier"] for c in json.loads(invoke("show", "tapo-trajectory", "--json").stdout)["spec"]["contracts"]}
     assert all(x["tier"] == tiers[x["contract"]] for x in p["results"])
-    assert p["summary"]["tiers"] == {"math": {"contracts": len(tiers), "held": len(tiers), "failed": 0, "other": 0},
-                                     "budget": {"contracts": 0, "held": 0, "failed": 0, "other": 0}}
+    n = {t: sum(1 for x in tiers.values() if x == t) for t in ("math", "budget", "scale")}
+    assert n["scale"] >= 2 and n["budget"] == 0
+    assert p["summary"]["tiers"] == {t: {"contracts": n[t], "held": n[t], "failed": 0, "other": 0}
+                                     for t in ("math", "budget", "scale")}
     one = p["results"][0]
     for key in ("measurements", "expectations", "status", "dtype", "seed", "cases_requested"):
         assert key in one
@@ -177,14 +179,16 @@ def test_show_json_has_contract_ids():
 
 @pytest.mark.parametrize("method", ["grpo", "gspo", "mrtpo", "tapo-trajectory", "tar-adaptive-replay"])
 def test_show_names_every_contracts_tier(method, monkeypatch):
-    """math or budget on every contract, in show --json (per contract and grouped) and in the text table."""
+    """math, budget or scale on every contract, in show --json (per contract and grouped) and in the text table;
+    every spec has a scale tier (training sizes)."""
     data = json.loads(invoke("show", method, "--json").stdout)
     tiers = {c["id"]: c["tier"] for c in data["spec"]["contracts"]}
-    assert set(tiers.values()) <= {"math", "budget"}
-    assert data["tiers"] == {t: [c for c, x in tiers.items() if x == t] for t in ("math", "budget")}
+    assert set(tiers.values()) <= {"math", "budget", "scale"} and "scale" in tiers.values()
+    assert data["tiers"] == {t: [c for c, x in tiers.items() if x == t] for t in ("math", "budget", "scale")}
     monkeypatch.setenv("COLUMNS", "200")
     text = invoke("show", method).stdout
     assert f"tiers: math {len(data['tiers']['math'])}; budget {len(data['tiers']['budget'])}" in text
+    assert f"; scale {len(data['tiers']['scale'])} ({', '.join(data['tiers']['scale'])})" in text
     assert "tier" in next(line for line in text.splitlines() if "kind" in line and "check" in line)
 
 

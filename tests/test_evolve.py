@@ -102,10 +102,15 @@ def test_the_written_evaluator_scores_a_correct_candidate_above_zero_and_the_sca
 # --- the cascade --------------------------------------------------------------------------------------------------
 
 
-def test_each_stage_needs_the_stages_before_it_and_stage_three_reuses_their_receipts(evaluator, tmp_path):
-    ev, store, _ = evaluator
+def test_each_stage_needs_the_stages_before_it_and_stage_three_reuses_their_receipts(tmp_path):
+    """With the budget's seeds (seeds="budget") every stage runs on the same seeds, and stage 3 runs only what the
+    stages before it did not."""
+    from engine.evolve.evaluator import Evaluator
+
+    store = tmp_path / "store"
+    ev = Evaluator(METHOD, receipts=store, seeds="budget")
     good = variant(tmp_path, "staged.py")
-    one, two, three = (getattr(ev, f"evaluate_stage{k}")(str(good)) for k in (1, 2, 3))
+    one, two, three = (ev.stage(k, str(good)) for k in (1, 2, 3))
     assert [r.metrics["combined_score"] for r in (one, two, three)][:2] == [0.5, 0.75]
     assert three.metrics["combined_score"] >= 0.9
     assert (one.metrics["cells_total"], two.metrics["cells_total"], three.metrics["cells_total"]) == cell_counts()
@@ -119,6 +124,29 @@ def test_each_stage_needs_the_stages_before_it_and_stage_three_reuses_their_rece
     assert ran[2] == ["mechanism"]  # stage 3 ran only what stages 1 and 2 had not: their receipts count
     assert set(three.artifacts["receipts"].split(", ")) == {x.artifacts["receipt_id"] for x in (one, two, three)}
     assert by_id[one.artifacts["receipt_id"]]["predicate"]["request"]["seeds"] == [42]
+
+
+def test_by_default_every_candidate_and_stage_draws_fresh_seeds_and_keeps_the_earlier_stages_cells(evaluator,
+                                                                                                     tmp_path):
+    """Nobody knows a stage's seeds before it runs: each stage of each candidate draws its own from the operating
+    system, records them in its receipt, and a later stage still needs the cells of the stages before it on their
+    seeds (read back from their receipts, not run again)."""
+    ev, store, _ = evaluator
+    good = variant(tmp_path, "fresh.py")
+    one, two = ev.evaluate_stage1(str(good)), ev.evaluate_stage2(str(good))
+    assert [x.metrics["combined_score"] for x in (one, two)] == [0.5, 0.75], two.artifacts
+    by_id = receipts_in(store)
+    first, second = (by_id[x.artifacts["receipt_id"]]["predicate"]["request"] for x in (one, two))
+    assert first["seed_source"] == second["seed_source"] == "fresh"
+    assert len(first["seeds"]) == 1 and len(second["seeds"]) == 3 and first["seeds"][0] not in second["seeds"]
+    assert set(first["seeds"] + second["seeds"]).isdisjoint({42, 43, 44}) and "drawn fresh" in two.artifacts["verdict"]
+    # stage 2 needed stage 1's cells on stage 1's seed too, and read them from stage 1's receipt
+    assert two.metrics["cells_total"] == one.metrics["cells_total"] + cell_counts()[1]
+    assert one.artifacts["receipt_id"] in two.artifacts["receipts"].split(", ")
+    other = ev.evaluate_stage1(str(variant(tmp_path, "other.py", "import torch\n", "import torch\n\n")))
+    assert by_id.get(other.artifacts["receipt_id"]) is None  # a new candidate: a new receipt ...
+    again = receipts_in(store)[other.artifacts["receipt_id"]]["predicate"]["request"]["seeds"]
+    assert again != first["seeds"]  # ... on seeds of its own
 
 
 def test_a_broken_stage_one_is_not_rescued_by_later_stages(evaluator, tmp_path):
@@ -214,12 +242,13 @@ def test_warm_and_cold_workers_measure_the_same(evaluator, tmp_path, monkeypatch
     ev, store, _ = evaluator
     good = variant(tmp_path, "same.py")
     warm_id = ev.evaluate_stage1(str(good)).artifacts["receipt_id"]
+    (seed,) = receipts_in(store)[warm_id]["predicate"]["request"]["seeds"]  # drawn fresh: rerun from the receipt
     # `check --impl` forks its workers from a warm server too; a fresh `python` each is what it falls back to
     monkeypatch.setattr(warm, "warm_or_cold", isolation._Worker)
     cold = tmp_path / "cold"
     only = [x for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward",
                         "precision_agreement") for x in ("--only", c)]
-    r = invoke("check", METHOD, "--impl", str(good), "--seeds", "42", "--no-mutants", "--receipts", str(cold),
+    r = invoke("check", METHOD, "--impl", str(good), "--seeds", str(seed), "--no-mutants", "--receipts", str(cold),
                "--json", "--no-sandbox", *only)
     assert r.exit_code == 0, r.output
     measured = lambda stmt: {(x["contract"], x["dtype"]): x["measurements"]  # noqa: E731

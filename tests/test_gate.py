@@ -108,7 +108,8 @@ def test_missing_budget_seed_and_a_failure_elsewhere_both_block(layout):
     assert not dev["met"]
     assert {(m["contract"], m["seed"], m["dtype"]) for m in dev["missing"]} == {
         ("double-value", 3, "float64"), ("double-value", 3, "float32"), ("mechanism", 3, "float32")}
-    assert dev["detail"] == ("math 6/9, budget none; 3/9 contract results never passed in a fresh cpu receipt: "
+    assert dev["detail"] == ("math 6/9, budget none, scale none; 3/9 contract results never passed in a fresh cpu "
+                             "receipt: "
                              "double-value (seed 3 x float64,float32), mechanism (seed 3 x float32)")
     G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())  # complete, passing
     assert _req(_gate(root, specs, receipts), "device:cpu")["met"]
@@ -128,14 +129,44 @@ def test_the_device_requirement_counts_math_and_budget_apart_and_may_require_onl
     dev = _req(_gate(root, specs, receipts), "device:cpu")
     assert not dev["met"]
     assert dev["tiers"] == {"math": {"cells": 6, "passed": 6, "required": True},
-                            "budget": {"cells": 3, "passed": 2, "required": True}}
-    assert dev["detail"].startswith("math 6/6, budget 2/3; ") and "mechanism seed 2 float32 failed" in dev["detail"]
+                            "budget": {"cells": 3, "passed": 2, "required": True},
+                            "scale": {"cells": 0, "passed": 0, "required": True}}  # the toy has no scale contract
+    assert dev["detail"].startswith("math 6/6, budget 2/3, scale none; ") and \
+        "mechanism seed 2 float32 failed" in dev["detail"]
     _set_requires(specs, "    all_budget_seeds: true", "    all_budget_seeds: true\n    tiers: [math]")
     G.write(root, receipts, specs / "toy.yaml", fail={("mechanism", 2, "float32")}, comparisons=G.ahead())
     dev = _req(_gate(root, specs, receipts), "device:cpu")
     assert dev["met"], dev["detail"]  # the budget failure is reported, not required
-    assert dev["detail"].startswith("8/9 contract results passed on cpu (math 6/6, budget 2/3 (not required); ")
+    assert dev["detail"].startswith("8/9 contract results passed on cpu (math 6/6, budget 2/3 (not required), "
+                                    "scale none (not required); ")
     _set_requires(specs, "    tiers: [math]", "    tiers: [math, budget]")
+    assert not _req(_gate(root, specs, receipts), "device:cpu")["met"]
+
+
+def test_a_candidate_needs_a_fresh_seed_receipt(layout):
+    """The budget's seeds are public: beside them an --impl candidate needs a receipt on seeds drawn at run time
+    in which every contract held; the registered implementation only when the spec asks (fresh_seeds: true)."""
+    root, specs, receipts = layout
+    G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
+    own = _req(_gate(root, specs, receipts), "fresh_seeds")
+    assert own["met"] and not own["required"] and "registered implementation" in own["detail"]
+    spec = load_spec(specs / "toy.yaml", root)
+    cand = _req(evaluate(spec, receipts, root, specs, implementation="impl:" + "0" * 64), "fresh_seeds")
+    assert cand["required"] and not cand["met"] and cand["argv"][-2:] == ["--seeds", "fresh"]
+    _set_requires(specs, "    all_budget_seeds: true", "    all_budget_seeds: true\n    fresh_seeds: true")
+    G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
+    r = _gate(root, specs, receipts)
+    assert not _req(r, "fresh_seeds")["met"] and _req(r, "device:cpu")["met"]  # the budget seeds alone: not enough
+    assert "no fresh cpu receipt with seeds drawn at run time" in _req(r, "fresh_seeds")["detail"]
+    G.write(root, receipts, specs / "toy.yaml", seeds=(9001, 9002), seed_source="given")  # chosen, not drawn
+    assert not _req(_gate(root, specs, receipts), "fresh_seeds")["met"]
+    G.write(root, receipts, specs / "toy.yaml", seeds=(3952690999, 17), seed_source="fresh")
+    r = _gate(root, specs, receipts)
+    assert _req(r, "fresh_seeds")["met"] and "fresh seeds 3952690999,17" in _req(r, "fresh_seeds")["detail"]
+    assert r["promotable"], r["reasons"]
+    # a failure on a drawn seed is a failure: the device requirement closes, whatever else passed
+    G.write(root, receipts, specs / "toy.yaml", seeds=(555,), seed_source="fresh", fail={("double-value", 555,
+                                                                                           "float32")})
     assert not _req(_gate(root, specs, receipts), "device:cpu")["met"]
 
 

@@ -174,10 +174,26 @@ def _contract_ids() -> list[str]:
     return [c["id"] for c in json.loads(invoke("show", METHOD, "--json").stdout)["spec"]["contracts"]]
 
 
+SCORER = '''
+Rollout = object
+
+
+def sequence_logprobs(policy, prompts, responses):
+    """methods.common.rollout's scorer at temperature 1, as the interface's Policy describes it."""
+    logits, hidden, _ = policy(torch.cat([prompts, responses[:, :-1]], 1))
+    P = prompts.shape[1]
+    logp = torch.log_softmax(logits[:, P - 1:].float(), -1).gather(-1, responses[..., None]).squeeze(-1)
+    return logp, hidden[:, P - 1:]
+'''
+
+
 def test_a_copy_of_the_projects_own_tapo_passes(tmp_path):
     cand = tmp_path / "tapo_copy.py"
-    # the project's TAPO is objective.py plus proximal.py (which log-probs each proximal update compares)
+    # the project's TAPO is objective.py plus proximal.py (which log-probs each proximal update compares); the
+    # candidate's sandbox shows nothing of this project, so the harness's scorer is carried along, as a copy would
     proximal = (ROOT / "methods" / "tapo" / "proximal.py").read_text().replace("from __future__ import annotations\n", "")
+    assert "from methods.common.rollout import Rollout, sequence_logprobs\n" in proximal
+    proximal = proximal.replace("from methods.common.rollout import Rollout, sequence_logprobs\n", SCORER)
     cand.write_text((ROOT / "methods" / "tapo" / "objective.py").read_text() + "\n\n" + proximal)
     store = tmp_path / "r"
     r = check(cand, store, "--only", "prefix_ratio_forward", "--only", "loss_forward", "--only",

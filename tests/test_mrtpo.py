@@ -377,7 +377,7 @@ def test_declared_generators_cover_the_regimes_their_contracts_claim():
         betas = {d["beta"] for d in drawn}
         assert {0.0, 1.0} & betas and any(0 < b < 1 for b in betas)
         pairs = [inputs_mod.draw(spec["js_reference"]["params"]["inputs"], seed, i)[0] for i in range(12)]
-        assert all(p["logp_a"].shape == p["logp_b"].shape and p["logp_a"].shape[0] == 4 for p in pairs)
+        assert all(p["logp_a"].shape == p["logp_b"].shape and 2 <= p["logp_a"].shape[0] <= 8 for p in pairs)
         assert any(bool(torch.isinf(p["logp_b"]).any()) for p in pairs)  # exact zeros and disjoint supports
         adv = [inputs_mod.draw(spec["advantages_reference"]["params"]["inputs"], seed, i)[0] for i in range(12)]
         for a in adv:
@@ -429,7 +429,9 @@ def test_every_check_is_in_the_spec():
     bespoke = {c["id"]: c["check"] for c in contracts if not c["check"].startswith("kind:")}
     assert set(bespoke.values()) == {n for n in registry.load().checks if n.startswith("mrtpo.")}
     assert {c["id"] for c in contracts if c["check"] == "kind:budget"} >= {"js_memory", "logits_memory"}
-    assert all(c.get("tier") in ("math", "budget") for c in contracts)
+    assert all(c.get("tier") in ("math", "budget", "scale") for c in contracts)
+    assert {c["id"] for c in contracts if c["tier"] == "scale"} == {"scale_js", "scale_credit_weights",
+                                                                    "scale_from_logits", "scale_advantages"}
     assert {c["id"] for c in contracts if c["tier"] == "budget"} == {
         c["id"] for c in contracts if c["check"] == "kind:budget"}
     assert {m["mutant"] for m in _spec()["mutants"]} == {n for n in registry.load().mutants if n.startswith("mrtpo.")}

@@ -340,3 +340,54 @@ def test_the_store_key_and_policy_are_masked_wherever_they_fall_inside_what_a_sa
     assert str(store) not in args  # not there: nothing to mask
     assert ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"] == args[1:7]
     assert args[args.index("--") + 2] == "-I"  # isolated Python
+
+
+# --- the call loop's sandbox names no checker --------------------------------------------------------------------
+
+
+PROBE = r'''
+import importlib.util, json, os, sys
+site = [p for p in sys.path if p.endswith("site-packages")]
+print(json.dumps({"cwd": os.getcwd(), "home": os.environ.get("HOME"), "env": dict(os.environ),
+                  "host": os.uname().nodename, "prefix": sys.prefix, "executable": sys.executable, "path": sys.path,
+                  "engine": importlib.util.find_spec("engine") is not None,
+                  "site": sorted(e for p in site for e in os.listdir(p)),
+                  "cache": sorted(e for p in site if os.path.isdir(p + "/__pycache__")
+                                  for e in os.listdir(p + "/__pycache__")),
+                  "torch": importlib.util.find_spec("torch") is not None}))
+'''
+
+
+@needs_bwrap
+def test_the_call_loops_sandbox_names_no_checker(tmp_path):
+    """What the candidate's own process sees: an ordinary user's folder, home and host name, no variable, module,
+    package, path or argv naming the checker (its checkout is not there at all), torch importable; and the loop
+    itself is `python -I -c` with its code from the pipe, no call_loop.py in argv."""
+    import subprocess
+
+    (tmp_path / "mine.py").write_text("x = 1\n")
+    args = sandbox.command(str(tmp_path), sandbox.hidden_paths(), loop=(0, 1))
+    assert args[args.index("--") + 1:][1:3] == ["-I", "-c"] and not any("call_loop.py" in a for a in args)
+    assert "--as-pid-1" in args  # the loop is PID 1: no bubblewrap inside whose argv lists the binds
+    probe = args[:args.index("--") + 2] + ["-I", "-c", PROBE]
+    seen = json.loads(subprocess.run(probe, capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert (seen["cwd"], seen["home"], seen["host"]) == (sandbox.INSIDE, sandbox.HOME, "localhost")
+    assert seen["prefix"] == sandbox.VENV and seen["torch"] and not seen["engine"]
+    words = ("contract", "check", "candidate", "call_loop", str(ROOT).lower())
+    text = json.dumps([seen["env"], seen["path"], seen["site"], seen["cache"], seen["cwd"], seen["executable"]])
+    assert not [w for w in words if w in text.lower()], text
+    assert seen["env"].get("PWD", sandbox.INSIDE) == sandbox.INSIDE  # bubblewrap's --chdir sets it, as a shell does
+    assert set(seen["env"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "NO_COLOR",
+                                "TERM", "PWD"} | {k for k in seen["env"] if k.startswith(("LC_", "OMP_", "MKL_", "OPENBLAS_",
+                                                                                    "KMP_", "CUDA_VISIBLE", "CUBLAS_"))}
+    # the loop as it really starts: BOOT then the loop's code over the pipe; it says ready, and its argv is -c
+    box = sandbox.LoopBox(sandbox.hidden_paths())
+    try:
+        assert box.wait_ready(120), box.conn.tail()
+        kids = subprocess.run(["ps", "-o", "args=", "--ppid", str(box.conn.proc.pid)], capture_output=True,
+                              text=True).stdout
+        inner = subprocess.run(["ps", "-o", "args=", "-e"], capture_output=True, text=True).stdout
+        mine = [line for line in inner.splitlines() if sandbox.VENV in line and "-I -c" in line]
+        assert mine and not any("call_loop.py" in line for line in mine + kids.splitlines()), (kids, mine)
+    finally:
+        box.close()

@@ -241,7 +241,11 @@ def test_parse_progress_reads_richs_live_bar_back():
     assert checkrun.parse_progress("loading ...\n") is None
     assert checkrun.check_form_problems("cuda:1", "42, 43") == []
     assert checkrun.check_form_problems("gpu", "42;43") == ["device 'gpu': give cpu, cuda or cuda:N",
-                                                           "seeds '42;43': give comma-separated integers, e.g. 42,43,44"]
+                                                           "seeds '42;43': give comma-separated integers, e.g. "
+                                                           "42,43,44, or fresh (drawn at run time, recorded in the "
+                                                           "receipt)"]
+    assert checkrun.check_form_problems("cpu", "fresh") == checkrun.check_form_problems("cpu", "random:2") == []
+    assert checkrun.check_argv("m", "cpu", "fresh", Path("specs"), Path("receipts"))[-2:] == ["--seeds", "fresh"]
     argv = checkrun.check_argv("m", "cpu", "42, 43", Path("specs"), Path("receipts"))
     assert argv[1:7] == ["-m", "engine.cli", "check", "m", "--device", "cpu"] and argv[-2:] == ["--seeds", "42,43"]
     assert "--json" in argv and Path(argv[argv.index("--receipts") + 1]).is_absolute()

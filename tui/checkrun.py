@@ -26,6 +26,7 @@ FRAME = re.compile(r"(?P<done>\d+)/(?P<total>\d+)\s+(?P<elapsed>\d+:\d{2}:\d{2})
 BAR_GLYPHS = "━╸╺╾╼─ "
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 SEEDS = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
+FRESH = re.compile(r"^(fresh|random)(:[1-9][0-9]{0,2})?$")  # check --seeds fresh: drawn from the OS at run time
 STOP_GRACE_S = 20.0  # after SIGINT, how long the child may take to write its receipt before SIGTERM
 EXIT_WORDS = {0: "every contract held", 1: "a contract failed or a mutant survived", 2: "usage error or bad spec",
               3: "internal error (recorded in the receipt)", 4: "this machine cannot do it",
@@ -59,8 +60,9 @@ def check_form_problems(device: str, seeds: str) -> list[str]:
     out = []
     if not DEVICE.match(device.strip()):
         out.append(f"device {device.strip()!r}: give cpu, cuda or cuda:N")
-    if seeds.strip() and not SEEDS.match(seeds):
-        out.append(f"seeds {seeds.strip()!r}: give comma-separated integers, e.g. 42,43,44")
+    if seeds.strip() and not SEEDS.match(seeds) and not FRESH.match(seeds.strip()):
+        out.append(f"seeds {seeds.strip()!r}: give comma-separated integers, e.g. 42,43,44, or fresh (drawn at run "
+                   "time, recorded in the receipt)")
     return out
 
 

@@ -39,15 +39,22 @@ from engine.spec.loader import SpecError, display_path, spec_files
 
 
 def _parse_seeds(text: Optional[str]) -> Optional[list[int]]:
-    if text is None:
-        return None
+    """A list of seeds (`mutate`, `evolve-evaluator`): `fresh` is `check`'s alone."""
+    from engine.run.seeds import parse
+
+    req = parse(text)
+    if req.fresh:
+        raise E.UsageError(f"--seeds {text!r}: give a comma-separated list of seeds here, e.g. 42,43,44")
+    return None if req.seeds is None else list(req.seeds)
+
+
+def _parse_tiers(values: Optional[list[str]]) -> Optional[list[str]]:
+    from engine.tiers import parse_tiers
+
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise E.UsageError(f"--seeds {text!r} is not a comma-separated list of integers, e.g. 42,43,44") from None
-    if not seeds or any(s < 0 for s in seeds):
-        raise E.UsageError(f"--seeds {text!r}: give one or more non-negative integers")
-    return seeds
+        return parse_tiers(values)
+    except ValueError as err:
+        raise E.UsageError(str(err)) from None
 
 
 _STOP: Optional[_StopFlag] = None
@@ -78,7 +85,14 @@ def check(
     method: Annotated[Optional[str], typer.Argument(help="Method key (or use --all).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every spec.")] = False,
     device: Annotated[str, typer.Option(metavar="DEVICE", help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
-    seeds: Annotated[Optional[str], typer.Option(metavar="S,S,...", help="Comma-separated seeds (default: the spec budget's).")] = None,
+    seeds: Annotated[Optional[str], typer.Option(metavar="S,S,...|fresh", help="Comma-separated seeds (default: the spec budget's), or "
+                                                                        "fresh (alias random; fresh:N for N of them): as many seeds as "
+                                                                        "the budget lists, drawn from the operating system at run time "
+                                                                        "and recorded in the receipt, so --seeds with them reruns it.")] = None,
+    tier: Annotated[Optional[list[str]], typer.Option("--tier", metavar="TIER", help="Run only the contracts of this tier "
+                                                                         "(math, budget, scale; repeatable or comma-separated; "
+                                                                         "default all): a quick local run; the receipt is partial "
+                                                                         "and the gate needs every tier.")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="CONTRACT", help="Run only this contract id (repeatable).")] = None,
     case: Annotated[Optional[int], typer.Option("--case", metavar="N", min=0, help="Run only case N of each selected contract measured by a kind (the failing case a report names).")] = None,
     no_mutants: Annotated[bool, typer.Option("--no-mutants", help="Skip the mutant phase: the receipt is partial "
@@ -130,7 +144,11 @@ def check(
 
     specs_dir, receipts_dir = _dirs(specs, receipts)
     parse_device(device)
-    seed_list = _parse_seeds(seeds)
+    from engine.run.seeds import parse as parse_seed_request
+
+    seed_request = parse_seed_request(seeds)
+    seed_list = None if seed_request.seeds is None else list(seed_request.seeds)
+    tiers = _parse_tiers(tier)
     _check_policy_options(policy, lora_rank)
     if all_ and method:
         raise E.UsageError("give a method or --all, not both")
@@ -159,12 +177,18 @@ def check(
     from engine.run import session
 
     try:
-        plans = session.load_plans(paths, _paths.project_root(), seed_list, only, mutants=not no_mutants)
+        plans = session.load_plans(paths, _paths.project_root(), seed_list, only, mutants=not no_mutants,
+                                   fresh=(seed_request.count or True) if seed_request.fresh else False, tiers=tiers)
         for plan in plans:
             plan.case = case
     except SpecError:
         _every_spec_error(paths)  # load_plans stops at the first; a user fixes them all in one go
         raise
+    if tiers is not None and not any(p.contracts for p in plans):
+        raise E.NothingSelected(f"no contract of tier {', '.join(tiers)} in "
+                                + ", ".join(p.spec.display for p in plans))
+    for plan in plans:  # before anything runs: what a quick run leaves out, and the seeds nobody knew
+        _announce(plan, tiers, json_out)
     threads = default_threads(device, threads)
     if impl is not None:  # [impl] hook: a candidate implementation, in isolated workers; exits
         from engine.cli.check_impl import run_impl_check
@@ -200,6 +224,21 @@ def check(
     code = (E.EXIT_INTERRUPTED if "interrupted" in statuses or stop.stopped else E.EXIT_INTERNAL if "error" in statuses
             else E.EXIT_FAILED if "failed" in statuses else E.EXIT_OK)
     raise typer.Exit(code)
+
+
+def _announce(plan, tiers: Optional[list[str]], json_out: bool) -> None:
+    """On stderr: the tiers a --tier run leaves out, and the seeds `--seeds fresh` drew (the receipt records them)."""
+    from engine.tiers import TIERS, tier_of
+
+    if tiers is not None:
+        left = [t for t in TIERS if t not in tiers]
+        n = sum(1 for c in plan.spec.data["contracts"] if tier_of(c) in left)
+        if n:
+            _err(f"{plan.spec.key}: --tier {','.join(tiers)}: {n} contract(s) of tier {', '.join(left)} not run; "
+                 "the receipt is partial and the gate needs every tier")
+    if plan.seed_source == "fresh" and not json_out:
+        _err(f"{plan.spec.key}: fresh seeds {','.join(map(str, plan.seeds))} (drawn now; rerun with --seeds "
+             f"{','.join(map(str, plan.seeds))})")
 
 
 def _every_spec_error(paths: list[Path]) -> None:

@@ -95,7 +95,10 @@ def _print_summary(pred: dict, receipt: str, spec=None, flags: str = "") -> None
             t.add_row(cid, kinds.get(cid, ""), tier_of(s), passed, str(s["failed"]), str(s["error"]),
                       shown, ", ".join(killers) or "-")
     con.print(t)
-    typer.echo(tiers_line(pred["summary"]))
+    typer.echo(tiers_line(pred["summary"], pred.get("request")))
+    if (pred.get("request") or {}).get("seed_source") == "fresh":
+        seeds = ",".join(map(str, pred["request"]["seeds"]))
+        typer.echo(f"seeds: fresh {seeds}, drawn at run time; rerun: --seeds {seeds}")
     for line in failure_report(pred, spec, flags, width=report_width()):
         # pred is terminal-safe already and the spec's text fields refuse control characters; the only escape
         # codes left are the report's own colours, which _err would print as text
@@ -116,11 +119,15 @@ def result_summary(r: dict) -> dict:
             "tier": tier_of(r)}
 
 
-def tiers_line(summary: dict) -> str:
-    """`tiers: math 11/12 contracts held (1 failed); budget 1/1 held` (or `budget none`): whether the maths or a
-    budget failed."""
+def tiers_line(summary: dict, request: Optional[dict] = None) -> str:
+    """`tiers: math 11/12 contracts held (1 failed); budget 1/1 held; scale 2/2 held` (or `budget none`, or `scale not
+    run (--tier math)`): whether the maths, a budget or the maths at scale failed, and what a --tier run left out."""
+    chosen = (request or {}).get("tiers")
     parts = []
     for tier, n in tier_counts(summary).items():
+        if isinstance(chosen, list) and tier not in chosen:
+            parts.append(f"{tier} not run (--tier {','.join(map(str, chosen))})")
+            continue
         if not n["contracts"]:
             parts.append(f"{tier} none")  # no contract of this tier in the run
             continue

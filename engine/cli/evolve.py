@@ -60,8 +60,11 @@ def evolve_evaluator(
                            "keep it apart from the project's receipts/).")] = None,
     specs: SpecsOpt = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N. Never falls back.")] = "cpu",
-    seeds: Annotated[Optional[str], typer.Option(help="Seeds stages 2 and 3 run (stage 1 runs the first); "
-                                                       "default: the spec budget's.")] = None,
+    seeds: Annotated[Optional[str], typer.Option(help="fresh (the default; alias random): seeds drawn from the operating "
+                                                       "system for every candidate and stage (stage 1 one, stages 2 and "
+                                                       "3 as many as the budget lists), recorded in each receipt; "
+                                                       "budget: the spec budget's; or a comma-separated list (stage 1 "
+                                                       "runs the first).")] = None,
     impl_timeout: Annotated[Optional[float], typer.Option(
         "--impl-timeout", help="Seconds one check call of a candidate may take before its worker is killed "
                                "(default: the spec's per_contract_timeout_seconds).")] = None,
@@ -99,7 +102,11 @@ def evolve_evaluator(
 
     check_key(method)
     parse_device(device)
-    seed_list = _parse_seeds(seeds)
+    seed_list: "list[int] | str | None" = None
+    if seeds is not None and seeds.strip().lower() == "budget":
+        seed_list = "budget"
+    elif seeds is not None and seeds.strip().lower() not in ("fresh", "random"):
+        seed_list = _parse_seeds(seeds)
     if impl_timeout is not None and not impl_timeout > 0:
         raise E.UsageError(f"--impl-timeout {impl_timeout}: give a positive number of seconds")
     if impl_memory_mb is not None and impl_memory_mb < 0:
@@ -116,7 +123,7 @@ def evolve_evaluator(
     specs_dir = specs or _paths.default_specs_dir()
     receipts_dir = receipts if receipts is not None else out.parent / "evolve-receipts"
     spec = _spec_cache(receipts_dir, use=False).load_spec(spec_path(specs_dir, method), _paths.project_root())
-    if seed_list is not None and len(seed_list) > spec.data["budget"]["max_seeds"]:
+    if isinstance(seed_list, list) and len(seed_list) > spec.data["budget"]["max_seeds"]:
         raise E.BudgetError(f"--seeds lists {len(seed_list)} seeds but {spec.display} budget.max_seeds is "
                             f"{spec.data['budget']['max_seeds']}")
     if trust is not None:
@@ -127,7 +134,13 @@ def evolve_evaluator(
                 not os.environ.get("CONTRACTS_SIGN_COMMAND"):
             raise E.UsageError("--trust counts only signed receipts, and nothing would sign them: give --sign-key "
                                "or --sign-command too")
-    stages = {k: S.describe(spec.data, k, seed_list) for k in S.STAGES}
+    if seed_list is None:  # what a stage runs, with as many fresh seeds as it will draw
+        n = len(spec.data["budget"]["seeds"])
+        stages = {k: S.describe(spec.data, k, list(range(1 if k == 1 else n))).split(" on ")[0]
+                  + f" on {1 if k == 1 else n} fresh seed{'' if k == 1 or n == 1 else 's'} per candidate"
+                  for k in S.STAGES}
+    else:
+        stages = {k: S.describe(spec.data, k, None if seed_list == "budget" else seed_list) for k in S.STAGES}
     decl = (spec.data.get("evolve") or {}).get("score")
     score = (f"{decl['contract']}.{decl['metric']} mapped from {list(decl['range'])} onto [0, 1]"
              + ("" if decl.get("higher_is_better", True) else ", lower is better") if decl else

@@ -100,9 +100,10 @@ def show(
         t.add_row(c["id"], c["kind"], tier_of(c), c["applies_to"], "" if check.startswith("kind:") else check,
                   ",".join(c["dtypes"]), str(c["cases"]), "; ".join(_fmt_expect(e) for e in c["expect"]))
     con.print(t)
-    tiers = _tiers(d)  # the few budget contracts by name: the rest is maths
-    con.print(f"tiers: math {len(tiers['math'])}; budget {len(tiers['budget'])}"
-              + (f" ({', '.join(tiers['budget'])})" if tiers["budget"] else ""))
+    tiers = _tiers(d)  # the few budget and scale contracts by name: the rest is maths
+    con.print(f"tiers: math {len(tiers['math'])}; "
+              + "; ".join(f"{t} {len(tiers[t])}" + (f" ({', '.join(tiers[t])})" if tiers[t] else "")
+                          for t in TIERS if t != "math"))
     held = _applies(d)
     con.print(f"a candidate (--impl, evolve) is held to {len(held['any'])} of {len(d['contracts'])} contracts"
               + (f"; registered implementation only (how it is built): {', '.join(held['registered'])}"
@@ -147,7 +148,7 @@ def show(
 
 
 def _tiers(d: dict) -> dict[str, list[str]]:
-    """The contract ids of each tier (math, budget), in spec order."""
+    """The contract ids of each tier (math, budget, scale), in spec order."""
     return {tier: [c["id"] for c in d["contracts"] if tier_of(c) == tier] for tier in TIERS}
 
 

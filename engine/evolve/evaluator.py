@@ -3,14 +3,18 @@
 `Evaluator.stage(k, program_path)`:
 
 1. identifies the candidate as `contracts check --impl` does (its file's sha256; nothing of it is run here);
-2. reads back, from the receipt files themselves, the receipts this process wrote for exactly these bytes
+2. draws the stage's seeds: by default fresh from the operating system for every candidate and stage (a
+   candidate cannot know them, so it cannot recognise its check by them; each receipt records them), or the
+   seeds it was given (`seeds=[...]`, or `seeds="budget"` for the spec budget's);
+3. reads back, from the receipt files themselves, the receipts this process wrote for exactly these bytes
    (engine.store.verify.assess: integrity, freshness, and the signature under a trust policy; no cache):
-   the cells they hold need not run again (stage 3 reuses stages 1 and 2);
-3. runs the cells the stage still needs in isolated workers forked from a warm server
+   the cells they hold need not run again (a later stage still needs the cells of the stages before it, on
+   their seeds, and reuses their receipts);
+4. runs the cells the stage still needs in isolated workers forked from a warm server
    (engine/run/warm.py), and writes one receipt (signed, with a key) for them, as `check --impl` would,
    with no mutant phase: the spec's mutants prove the contracts, `contracts check --impl` proves them
    on a candidate, and neither depends on which candidate evolve proposes;
-4. judges the stage from the usable receipts only (engine/evolve/score.py) and returns OpenEvolve's
+5. judges the stage from the usable receipts only (engine/evolve/score.py) and returns OpenEvolve's
    EvaluationResult: metrics with combined_score, artifacts naming each broken contract with its
    measured value against its tolerance and the receipt ids.
 
@@ -37,6 +41,7 @@ from engine.evolve import stages as S
 MAX_CANDIDATES = 512  # receipts remembered per process, by candidate digest (only to find them again)
 
 _WRITTEN: "OrderedDict[tuple, list[Path]]" = OrderedDict()  # (store, candidate digest) -> receipt files
+_DRAWN: "OrderedDict[tuple, dict[int, list[int]]]" = OrderedDict()  # (store, digest) -> {stage: fresh seeds}
 _SIGNERS: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 
@@ -72,6 +77,20 @@ def _written(key: tuple) -> list[Path]:
         return list(_WRITTEN.get(key, []))
 
 
+def _drawn(key: tuple, stage: int, n: int) -> dict[int, list[int]]:
+    """The fresh seeds of each stage drawn so far for this candidate, drawing `n` for `stage` if it has none."""
+    from engine.run import seeds as seeds_mod
+
+    with _LOCK:
+        stages = _DRAWN.setdefault(key, {})
+        if stage not in stages:
+            stages[stage] = seeds_mod.draw(n)
+        _DRAWN.move_to_end(key)
+        while len(_DRAWN) > MAX_CANDIDATES:
+            _DRAWN.popitem(last=False)
+        return {k: list(v) for k, v in stages.items()}
+
+
 class Evaluator:
     """Checks OpenEvolve candidates of one method against its spec; see the module docstring."""
 
@@ -89,9 +108,15 @@ class Evaluator:
         self.receipts_dir = Path(receipts) if receipts else _paths.default_receipts_dir()
         parse_device(device)
         self.device = device
-        self.seeds = [int(x) for x in seeds] if seeds else None  # None: the spec budget's
-        if self.seeds is not None and (not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0):
-            raise UsageError(f"seeds {seeds!r}: give distinct non-negative integers")
+        # None or "fresh": drawn from the OS for every candidate and stage; "budget": the spec budget's; or a list
+        if seeds is None or seeds in ("fresh", "random"):
+            self.seeds: "list[int] | str" = "fresh"
+        elif seeds == "budget":
+            self.seeds = "budget"
+        else:
+            self.seeds = [int(x) for x in seeds]
+            if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+                raise UsageError(f"seeds {seeds!r}: give distinct non-negative integers, 'fresh' or 'budget'")
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.jobs = jobs if jobs else max(1, min(2, os.cpu_count() or 1))
@@ -151,18 +176,34 @@ class Evaluator:
                 return self._unchecked(k, f"refused by the strict screen: {refusal}", t0)
         policy = self._policy()
         kind = self.device.split(":")[0]
+        seeds, needed = self._needed(spec.data, ident, k)
         evidence, refused = self._evidence(ident, kind, policy)
-        verdict = SC.judge(spec.data, k, evidence, self.seeds)
+        verdict = SC.judge(spec.data, k, evidence, seeds, needed=needed)
         written: list[str] = []
         if verdict.missing and not verdict.broken:
-            path, rid = self._run(spec, target, ident, verdict.missing)
-            written.append(rid)
-            _remember(self._key(ident), path)
-            # The receipts read above were read for this verdict a moment ago; the new one is read back now.
-            more, why = self._evidence(ident, kind, policy, [path])
-            evidence, refused = evidence + more, refused + why
-            verdict = SC.judge(spec.data, k, evidence, self.seeds)
-        return SC.report(spec, k, verdict, evidence, refused, time.perf_counter() - t0, written, self.seeds)
+            for path, rid in self._run(spec, target, ident, verdict.missing):
+                written.append(rid)
+                _remember(self._key(ident), path)
+                # The receipts read above were read for this verdict a moment ago; the new one is read back now.
+                more, why = self._evidence(ident, kind, policy, [path])
+                evidence, refused = evidence + more, refused + why
+            verdict = SC.judge(spec.data, k, evidence, seeds, needed=needed)
+        return SC.report(spec, k, verdict, evidence, refused, time.perf_counter() - t0, written, seeds,
+                         fresh=self.seeds == "fresh")
+
+    def _needed(self, spec_data: dict, ident: dict, k: int) -> tuple[list[int], list]:
+        """(stage k's seeds, the cells stage k needs). Fresh seeds: stage k's own draw, and the cells of every
+        earlier stage already drawn for this candidate on that stage's seeds (a later stage never forgets an
+        earlier one's cells)."""
+        if self.seeds != "fresh":
+            seeds = list(spec_data["budget"]["seeds"]) if self.seeds == "budget" else list(self.seeds)
+            return S.seeds_for(spec_data, k, seeds), S.cells(spec_data, k, seeds)
+        n = len(spec_data["budget"]["seeds"])
+        drawn = _drawn(self._key(ident), k, 1 if k == 1 else n)
+        needed: list = []
+        for j in sorted(st for st in drawn if st <= k):
+            needed += [c for c in S.cells(spec_data, j, drawn[j]) if c not in needed]
+        return drawn[k], needed
 
     def _sandboxes(self):
         """Fresh sandboxes for this evaluator's candidates, a spare kept started (no candidate ever shares one)."""
@@ -248,7 +289,18 @@ class Evaluator:
                 refused.append(f"receipt {a.file} does not count: {why}")
         return out, refused
 
-    def _run(self, spec, target, ident: dict, missing: list) -> tuple[Path, str]:
+    def _run(self, spec, target, ident: dict, missing: list) -> list[tuple[Path, str]]:
+        """Run the contracts with missing cells (whole contracts x seeds), at most the budget's max_seeds seeds
+        per receipt, and write their receipts."""
+        wanted = list(dict.fromkeys(s for _c, s, _d in missing))
+        step = int(spec.data["budget"]["max_seeds"])
+        out = []
+        for i in range(0, len(wanted), step):
+            chunk = set(wanted[i:i + step])
+            out.append(self._run_one(spec, target, ident, [c for c in missing if c[1] in chunk]))
+        return out
+
+    def _run_one(self, spec, target, ident: dict, missing: list) -> tuple[Path, str]:
         """Run the contracts with missing cells (whole contracts x seeds) and write their receipt."""
         from engine.run.devices import default_threads, resolve_device
         from engine.run.isolation import DEFAULT_MEMORY_MB, CandidateSession, Unit, _lost, make_runner
@@ -258,9 +310,10 @@ class Evaluator:
         from engine.store.receipts import ensure_writable, utc_now, write_receipt
 
         contracts = list(dict.fromkeys(cid for cid, _s, _d in missing))
-        wanted = {s for _c, s, _d in missing}
-        seeds = [s for s in (self.seeds or spec.data["budget"]["seeds"]) if s in wanted]
+        seeds = list(dict.fromkeys(s for _c, s, _d in missing))
         plan = plan_run(spec, seeds, contracts, mutants=False)
+        if self.seeds == "fresh":
+            plan.seed_source = "fresh"  # drawn by this evaluator from the OS (engine/run/seeds.py), not given
         dev = resolve_device(self.device)
         ensure_writable(self.receipts_dir)
         signer = self._signer()

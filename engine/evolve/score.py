@@ -72,9 +72,11 @@ def usable(a: Any, ident: dict, device_kind: str, policy: Any) -> str | None:
     return None
 
 
-def judge(spec_data: dict, stage: int, evidence: list[Evidence], seeds: list[int] | None = None) -> Verdict:
-    """What the usable receipts show for each cell the stage needs: passed, broken, or not measured yet."""
-    needed = S.cells(spec_data, stage, seeds)
+def judge(spec_data: dict, stage: int, evidence: list[Evidence], seeds: list[int] | None = None,
+          needed: list | None = None) -> Verdict:
+    """What the usable receipts show for each cell the stage needs (`needed`, default the stage's cells on `seeds`):
+    passed, broken, or not measured yet."""
+    needed = S.cells(spec_data, stage, seeds) if needed is None else list(needed)
     want = set(needed)
     v = Verdict(stage=stage, needed=needed)
     seen: dict[tuple, list] = {}
@@ -182,7 +184,7 @@ def failure_lines(spec: Any, verdict: Verdict) -> list[str]:
 
 
 def report(spec: Any, stage: int, verdict: Verdict, evidence: list[Evidence], refused: list[str],
-           wall_s: float, written: list[str], seeds: list[int] | None = None) -> tuple[dict, dict]:
+           wall_s: float, written: list[str], seeds: list[int] | None = None, fresh: bool = False) -> tuple[dict, dict]:
     """(metrics, artifacts) for OpenEvolve: metrics are floats; artifacts are text."""
     raw, unit, problem = (spec_score(spec.data, evidence, seeds) if stage == S.FULL and verdict.holds
                           else (None, None, None))
@@ -199,7 +201,8 @@ def report(spec: Any, stage: int, verdict: Verdict, evidence: list[Evidence], re
     if raw is not None:
         metrics["score"] = float(raw)
     word = "HOLDS" if verdict.holds else "BROKEN" if verdict.broken else "NOT CHECKED"
-    head = (f"{spec.key} stage {stage} ({S.describe(spec.data, stage, seeds)}): {word}; {len(verdict.passed)} of "
+    what = S.describe(spec.data, stage, seeds) + (", drawn fresh" if fresh else "")
+    head = (f"{spec.key} stage {stage} ({what}): {word}; {len(verdict.passed)} of "
             f"{len(verdict.needed)} cells passed; combined_score {score:g}")
     if broken_contracts:
         head += f"; broken: {', '.join(broken_contracts)}"

@@ -3,9 +3,12 @@
 Each stage needs everything the stages before it needed, so a stage's verdict
 never rests on a stage that did not run:
 
-  1  the value and gradient contracts, on the budget's first seed (cheap, catches most broken candidates);
-  2  every contract except the mechanism runs, on every budget seed;
-  3  every contract, mechanism runs included, on every budget seed: the whole check, and the spec's score.
+  1  the value and gradient contracts of the math tier, on the first seed (cheap, catches most broken candidates);
+  2  every contract except the mechanism runs, the scale tier included, on every seed;
+  3  every contract, mechanism runs included, on every seed: the whole check, and the spec's score.
+
+The seeds are the evaluator's: by default drawn fresh from the operating system for every candidate and stage
+(engine/evolve/evaluator.py), so a stage's cells name that stage's seeds.
 
 A candidate is never held to a contract marked `applies_to: registered` (engine/spec/applies.py): no stage needs it.
 
@@ -28,8 +31,8 @@ def _in_stage(contract: dict, stage: int) -> bool:
 
     if applies_to(contract) == REGISTERED:  # tests how the registered implementation is built: never a candidate's
         return False
-    if stage == 1:
-        return contract["kind"] in STAGE1_KINDS
+    if stage == 1:  # the scale tier's cases are large: stage 2 runs them, once stage 1 holds
+        return contract["kind"] in STAGE1_KINDS and contract.get("tier", "math") != "scale"
     if stage == 2:
         return contract["kind"] != MECHANISM
     return True

@@ -11,6 +11,11 @@ would produce it:
                       is false) and every dtype, in fresh receipts of that device
                       kind; no fresh receipt of that kind records a failure or an
                       error for any of those cells, or a run-level error.
+  fresh_seeds         (requires.fresh_seeds; by default for an --impl candidate only) a fresh receipt
+                      on a required device whose seeds were drawn from the operating system at
+                      run time (`check --seeds fresh`) and in which every contract of the
+                      required tiers passed for each of its seeds and dtypes: the budget's
+                      seeds are public, so a candidate could recognise them.
   mutants_killed      every mutant of the spec killed, and every contract shown
                       able to fail (killed some mutant), in a fresh receipt on a
                       required device.
@@ -208,6 +213,44 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
     return _req(f"device:{device}", met, detail, how,
                 device=device, receipts=sorted(used) if met else sorted({a.receipt_id for a in on_dev}),
                 missing=missing, failed=failed, run_errors=run_errors, tiers=tiers)
+
+
+def _fresh_seeds(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Command",
+                 implementation: str) -> dict:
+    """At least one fresh receipt on a required device with seeds drawn at run time, every cell of it passed."""
+    requires = spec.data["promotion"]["requires"]
+    required = bool(requires.get("fresh_seeds", implementation != "default"))
+    argv = cmd.check(devices[0]) + ["--seeds", "fresh"]
+    if not required:
+        return _req("fresh_seeds", True, "not required by the spec" if "fresh_seeds" in requires else
+                    "not required for the registered implementation (promotion.requires.fresh_seeds)",
+                    required=False, receipts=[])
+    needed = list(requires.get("tiers") or TIERS)
+    wanted = [(c["id"], d) for c in spec.data["contracts"] if tier_of(c) in needed for d in c["dtypes"]]
+    drawn = [a for a in relevant if a.receipt.seed_source == "fresh"]
+    complete, lacking = [], []
+    for a in drawn:
+        ok = {(r.contract, r.seed, r.dtype) for r in a.receipt.results if r.status == "passed"}
+        seeds = a.receipt.seeds
+        holes = [(cid, s, d) for cid, d in wanted for s in seeds if (cid, s, d) not in ok]
+        if seeds and not holes and not a.receipt.errors:
+            complete.append(a)
+        else:
+            lacking.append((a, holes))
+    if complete:
+        newest = max(complete, key=lambda a: (a.created_at or "", a.receipt_id or ""))
+        seeds = ",".join(map(str, newest.receipt.seeds))
+        return _req("fresh_seeds", True, f"every contract passed on fresh seeds {seeds} ({newest.device}) in "
+                                         f"{_short(newest.receipt_id)}", receipts=[a.receipt_id for a in complete])
+    if not drawn:
+        detail = f"no fresh {'/'.join(devices)} receipt with seeds drawn at run time (the budget's are public)"
+    else:
+        a, holes = lacking[0]
+        detail = (f"{len(drawn)} fresh-seed receipt(s), none complete: {_short(a.receipt_id)} lacks a pass for "
+                  + _more([f"{cid} seed {s} {d}" for cid, s, d in holes], 3))
+    return _req("fresh_seeds", False, detail, fix(argv, "; ".join(n for n in (
+        "seeds drawn from the operating system when the run starts, recorded in its receipt",
+        cmd.signing(devices[0])) if n)), receipts=[])
 
 
 def _tier_cells(data: dict, all_seeds: bool, seeds: list, tier: dict[str, str], missing: list[dict],
@@ -526,6 +569,7 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     held = spec.data if implementation == "default" else candidate_view(spec.data)
     requirements = [_review(spec, receipts_dir, policy, flags)]
     requirements += [_device(spec, dev, fresh, stale, cmd, untrusted, refused, data=held) for dev in devices]
+    requirements.append(_fresh_seeds(spec, relevant, devices, cmd, implementation))
     requirements.append(_mutants(spec, relevant, devices, cmd, data=held))
     requirements.append(_formal(spec, relevant, devices, cmd))
     requirements.append(_signed(spec, policy, untrusted, flags))

@@ -5,7 +5,8 @@ seed, the contract's `stream` and the case index alone, so case 5 of seed 43 is
 the same tensors on every device and when rerun by itself (`--case 5`).
 
     inputs:
-      dims: {B: [1, 4], L: [2, 48]}             # an int, or [low, high] drawn per case (inclusive)
+      dims: {B: [1, 4], L: [2, 48]}             # an int, or [low, high] drawn per case (inclusive), or
+                                                 # [low, high, step]: low + step * k <= high
       tensors:                                   # drawn in this order
         logp: {shape: [B, L], dist: uniform, low: -3.01, high: -0.01}
         old_logp: {shape: [B, L], dist: normal, std: 0.3, around: logp}
@@ -23,7 +24,8 @@ A `generator` may stand beside `tensors`: the declared tensors are drawn after t
 `{omit: true}` leaves a keyword argument out (the function's default applies), `{scalar: 0.5}`
 is a Python float. `zero_prob: p` makes each element exactly 0 with probability p. Mask layouts: response (a masked prompt of 0..prompt_max tokens,
 a response with holes of probability hole_prob, its first token kept, masked
-padding; `empty_rows: k` masks k whole rows), full (every slot valid).
+padding; `empty_rows: k` masks k whole rows; `full_rows: k` gives the last k rows a response that runs to
+the end of the row, so long rows reach long valid counts), full (every slot valid).
 """
 
 from __future__ import annotations
@@ -63,17 +65,20 @@ def case_generator(seed: int, case: int, stream: int = 0) -> torch.Generator:
 def _dim(spec: Any, g: torch.Generator) -> int:
     if isinstance(spec, int):
         return spec
-    lo, hi = spec
-    return int(torch.randint(lo, hi + 1, (1,), generator=g))
+    lo, hi, step = (*spec, 1) if len(spec) == 2 else spec
+    return lo + step * int(torch.randint(0, (hi - lo) // step + 1, (1,), generator=g))
 
 
-def response_mask(g: torch.Generator, B: int, L: int, prompt_max: int = 4, hole_prob: float = 0.1) -> torch.Tensor:
+def response_mask(g: torch.Generator, B: int, L: int, prompt_max: int = 4, hole_prob: float = 0.1,
+                  full_rows: int = 0) -> torch.Tensor:
     """Bool mask [B, L]: per row a masked prompt of 0..prompt_max tokens, a response with holes (its first token
-    kept, so every row has a valid token), masked padding."""
+    kept, so every row has a valid token), masked padding; the last `full_rows` rows have no padding."""
     mask = torch.zeros(B, L, dtype=torch.bool)
     for b in range(B):
         p = int(torch.randint(0, min(prompt_max, L - 1) + 1, (1,), generator=g))
         r = int(torch.randint(1, L - p + 1, (1,), generator=g))
+        if b >= B - full_rows:  # drawn as the others are (one stream), then run to the row's end
+            r = L - p
         mask[b, p: p + r] = True
         holes = torch.rand(r, generator=g) < hole_prob
         holes[0] = False
@@ -85,7 +90,8 @@ def _layout(g: torch.Generator, B: int, L: int, spec: dict) -> torch.Tensor:
     if spec.get("layout") == "full" or L == 0:
         mask = torch.ones(B, L, dtype=torch.bool)
     else:
-        mask = response_mask(g, B, L, int(spec.get("prompt_max", 4)), float(spec.get("hole_prob", 0.1)))
+        mask = response_mask(g, B, L, int(spec.get("prompt_max", 4)), float(spec.get("hole_prob", 0.1)),
+                             int(spec.get("full_rows", 0)))
     for b in range(min(int(spec.get("empty_rows", 0)), B)):
         mask[b] = False
     return mask

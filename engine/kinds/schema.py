@@ -11,7 +11,8 @@ INPUTS: dict[str, Any] = {
     "properties": {
         "dims": {"type": "object", "additionalProperties": {
             "oneOf": [{"type": "integer", "minimum": 0},
-                      {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer", "minimum": 0}}]}},
+                      {"type": "array", "minItems": 2, "maxItems": 3, "items": {"type": "integer", "minimum": 0},
+                       "description": "[low, high] drawn per case, or [low, high, step]: low + step * k <= high"}]}},
         "tensors": {"type": "object", "minProperties": 1, "maxProperties": 16,
                     "additionalProperties": {"$ref": "#/$defs/tensor"}},
         "generator": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{0,63}$"},
@@ -40,6 +41,8 @@ INPUTS: dict[str, Any] = {
                 "prompt_max": {"type": "integer", "minimum": 0},
                 "hole_prob": {"type": "number", "minimum": 0, "maximum": 1},
                 "empty_rows": {"type": "integer", "minimum": 0},
+                "full_rows": {"type": "integer", "minimum": 0,
+                              "description": "response layout: the last k rows run to the end (no padding)"},
                 "dtype": {"enum": ["float", "bool", "long"]},
                 "from_dim": {"type": "string", "description": "a Python int: this dim's value (+ plus)"},
                 "plus": {"type": "integer"},

@@ -103,20 +103,20 @@ class Handle:
         attrs = object.__getattribute__(self, "_attrs")
         if name in attrs:
             return attrs[name]
-        raise AttributeError(f"the checks' {object.__getattribute__(self, '_kind')} is a handle here: call it "
+        raise AttributeError(f"the caller's {object.__getattribute__(self, '_kind')} is a handle here: call it "
                              f"with tensors, copy.deepcopy it, and eval(), train() or requires_grad_() the copy; "
                              f"of its attributes only {sorted(attrs) or 'none'} are readable, not {name!r}")
 
     def __setattr__(self, name, value):
-        raise AttributeError("the checks' objects are read-only here")
+        raise AttributeError("the caller's objects are read-only here")
 
     def __delattr__(self, name):
-        raise AttributeError("the checks' objects are read-only here")
+        raise AttributeError("the caller's objects are read-only here")
 
     def _do(self, what: str, *args):
         ask = object.__getattribute__(self, "_ask")
         if ask is None:
-            raise AttributeError(f"the checks' {self._kind} is a handle here: it can only be called")
+            raise AttributeError(f"the caller's {self._kind} is a handle here: it can only be called")
         return ask(self._index, what, args)
 
     def __deepcopy__(self, memo):
@@ -124,11 +124,11 @@ class Handle:
         return self._do("deepcopy")
 
     def __copy__(self):
-        raise TypeError(f"the checks' {self._kind} is a handle here: a shallow copy would share its parameters; "
+        raise TypeError(f"the caller's {self._kind} is a handle here: a shallow copy would share its parameters; "
                         "copy.deepcopy(handle) asks for a copy of its own")
 
     def __reduce_ex__(self, protocol):
-        raise TypeError(f"the checks' {self._kind} is a handle here: it does not pickle")
+        raise TypeError(f"the caller's {self._kind} is a handle here: it does not pickle")
 
     def eval(self):
         return self.train(False)
@@ -145,7 +145,7 @@ class Handle:
         return self
 
     def __repr__(self):
-        return f"<handle to the checks' {self._kind}>"
+        return f"<handle to the caller's {self._kind}>"
 
 
 def _tensors(obj, out: list) -> list:
@@ -516,7 +516,11 @@ def _load_object(target: dict):
     """Execute a file or module target; return the module, or its attribute."""
     if target.get("path"):
         path = Path(target["path"])
-        name = "contracts_candidate_" + re.sub(r"\W", "_", path.stem)
+        # its own name, as `import stem` would give it (a name taken already, by torch or the standard library,
+        # gets a suffix): nothing in the module's name says how it is being run
+        name = re.sub(r"\W", "_", path.stem) or "module"
+        while name in sys.modules:
+            name += "_"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load {path.name} as a module")
@@ -621,14 +625,14 @@ def serve(chan: Channel, init: dict) -> int:
         chan.send(head, pack((tuple(args), dict(kwargs))))
         head, data = chan.recv()
         if head is None:
-            raise RuntimeError("the checks' side closed the boundary mid-call")
+            raise RuntimeError("the caller's side closed the boundary mid-call")
         if head.get("op") == "raised":
             cls = getattr(builtins, str(head.get("type")), None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
                 cls = RuntimeError
             raise cls(str(head.get("message")))
         if head.get("op") != "answer":
-            raise RuntimeError("the checks' side did not answer the call back")
+            raise RuntimeError("the caller's side did not answer the call back")
         return head, data
 
     def callback(index: int, args: tuple, kwargs: dict):

@@ -9,6 +9,7 @@ mutant could make fail (it has not shown it can fail).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import platform
 import signal
 import threading
@@ -27,7 +28,7 @@ from engine.run.binding import numeric_environment
 from engine.run.devices import describe
 from engine.errors import BudgetError, UsageError
 from engine.run.expect import applies, evaluate
-from engine.tiers import tier_counts, tier_of
+from engine.tiers import TIERS, tier_counts, tier_of
 from engine.run.expect import describe as describe_expectation
 from engine.paths import project_root
 from engine.store.receipts import statement, subjects, utc_now
@@ -82,13 +83,24 @@ class Plan:
     case: int | None = None  # check --case N: every selected contract runs its case N alone
     # A candidate's run (for_candidate): the selected contracts it is not held to (`applies_to: registered`)
     registered_only: list[str] = field(default_factory=list)
+    seed_source: str = "budget"  # budget | given | fresh (drawn from the OS at run time: engine/run/seeds.py)
+    tiers: list[str] | None = None  # --tier: the tiers selected (None: every tier)
 
 
 def plan_run(spec: Spec, seeds: list[int] | None = None, only: list[str] | None = None,
-             mutants: bool = True) -> Plan:
-    """Select what runs and refuse, before anything runs, a request over the budget."""
+             mutants: bool = True, fresh: int | bool = False, tiers: list[str] | None = None) -> Plan:
+    """Select what runs and refuse, before anything runs, a request over the budget. `fresh`: draw the seeds from
+    the operating system now (True: as many as the budget lists; an int: that many); `tiers`: only the contracts
+    of these tiers (engine/tiers.py), the run then partial."""
     budget = spec.data["budget"]
-    seeds = list(budget["seeds"]) if not seeds else list(seeds)
+    if fresh:
+        from engine.run import seeds as seeds_mod
+
+        seeds, source = seeds_mod.resolve(seeds_mod.SeedRequest(fresh=True, count=None if fresh is True else
+                                                                int(fresh)), budget)
+    else:
+        source = "given" if seeds else "budget"
+        seeds = list(budget["seeds"]) if not seeds else list(seeds)
     if len(set(seeds)) != len(seeds):
         raise UsageError(f"--seeds lists a seed twice: {seeds}")
     if len(seeds) > budget["max_seeds"]:
@@ -101,6 +113,9 @@ def plan_run(spec: Spec, seeds: list[int] | None = None, only: list[str] | None 
         for cid in only:
             spec.contract(cid)  # raises with the valid ids
         contracts = [c for c in contracts if c["id"] in only]
+    if tiers is not None:
+        tiers = [t for t in TIERS if t in tiers]  # the canonical order, each once
+        contracts = [c for c in contracts if tier_of(c) in tiers]
     chosen = {c["id"] for c in contracts}
     planned = []
     if mutants:
@@ -108,7 +123,8 @@ def plan_run(spec: Spec, seeds: list[int] | None = None, only: list[str] | None 
             killers = [cid for cid in m["killed_by"] if cid in chosen]
             if killers:
                 planned.append({**m, "killed_by": killers})
-    return Plan(spec=spec, seeds=seeds, contracts=contracts, mutants=planned, only=only)
+    return Plan(spec=spec, seeds=seeds, contracts=contracts, mutants=planned, only=only, seed_source=source,
+                tiers=tiers)
 
 
 def for_candidate(plan: Plan) -> Plan:
@@ -128,8 +144,8 @@ def for_candidate(plan: Plan) -> Plan:
                               f"for --impl; select a contract a candidate is held to (contracts interface "
                               f"{plan.spec.key} lists them)")
     mutants = [{**m, "killed_by": [k for k in m["killed_by"] if k not in internal]} for m in plan.mutants]
-    return Plan(spec=plan.spec, seeds=plan.seeds, contracts=held, mutants=[m for m in mutants if m["killed_by"]],
-                only=plan.only, case=plan.case, registered_only=internal)
+    return dataclasses.replace(plan, contracts=held, mutants=[m for m in mutants if m["killed_by"]],
+                               registered_only=internal)
 
 
 def _plain_measurements(raw: Any) -> dict[str, Any]:
@@ -532,7 +548,9 @@ class Runner:
             "policy": None if self.policy is None else {**self.policy.describe(),
                                                         "used_by": sorted(self.policy_used_by)},
             "request": {"device": str(self.device), "seeds": list(self.plan.seeds), "only": self.plan.only,
+                        "seed_source": getattr(self.plan, "seed_source", "budget"),
                         **({} if self.plan.case is None else {"case": self.plan.case}),
+                        **({} if getattr(self.plan, "tiers", None) is None else {"tiers": list(self.plan.tiers)}),
                         "contracts": [c["id"] for c in self.plan.contracts],
                         "mutants": [m["id"] for m in self.plan.mutants]},
             "actual": {

@@ -9,13 +9,21 @@ candidate's workers. Inside it:
   the checkout; the receipt store, the checkout's .git, the signing key, the files a signing command names
   and the trust policy are masked (an empty folder, or /dev/null) wherever they fall inside that view;
 * the candidate's bound files, copied into a staging folder this process owns and mounted read-only at
-  /candidate (the working folder): the candidate runs exactly the bytes the receipt binds, and its module
+  /home/user/work (the working folder): the candidate runs exactly the bytes the receipt binds, and its module
   finds no sibling the receipt does not bind;
-* a private, empty /tmp and home; /proc of the sandbox's own PID namespace (no process outside, this one
-  and the signer included, is visible); a minimal /dev; no network (`--unshare-all`); no capabilities;
+* a private, empty /tmp and home (/home/user); /proc of the sandbox's own PID namespace (no process outside,
+  this one and the signer included, is visible); a minimal /dev; no network (`--unshare-all`); no
+  capabilities; the host name `localhost`;
 * an environment of only what Python, torch and the threads need (`--clearenv`), and Python in isolated
   mode (`-I`: no PYTHON* variables, no user site, no current folder on sys.path), so no `PYTHONPATH`,
   `sitecustomize` or `usercustomize` from anywhere writable is read;
+* anonymous where the candidate's functions run (the call loop, `LoopBox`): nothing there names the checker.
+  The loop is an ordinary `python -I -c` program (a few neutral lines that read the loop's code from the pipe:
+  no file of it on disk, no `call_loop.py` in argv); the checkout is not shown; the virtual environment is shown
+  at /home/user/.venv with its interpreter and packages, without this project's own distribution (its
+  dist-info, its editable-install hooks) and with a pyvenv.cfg that names no folder of this machine; no
+  variable names the checker. What remains detectable, and why unpredictable inputs rather than this are the
+  defence, is docs/trust.md's "What a candidate can tell".
 * `--die-with-parent` and a PID namespace of its own: when this process kills the sandbox (after the
   candidate's last call, before any receipt is built or signed), everything the candidate started dies
   with it, double-forked daemons included.
@@ -42,14 +50,17 @@ from typing import Callable
 from engine.errors import EnvironmentProblem, UsageError
 
 LOOP = Path(__file__).with_name("call_loop.py")  # the candidate's side of the boundary (never imports the engine)
-INSIDE = "/candidate"  # where the candidate's files are, inside; the workers' folder
+HOME = "/home/user"  # an ordinary user's home, inside: nothing in a path names the checker or its phases
+INSIDE = f"{HOME}/work"  # where the candidate's files are, inside; the workers' folder
+VENV = f"{HOME}/.venv"  # the interpreter and its packages, inside the call loop's sandbox
+HOSTNAME = "localhost"
 SOCKET = "/tmp/warm.sock"  # the template's own listener, in the sandbox's private /tmp
 TOOL = "bubblewrap"
 INSTALL = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
 
 # Variables a worker keeps inside: locale, time zone, thread counts, CUDA device selection. Never PATH's
 # folders from outside, PYTHON*, LD_*, HOME or TMPDIR (each set below to something inside).
-_KEEP = ("LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "CONTRACTS_DEBUG", "NO_COLOR", "TERM")
+_KEEP = ("LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "NO_COLOR", "TERM")  # none names the checker
 _KEEP_PREFIX = ("LC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "CUDA_VISIBLE", "CUBLAS_WORKSPACE")
 
 _PROBE: dict = {}
@@ -199,8 +210,147 @@ def hidden_paths(receipts: os.PathLike | str | None = None, sign_key=None, sign_
 def _env(threads_env: dict | None = None) -> dict[str, str]:
     src = os.environ if threads_env is None else threads_env
     env = {k: v for k, v in src.items() if k in _KEEP or k.startswith(_KEEP_PREFIX)}
-    env.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home", "TMPDIR": "/tmp"})
+    env.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "TMPDIR": "/tmp"})
     return env
+
+
+# The call loop reaches the sandbox through its pipe, not its file system: these lines read one frame (a JSON
+# header with the byte count n, then n bytes of source) and run it as the program's __main__.
+BOOT = ("import json,os,sys\n"
+        "def _read(fd):\n"
+        " h=b''\n"
+        " while not h.endswith(b'\\n'):\n"
+        "  c=os.read(fd,1)\n"
+        "  if not c:sys.exit(0)\n"
+        "  h+=c\n"
+        " n=json.loads(h)['n'];s=bytearray()\n"
+        " while len(s)<n:\n"
+        "  c=os.read(fd,n-len(s))\n"
+        "  if not c:sys.exit(0)\n"
+        "  s+=c\n"
+        " return compile(bytes(s),'main.py','exec',optimize=2)\n"
+        "_c=_read(int(sys.argv[1]));del _read\n"
+        "__file__='main.py'\n"
+        "exec(_c)\n")
+
+
+def loop_source() -> bytes:
+    """The call loop's code as BOOT receives it (its docstrings dropped by compile(optimize=2) there)."""
+    return LOOP.read_bytes()
+
+
+_RUNTIME: list[str] = []
+
+
+def _runtime_dir() -> Path:
+    """A folder of this process for the files the sandboxes show (a pyvenv.cfg); neutral name, removed at exit."""
+    with _PROBE_LOCK:
+        if not _RUNTIME or not Path(_RUNTIME[0]).is_dir():
+            _RUNTIME[:] = [tempfile.mkdtemp()]
+        return Path(_RUNTIME[0])
+
+
+def _own_distributions() -> set[str]:
+    """The distributions that provide this project's packages (paper-contracts), by normalised name."""
+    try:
+        from importlib import metadata
+
+        by_package = metadata.packages_distributions()
+    except Exception:  # noqa: BLE001 - no metadata: nothing known to hide
+        return set()
+    return {d.lower().replace("_", "-") for top in ("engine", "methods", "tui") for d in by_package.get(top, [])}
+
+
+def _own_entries(site: Path) -> tuple[set[str], set[str]]:
+    """(top-level entries of `site`, entries of its __pycache__) that belong to this project's distribution: its
+    dist-info, an editable install's .pth and finder (and their bytecode), its packages if installed there."""
+    try:
+        from importlib import metadata
+
+        dists = list(metadata.distributions(path=[str(site)]))
+    except Exception:  # noqa: BLE001
+        return set(), set()
+    own = _own_distributions()
+    top: set[str] = set()
+    cached: set[str] = set()
+    for d in dists:
+        name = str(d.metadata.get("Name") or "").lower().replace("_", "-")
+        if name not in own:
+            continue
+        for f in d.files or []:
+            parts = Path(f).parts
+            if not parts or parts[0] == "..":
+                continue
+            if parts[0] == "__pycache__" and len(parts) > 1:
+                cached.add(parts[1])
+            elif parts[0] != "__pycache__":
+                top.add(parts[0])
+    stems = {Path(t).stem for t in top}
+    cache = site / "__pycache__"
+    if cache.is_dir():
+        cached |= {e for e in os.listdir(cache) if e.split(".")[0] in stems}
+    return top, cached
+
+
+def _site_view(site: Path, inside: str, cover: bool) -> list[str]:
+    """bwrap arguments that show the site-packages folder `site` at `inside` without this project's own entries
+    (one bind per entry then; one bind for the whole folder when there is nothing to leave out). `cover`: the
+    folder is already shown there (a tree bound whole): a tmpfs covers it before its entries are bound back."""
+    top, cached = _own_entries(site)
+    if not top and not cached:
+        return [] if cover else ["--ro-bind", str(site), inside]
+    out = ["--tmpfs", inside] if cover else ["--dir", inside]
+    for e in sorted(os.listdir(site)):
+        if e in top:
+            continue
+        if e == "__pycache__" and cached:
+            out += ["--dir", f"{inside}/{e}"]
+            out += [x for c in sorted(os.listdir(site / e)) if c not in cached
+                    for x in ("--ro-bind", str(site / e / c), f"{inside}/{e}/{c}")]
+            continue
+        out += ["--ro-bind", str(site / e), f"{inside}/{e}"]
+    return out
+
+
+def _site_dirs(prefix: Path) -> list[Path]:
+    """The interpreter's site-packages folders under `prefix`, resolved, each once."""
+    import site
+
+    out: list[Path] = []
+    for d in site.getsitepackages():
+        p = Path(d).resolve()
+        if p.is_dir() and (p == prefix or prefix in p.parents) and p not in out:
+            out.append(p)
+    return out
+
+
+def _loop_view() -> tuple[list[str], str]:
+    """(bwrap arguments showing the interpreter and its packages to the call loop, the python to run there).
+
+    The base interpreter's folders at their paths; a virtual environment at VENV (its interpreter a symlink to the
+    real one, a pyvenv.cfg naming only the interpreter's folder, its site-packages); never the checkout. Without a
+    virtual environment, the prefix at its path, its site-packages covered where it holds this project."""
+    real = Path(os.path.realpath(sys.executable))
+    base = Path(sys.base_prefix).resolve()
+    trees: list[Path] = []
+    for c in (base, real.parent.parent):
+        if str(c) not in ("/", "/usr") and c.is_dir() and not any(c == t or t in c.parents for t in trees):
+            trees = [t for t in trees if c not in t.parents] + [c]
+    args = [x for t in sorted(trees) for x in ("--ro-bind", str(t), str(t))]
+    prefix = Path(sys.prefix).resolve()
+    if prefix == base:  # no virtual environment: the packages are in the base prefix, shown at their paths
+        for site in _site_dirs(prefix):
+            args += _site_view(site, str(site), cover=True)
+        return args, sys.executable
+    cfg = _runtime_dir() / "pyvenv.cfg"
+    if not cfg.is_file():
+        cfg.write_text(f"home = {real.parent}\ninclude-system-site-packages = false\n"
+                       f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
+    args += ["--dir", VENV, "--ro-bind", str(cfg), f"{VENV}/pyvenv.cfg", "--dir", f"{VENV}/bin",
+             "--symlink", str(real), f"{VENV}/bin/python3", "--symlink", "python3", f"{VENV}/bin/python"]
+    for site in _site_dirs(prefix):
+        args += _site_view(site, f"{VENV}/{site.relative_to(prefix).as_posix()}", cover=False)
+    return args, f"{VENV}/bin/python3"
 
 
 def command(stage: str, hidden: list[str], device: str = "cpu", framework: str | None = None,
@@ -211,12 +361,19 @@ def command(stage: str, hidden: list[str], device: str = "cpu", framework: str |
     from engine.paths import project_root
 
     args = [bwrap() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--clearenv", *_system_binds(),
+            "--clearenv", "--hostname", HOSTNAME, *_system_binds(),
             # first: a checkout or interpreter that lives under /tmp is bound over the private /tmp, not hidden by it
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
-    trees = _trees()
-    for t in trees:
-        args += ["--ro-bind", t, t]
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]
+    if loop is not None:  # the candidate's own process: the interpreter and its packages, never the checkout
+        view, python = _loop_view()
+        # the loop is PID 1 itself: no bubblewrap process inside whose /proc/N/cmdline lists every bind
+        args += ["--as-pid-1", *view]
+        trees = [str(Path(sys.base_prefix).resolve())]
+    else:  # the template runs the engine: the checkout and the virtual environment at their paths
+        python = sys.executable
+        trees = _trees()
+        for t in trees:
+            args += ["--ro-bind", t, t]
     for h in hidden:  # masked wherever they fall inside what is shown
         hp = Path(h)
         if not any(hp == Path(t) or Path(t) in hp.parents for t in trees):
@@ -232,8 +389,8 @@ def command(stage: str, hidden: list[str], device: str = "cpu", framework: str |
         args += ["--ro-bind-try", "/sys", "/sys"]
     for k, v in sorted(_env().items()):
         args += ["--setenv", k, v]
-    if loop is not None:
-        return args + ["--", sys.executable, "-I", str(LOOP), str(loop[0]), str(loop[1])]
+    if loop is not None:  # the loop's code follows on the pipe (LoopBox): argv names no file of the checker
+        return args + ["--", python, "-I", "-c", BOOT, str(loop[0]), str(loop[1])]
     root = str(project_root())
     code = (f"import sys; sys.path.insert(0, {root!r}); from engine.run.warm_server import main; "
             "sys.exit(main(sys.argv[1:]))")
@@ -296,9 +453,13 @@ class LoopBox:
             self.stage = None
             self.conn = boundary.plain(device)
             return
-        self.stage = tempfile.mkdtemp(prefix="contracts-candidate-")
+        self.stage = tempfile.mkdtemp()  # a neutral name: the mount table inside shows where a bind comes from
         self.conn = boundary.spawn(lambda r, w: command(self.stage, hidden, device, loop=(r, w)),
                                    {"PATH": "/usr/bin:/bin"}, _bwrap_exit)
+        try:  # BOOT's one frame: the loop's code; the loop then says ready as before
+            self.conn._send({"op": "main"}, loop_source(), end=time.monotonic() + 30)
+        except Exception as exc:  # noqa: BLE001 - a sandbox that died at once: its first wait says why
+            self.conn.lost = self.conn.lost or f"the candidate's process could not be started: {exc}"
 
     def stage_candidate(self, ident: dict, target) -> tuple[dict, str]:
         """The candidate's files staged (sandboxed) and its target and folder as the process sees them."""
@@ -369,7 +530,7 @@ class Sandbox:
         srv.path, srv.folder = SOCKET, None
         self.framework = framework
         self.device = device
-        self.stage = tempfile.mkdtemp(prefix="contracts-candidate-")
+        self.stage = tempfile.mkdtemp()
         self.staged = False
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         srv.log = tempfile.TemporaryFile()
@@ -547,6 +708,11 @@ def _close_pools() -> None:
         for pool in _POOLS.values():
             pool.close()
         _POOLS.clear()
+    if _RUNTIME and os.getpid() == _RUNTIME_OWNER:
+        shutil.rmtree(_RUNTIME[0], ignore_errors=True)
+
+
+_RUNTIME_OWNER = os.getpid()
 
 
 def _after_fork_in_child() -> None:
@@ -619,4 +785,4 @@ atexit.register(_close_pools)
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["INSIDE", "LoopBox", "Pool", "Sandbox", "command", "confine", "hidden_paths", "record", "require", "unavailable", "version"]
+__all__ = ["BOOT", "HOME", "HOSTNAME", "INSIDE", "VENV", "LoopBox", "Pool", "Sandbox", "command", "confine", "hidden_paths", "record", "require", "unavailable", "version"]

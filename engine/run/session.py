@@ -22,8 +22,9 @@ class Stop(Protocol):
 
 
 def load_plans(paths: list[Path], root: Path, seeds: Optional[list[int]], only: Optional[list[str]],
-               mutants: bool) -> list:
-    """Load every spec and plan its run; torch is imported from here on."""
+               mutants: bool, fresh: int | bool = False, tiers: Optional[list[str]] = None) -> list:
+    """Load every spec and plan its run; torch is imported from here on. `fresh`: each spec's seeds drawn from the
+    operating system (engine/run/seeds.py); `tiers`: only contracts of these tiers."""
     from engine.run import sourceonly
     from engine.run.imports import gc_paused
     from engine.spec.loader import load_spec
@@ -33,7 +34,7 @@ def load_plans(paths: list[Path], root: Path, seeds: Optional[list[int]], only: 
     with gc_paused():
         from engine.run.runner import plan_run
 
-    return [plan_run(s, seeds, only, mutants=mutants) for s in loaded]
+    return [plan_run(s, seeds, only, mutants=mutants, fresh=fresh, tiers=tiers) for s in loaded]
 
 
 def calls_in(plan) -> int:

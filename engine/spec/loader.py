@@ -712,6 +712,11 @@ def kind_problems(c: dict, path: list, err: Callable[..., None], use_one_of: Cal
         for e in _kind_validator("inputs", INPUTS).iter_errors(inputs):
             err(path + ["params", "inputs"] + list(e.absolute_path), f"inputs: {e.message}",
                 "see docs/kinds.md, Inputs")
+        for dim, rng in (inputs.get("dims") or {}).items() if isinstance(inputs.get("dims"), dict) else ():
+            if isinstance(rng, list) and len(rng) in (2, 3) and all(isinstance(x, int) for x in rng) and (
+                    rng[0] > rng[1] or (len(rng) == 3 and rng[2] < 1)):
+                err(path + ["params", "inputs", "dims", dim], f"inputs: dims {dim} {rng} is an empty range",
+                    "give [low, high] with low <= high, or [low, high, step] with a step >= 1")
     c["check"] = KIND_PREFIX + name
 
 

@@ -156,7 +156,7 @@ class ContractRow:
     newest_status: str | None
     newest_file: str | None
     cell_files: dict = field(default_factory=dict)  # device -> the receipt behind that cell
-    tier: str = "math"  # math | budget (engine/tiers.py)
+    tier: str = "math"  # math | budget | scale (engine/tiers.py)
 
     @property
     def open_file(self) -> str | None:

@@ -90,10 +90,13 @@ def facts(pred: dict) -> dict:
     mutation = pred.get("mutation") if isinstance(pred.get("mutation"), dict) else None
     only = req.get("only")
     skipped = pred.get("registered_only") if isinstance(pred.get("registered_only"), dict) else {}
+    tiers = req.get("tiers")
     return {
         "kind": FACTS_KIND,
         "only": _ids(only) if isinstance(only, list) and only else None,
         "case": req.get("case") if isinstance(req.get("case"), int) else None,  # check --case N: one case each
+        "tiers": _ids(tiers) if isinstance(tiers, list) and tiers else None,  # check --tier: some tiers only
+        "seed_source": req.get("seed_source") if isinstance(req.get("seed_source"), str) else None,
         "contracts": requested,
         "complete": complete,
         "held_in_part": held_in_part,
@@ -131,6 +134,10 @@ def coverage(pred: dict, spec: Any = None) -> Coverage:
         why.append("--only " + ",".join(f["only"]))
     if f.get("case") is not None:
         why.append(f"--case {f['case']}")
+    if f.get("tiers"):
+        from engine.tiers import TIERS
+
+        why.append(f"--tier {','.join(f['tiers'])} ({', '.join(t for t in TIERS if t not in f['tiers'])} not run)")
     status = f["status"]
     in_part = [c for c in f.get("held_in_part") or [] if c in scope]
     unfinished = len([c for c in requested if c not in f["complete"] and c not in in_part])
@@ -163,10 +170,16 @@ def coverage(pred: dict, spec: Any = None) -> Coverage:
     # its score over the mutants, so the budget's other seeds do not make it partial (it is full when it judged
     # every mutant); the gate counts its seeds apart, with the check receipts'.
     if missing and f["mutation_complete"] is None:
-        why.append(f"seeds {','.join(map(str, f['seeds'])) or 'none'} of the budget's "
-                   f"{','.join(map(str, budget_seeds))}")
+        drawn = "fresh seeds" if f.get("seed_source") == "fresh" else "seeds"
+        why.append(f"{drawn} {','.join(map(str, f['seeds'])) or 'none'} of the budget's "
+                   f"{','.join(map(str, budget_seeds))}" if drawn == "seeds" else
+                   f"{drawn} {','.join(map(str, f['seeds']))}, not the budget's {','.join(map(str, budget_seeds))}")
     if spec_contracts is not None and not f["only"]:
-        absent = [c for c in spec_contracts if c not in requested]
+        from engine.tiers import tier_of
+
+        left_out = set() if not f.get("tiers") else \
+            {c.get("id") for c in data["contracts"] if isinstance(c, dict) and tier_of(c) not in f["tiers"]}
+        absent = [c for c in spec_contracts if c not in requested and c not in left_out]
         if absent:
             why.append(f"{len(absent)} contract(s) of the spec are not in this run (added since)")
     full = not why and total is not None and ran == total

@@ -153,6 +153,7 @@ class Receipt:
     mutation: Optional[Mutation]
     subject: tuple[tuple[str, str], ...]  # (name, sha256) of every bound file
     signed_by: tuple[str, ...] = ()
+    seed_source: Optional[str] = None  # budget | given | fresh (drawn at run time); None before it was recorded
     predicate: Mapping = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -205,6 +206,7 @@ class Receipt:
                 survivors=tuple(str(x.get("id")) for x in mutation.get("survivors") or [] if isinstance(x, dict))),
             subject=tuple((s["name"], s["digest"]["sha256"]) for s in data["subject"]),
             signed_by=tuple(signed_by),
+            seed_source=_str(req.get("seed_source")),
             predicate=pred,
         )
 

@@ -231,6 +231,19 @@ def adv_one_pass_variance():
     return IMPL.replace("grpo.adv_one_pass_variance", group_advantages=group_advantages)
 
 
+@registry.mutant("grpo.adv_row_index_uint16", base="grpo")
+def adv_row_index_uint16():
+    """The rows are addressed through a 16-bit counter: past 65,535 responses the index wraps, and the later rows
+    are normalised with the first rows' rewards (a batch that size exists only at training scale)."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        L.group_advantages(rewards, group_size, eps, mask=mask)  # the same refusals
+        row = torch.arange(rewards.shape[0], device=rewards.device) % 65536  # DEFECT: a uint16 row index
+        keep = None if mask is None else mask.index_select(0, row)
+        return L.group_advantages(rewards.index_select(0, row), group_size, eps, mask=keep)
+
+    return IMPL.replace("grpo.adv_row_index_uint16", group_advantages=group_advantages)
+
+
 # --- precision and refusals -----------------------------------------------------------------------------------------
 
 
@@ -312,3 +325,27 @@ def old_logp_not_detached():
     """The log-ratio without old_logp.detach(): a behaviour log-prob that requires grad receives one."""
     return _loss("grpo.old_logp_not_detached",
                  ratio_fn=lambda logp, old, m, cdt: torch.where(m, logp.to(cdt) - old.to(cdt), torch.zeros((), dtype=cdt)))
+
+
+# --- token counts in narrow dtypes (seen only past 2^15 tokens in a row: the scale tier) ------------------------------
+
+
+def _narrow_counts(dtype):
+    def aggregate(per_token, m, agg, n_row, norm_length):
+        return L.aggregate(per_token, m, agg, m.sum(dim=-1).to(dtype), norm_length)  # DEFECT: counts in `dtype`
+
+    return aggregate
+
+
+@registry.mutant("grpo.token_count_int16", base="grpo")
+def token_count_int16():
+    """Each response's valid-token count is kept in int16: a response past 32,767 tokens wraps negative, and the
+    token mean (and the per-response mean) divides by it."""
+    return _loss("grpo.token_count_int16", aggregate_fn=_narrow_counts(torch.int16))
+
+
+@registry.mutant("grpo.token_count_float16", base="grpo")
+def token_count_float16():
+    """The valid-token counts are kept in float16: exact to 2048, rounded to a multiple of 32 past 32,768, and the
+    batch's total overflows to inf past 65,504 tokens (the loss becomes 0)."""
+    return _loss("grpo.token_count_float16", aggregate_fn=_narrow_counts(torch.float16))

@@ -262,3 +262,119 @@ def _register() -> None:
 
 
 _register()
+
+
+# --- the scale tier: the same formulas at training sizes (methods/common/exact.py says why) ------------------------
+
+
+def scale_terms(logp, old, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None, ref_logp=None, beta=0.0,
+                log_ratio_clamp=20.0, margin=1e-9):
+    """Per token, in float64 tensors: (term f, d f / d logp, near, ratio, bool mask, advantages): `token_terms`
+    element by element (the clamp, the clip, the dual cap, the k3 KL), `near` where the active branch is
+    ambiguous within a relative `margin`."""
+    import torch
+
+    f64 = torch.float64
+    m = mask.to(torch.bool)
+    zero = torch.zeros((), dtype=f64)
+    a = advantages.to(f64)
+    a = torch.where(m, a[:, None].expand(m.shape) if a.dim() == 1 else a, zero)
+    lp = torch.where(m, logp.to(f64), zero)
+    x = torch.where(m, lp - old.to(f64), zero)
+    C = float(log_ratio_clamp)
+    lo, hi = 1.0 - float(clip_low), 1.0 + float(clip_high)
+    bound = x.abs() > C
+    r = x.clamp(-C, C).exp()
+    c = r.clamp(lo, hi)
+    term = torch.maximum(-r * a, -c * a)
+    g = torch.where(((a > 0) & (r > hi)) | ((a < 0) & (r < lo)) | bound, zero, -a * r)
+    near = ((x.abs() - C).abs() <= margin * C) | ((r - lo).abs() <= margin * lo) | ((r - hi).abs() <= margin * hi)
+    if dual_clip is not None:
+        cap = -float(dual_clip) * a
+        neg = a < 0
+        near |= neg & ((term - cap).abs() <= margin * cap.abs())
+        capped = neg & (term > cap)
+        term = torch.where(capped, cap, term)
+        g = torch.where(capped, zero, g)
+    if beta:
+        d = torch.where(m, ref_logp.to(f64), zero) - lp
+        term = term + float(beta) * (d.exp() - d - 1.0)
+        g = g + float(beta) * (1.0 - d.exp())
+    return torch.where(m, term, zero), torch.where(m, g, zero), near & m, torch.where(m, r, zero), m, a
+
+
+def _scale_register() -> None:
+    import torch
+
+    from engine.spec import registry
+    from methods.common.exact import fsum, fsum_rows
+
+    def margin_of(dtype) -> float:
+        # float32 arithmetic puts a ratio about 1e-7 (relative) off its float64 value: a token that close to a
+        # bound is on either side of it, so its gradient (and the counts it decides) are not judged
+        return 1e-9 if dtype in (None, torch.float64) else 1e-5
+
+    @registry.reference("grpo.loss_f64")
+    def loss_f64(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None, ref_logp=None,
+                 beta=0.0, agg="token-mean", norm_length=None, log_ratio_clamp=20.0, dtype=None):
+        """The GRPO loss, its scale (the weighted sum of |f|) and d loss / d logp (NaN where ambiguous), each term
+        in float64 and every sum exact: `loss_and_grad` at training sizes."""
+        term, g, near, _, m, _ = scale_terms(logp, old_logp, advantages, mask, clip_low=clip_low,
+                                             clip_high=clip_high, dual_clip=dual_clip, ref_logp=ref_logp, beta=beta,
+                                             log_ratio_clamp=log_ratio_clamp, margin=margin_of(dtype))
+        counts = m.sum(dim=-1)
+        n, rows = int(counts.sum()), int((counts > 0).sum())
+        length = m.shape[-1] if norm_length is None else int(norm_length)
+        if agg == "token-mean":
+            value, scale = fsum(term) / n, fsum(term.abs()) / n
+            w = torch.full(m.shape, 1.0 / n, dtype=torch.float64)
+        elif agg == "seq-mean-token-mean":
+            per = counts.clamp_min(1).to(torch.float64)
+            value = fsum(fsum_rows(term) / per) / rows
+            scale = fsum(fsum_rows(term.abs()) / per) / rows
+            w = (1.0 / (per * rows))[:, None].expand(m.shape)
+        elif agg == "seq-mean-token-sum-norm":
+            value, scale = fsum(term) / (rows * length), fsum(term.abs()) / (rows * length)
+            w = torch.full(m.shape, 1.0 / (rows * length), dtype=torch.float64)
+        else:
+            raise ValueError(agg)
+        grad = torch.where(near, torch.full_like(g, math.nan), w * g)
+        return {"value": torch.tensor(value, dtype=torch.float64), "scale": scale, "grad": [grad],
+                "counts": {"grad_excluded": int(near.sum())}}
+
+    @registry.reference("grpo.loss_metrics_f64")
+    def metrics_f64(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None,
+                    ref_logp=None, beta=0.0, log_ratio_clamp=20.0, **_):
+        """`metrics` at training sizes; a count is NaN (not judged) when a token lies within 1e-5 (relative) of
+        the bound that decides it, as in the loop."""
+        margin = 1e-5
+        term, _, _, r, m, a = scale_terms(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                                          dual_clip=None, ref_logp=ref_logp, beta=0.0,
+                                          log_ratio_clamp=log_ratio_clamp, margin=margin)
+        lo, hi = 1.0 - float(clip_low), 1.0 + float(clip_high)
+        x = torch.where(m, logp.to(torch.float64) - old_logp.to(torch.float64), 0.0)
+        C = float(log_ratio_clamp)
+        n = int(m.sum())
+        rv = r[m]
+        tie_clip = bool((((rv - lo).abs() <= margin * lo) | ((rv - hi).abs() <= margin * hi)).any())
+        tie_clamp = bool(((x[m].abs() - C).abs() <= margin * C).any())
+        below, above = int((rv < lo).sum()), int((rv > hi).sum())
+        nan = math.nan
+        dual = 0.0
+        if dual_clip is not None:
+            cap = -float(dual_clip) * a
+            neg = m & (a < 0)
+            tie_dual = bool(((term - cap).abs()[neg] <= margin * cap.abs()[neg]).any())
+            dual = nan if tie_dual else int((neg & (term > cap)).sum()) / n
+        kl = 0.0
+        if beta:
+            d = torch.where(m, ref_logp.to(torch.float64) - logp.to(torch.float64), 0.0)
+            kl = fsum(torch.where(m, d.exp() - d - 1.0, 0.0)) / n
+        return {"tokens": n, "rows": int((m.sum(-1) > 0).sum()), "ratio_min": float(rv.min()),
+                "ratio_max": float(rv.max()), "clip_fraction": nan if tie_clip else (below + above) / n,
+                "clip_low_fraction": nan if tie_clip else below / n, "clip_high_fraction": nan if tie_clip else above / n,
+                "dual_clip_fraction": dual, "clamped_tokens": nan if tie_clamp else int((x[m].abs() > C).sum()),
+                "kl": kl}
+
+
+_scale_register()

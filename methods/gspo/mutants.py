@@ -130,3 +130,10 @@ def old_logp_not_detached():
         return lr.sum(dim=-1) / n_row.clamp_min(1).to(cdt), n_row
 
     return _built("gspo.old_logp_not_detached", log_ratio_fn=log_ratio)
+
+
+@registry.mutant("gspo.row_length_int16", base="gspo")
+def row_length_int16():
+    """Each response's length |y_i| kept in int16: past 32,767 tokens it wraps negative, and the mean log-ratio is
+    the row's sum (only a scale contract has such a response)."""
+    return _built("gspo.row_length_int16", log_ratio_fn=_log_ratio(lambda n, m: n.to(torch.int16).clamp_min(1)))

@@ -174,3 +174,71 @@ def _register() -> None:
 
 
 _register()
+
+
+# --- the scale tier: the same formulas at training sizes (methods/common/exact.py says why) ------------------------
+
+
+def _scale_register() -> None:
+    import torch
+
+    from engine.spec import registry
+    from methods.common.exact import fsum, fsum_rows
+
+    f64 = torch.float64
+
+    def log_ratio_rows(logp, old, mask):
+        """(the mean log-ratio x_i per row, exact sum over its valid tokens; valid tokens per row; bool mask)."""
+        m = mask.to(torch.bool)
+        d = torch.where(m, logp.to(f64) - old.to(f64), torch.zeros((), dtype=f64))
+        n = m.sum(-1)
+        return fsum_rows(d) / n.clamp_min(1).to(f64), n, m
+
+    def margin_of(dtype) -> float:
+        return 1e-9 if dtype in (None, torch.float64) else 1e-6  # s_i's float32 rounding is about 1e-7
+
+    @registry.reference("gspo.sequence_ratio_f64")
+    def ratio_f64(logp, old_logp, mask, *, log_ratio_clamp=10.0, dtype=None):
+        """s_i = exp(min(x_i, clamp)), 1 for an empty row, and d sum_i s_i / d logp (s_i / |y_i| at row i's valid
+        tokens, 0 where the clamp binds, NaN within the margin of it): `sequence_ratio` at training sizes."""
+        x, n, m = log_ratio_rows(logp, old_logp, mask)
+        C = float(log_ratio_clamp)
+        s = torch.where(n > 0, x.clamp(max=C).exp(), torch.ones_like(x))
+        per = torch.where(x > C, torch.zeros_like(s), s / n.clamp_min(1).to(f64))
+        per = torch.where((x - C).abs() <= margin_of(dtype) * C, torch.full_like(per, math.nan), per)
+        g = torch.where(m & (n > 0)[:, None], per[:, None].expand(m.shape), torch.zeros((), dtype=f64))
+        return {"value": s, "grad": [g]}
+
+    @registry.reference("gspo.loss_f64")
+    def loss_f64(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, form="sequence",
+                 log_ratio_clamp=10.0, dtype=None):
+        """The sequence-form GSPO loss (mean over non-empty responses of -min(s A, clip(s) A)), its scale and
+        d loss / d logp (NaN where s_i is within the margin of a bound or the clamp): `loss_and_grad` at
+        training sizes, per-token advantages excluded (the sequence form takes [B])."""
+        if form != "sequence" or advantages.dim() != 1:
+            raise ValueError("gspo.loss_f64 is the sequence form: one advantage per response")
+        x, n, m = log_ratio_rows(logp, old_logp, mask)
+        C = float(log_ratio_clamp)
+        lo, hi = 1.0 - float(clip_low), 1.0 + float(clip_high)
+        has = n > 0
+        rows = int(has.sum())
+        a = torch.where(has, advantages.to(f64), torch.zeros((), dtype=f64))
+        s = x.clamp(max=C).exp()
+        term = torch.where(has, torch.maximum(-s * a, -s.clamp(lo, hi) * a), torch.zeros((), dtype=f64))
+        clipped = ((a > 0) & (s > hi)) | ((a < 0) & (s < lo)) | (x > C)
+        per = torch.where(clipped | ~has, torch.zeros_like(s), -a * s / (n.clamp_min(1).to(f64) * rows))
+        margin = margin_of(dtype)
+        near = ((x - C).abs() <= margin * C) | ((s - lo).abs() <= margin) | ((s - hi).abs() <= margin)
+        per = torch.where(near & has, torch.full_like(per, math.nan), per)
+        g = torch.where(m, per[:, None].expand(m.shape), torch.zeros((), dtype=f64))
+        return {"value": torch.tensor(fsum(term) / rows, dtype=f64), "scale": fsum(term.abs()) / rows, "grad": [g],
+                "counts": {"clipped_rows": int((clipped & has).sum()), "grad_excluded_rows": int((near & has).sum())}}
+
+    @registry.reference("gspo.loss_counts")
+    def loss_counts(logp, old_logp, advantages, mask, **_):
+        """The counts gspo_loss reports: the valid tokens and the non-empty responses, exactly."""
+        n = mask.to(torch.bool).sum(-1)
+        return {"tokens": int(n.sum()), "rows": int((n > 0).sum())}
+
+
+_scale_register()

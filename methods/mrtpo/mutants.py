@@ -191,6 +191,8 @@ def _advantages_variant(defect: str):
         a = reward_advantages.to(cdt)
         w = torch.where(m[None], weights.to(cdt), 0.0)
         count = m.sum(dim=1).to(cdt)
+        if defect == "count_float16":  # DEFECT: valid tokens counted in float16 (rounded past 2048, inf past 65,504)
+            count = m.sum(dim=1).to(torch.float16).to(cdt)
         a = torch.where((count > 0)[None], a, 0.0)
         if defect == "uniform_for_negative":
             w = torch.where(a[:, :, None] < 0, torch.where(m[None], 1.0, 0.0).to(cdt), w)  # DEFECT
@@ -210,7 +212,7 @@ def _advantages_variant(defect: str):
         if defect == "std_over_padding":
             std = St.std(unbiased=False)  # DEFECT: padding zeros enter the batch std
         else:
-            n = count.sum()
+            n = count.sum() if defect != "count_float16" else count.to(torch.float16).sum().to(cdt)
             mean = St.sum() / n.clamp_min(1)
             dev = torch.where(m, St - mean, 0.0)
             std = torch.sqrt((dev * dev).sum() / n.clamp_min(1))
@@ -225,6 +227,23 @@ def _advantages_variant(defect: str):
         }
 
     return mrtpo_advantages
+
+
+def _js_vocab_uint16(logp_a, logp_b, chunk_elems=credit.DEFAULT_CHUNK_ELEMS):
+    """DEFECT: the vocabulary addressed through 16-bit indices (token ids stored as uint16, as datasets of
+    vocabularies under 65,536 do): past entry 65,535 the index wraps, and the sum reads the first entries again."""
+    col = torch.arange(logp_a.shape[-1], device=logp_a.device) % 65536  # DEFECT
+    return credit.js_distance(logp_a.index_select(-1, col), logp_b.index_select(-1, col), chunk_elems)
+
+
+def _from_logits_vocab_uint16(logits_all, logits_loo, mask, beta, empty_block=None,
+                              chunk_elems=credit.DEFAULT_CHUNK_ELEMS, block_elems=credit.LOGITS_BLOCK_ELEMS):
+    """DEFECT: credit_weights_from_logits with the vocabulary addressed through 16-bit indices (see
+    _js_vocab_uint16): every context's logits read at (index mod 65,536)."""
+    col = torch.arange(logits_all.shape[-1], device=logits_all.device) % 65536  # DEFECT
+    loo = [None if lk is None else lk.index_select(-1, col) for lk in _as_loo_list(logits_loo)]
+    return credit.credit_weights_from_logits(logits_all.index_select(-1, col), loo, mask, beta, empty_block,
+                                             chunk_elems, block_elems)
 
 
 # --------------------------------------------------------------------------- other variants
@@ -328,6 +347,11 @@ registry.mutant("mrtpo.js_float32_accumulation", base="mrtpo")(
     _js("mrtpo.js_float32_accumulation", _js_blocked("float32_accumulation")))
 registry.mutant("mrtpo.js_column_tail_dropped", base="mrtpo")(
     _js("mrtpo.js_column_tail_dropped", _js_blocked("column_tail_dropped")))
+registry.mutant("mrtpo.js_vocab_uint16", base="mrtpo")(_js("mrtpo.js_vocab_uint16", _js_vocab_uint16))
+registry.mutant("mrtpo.logits_vocab_uint16", base="mrtpo")(
+    _with("mrtpo.logits_vocab_uint16", credit_weights_from_logits=_from_logits_vocab_uint16))
+registry.mutant("mrtpo.advantages_count_float16", base="mrtpo")(
+    _with("mrtpo.advantages_count_float16", mrtpo_advantages=_advantages_variant("count_float16")))
 registry.mutant("mrtpo.js_rows_one_by_one", base="mrtpo")(
     _js("mrtpo.js_rows_one_by_one", _js_blocked("rows_one_by_one")))
 registry.mutant("mrtpo.qbar_over_padding", base="mrtpo")(

@@ -338,7 +338,9 @@ def _register() -> None:
     def pairs(g, case, ctx, inputs):
         """Two [rows, V] log-distributions of the case's regime (PAIR_KINDS, in turn): unrelated, nearly
         identical, peaked, exact zeros, disjoint supports, -1e4 entries."""
-        rows = int((inputs.get("dims") or {}).get("N", 4))  # the spec declares N; V is drawn per case
+        from engine.kinds.inputs import _dim
+
+        rows = _dim((inputs.get("dims") or {}).get("N", 4), g)  # the spec declares N (a range); V is drawn per case
         regimes = (inputs.get("options") or {}).get("regimes") or PAIR_KINDS
         regime = regimes[case % len(regimes)]
         if regime.startswith("onehot"):  # one-hot rows, -inf or -1e4 elsewhere; b the next row's one-hot
@@ -357,10 +359,11 @@ def _register() -> None:
         0 (case 3 of eight), 1 (case 6) or random."""
         opt = inputs.get("options") or {}
         min_b = int(opt.get("min_b", 1))  # 2: at least two responses with tokens (a batch std that is not 0)
-        K, B = _int(g, 1, 3), _int(g, min_b, int(opt.get("max_b", 4)))
+        K, B = _int(g, 1, int(opt.get("max_k", 3))), _int(g, min_b, int(opt.get("max_b", 4)))
         max_v = opt.get("max_v", 24)  # a list is cycled by case (small vocabularies, V < T, and large ones)
         max_v = max_v[case % len(max_v)] if isinstance(max_v, list) else max_v
-        T, V = _int(g, 1, int(opt.get("max_t", 6))), _int(g, 2, int(max_v))
+        T = _int(g, int(opt.get("min_t", 1)), int(opt.get("max_t", 6)))
+        V = _int(g, int(opt.get("min_v", 2)), int(max_v))
         logp_all, logp_loo = credit_batch(g, K, B, T, V)
         mask = response_mask(g, B, T)
         if case % 2 and B > max(1, min_b):  # a response without a valid token in every other case
@@ -398,7 +401,8 @@ def _register() -> None:
         """Reward advantages [K, B] and conserved weights [K, B, T] (positive, mean 1 over each response's valid
         tokens, 0 on padding); odd cases spread the weights widely (the cap binds), even ones barely."""
         opt = inputs.get("options") or {}
-        K, B, T = _int(g, int(opt.get("min_k", 1)), 3), _int(g, 2, 6), _int(g, 1, 8)
+        K, B = _int(g, int(opt.get("min_k", 1)), 3), _int(g, int(opt.get("min_b", 2)), int(opt.get("max_b", 6)))
+        T = _int(g, int(opt.get("min_t", 1)), int(opt.get("max_t", 8)))
         mask = response_mask(g, B, T)
         spread = 3.0 if case % 2 else 0.05
         if opt.get("spread"):  # [low, high]: the spread drawn uniformly per case
@@ -412,3 +416,140 @@ def _register() -> None:
 
 
 _register()
+
+
+# --- the scale tier: the same formulas at the page's vocabulary and training lengths -------------------------------
+# The decimal references cost about 0.1 ms per vocabulary entry: 15 s for one row of 150k. Here each element is a
+# float64 tensor operation (the textbook KL-to-the-mixture form, another computation than the implementation's
+# tanh form in float32) and every sum is exact (methods/common/exact.py); tests/test_scale.py holds them to the
+# decimal references on small inputs.
+
+
+def _scale_register() -> None:
+    import torch
+
+    from engine.spec import registry
+    from methods.common.exact import fsum, fsum_rows
+
+    f64 = torch.float64
+    ln2 = math.log(2.0)
+
+    def js_f64(la: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:
+        """sqrt(min(1, JS / ln 2)) of each row of two [n, V] float64 log-distributions (-inf allowed)."""
+        if la.shape[0] == 0:
+            return torch.zeros(0, dtype=f64)
+        lm = torch.logaddexp(la, lb) - ln2
+        same = la == lb  # p = q = m: exactly 0 (ln m would only round to ln p)
+        p, q = la.exp(), lb.exp()
+        t = torch.where((p > 0) & ~same, p * (la - lm), 0.0) + torch.where((q > 0) & ~same, q * (lb - lm), 0.0)
+        # float64 pairwise sums over V: at most about log2(V) * 1.1e-16 * sum |t| off, 1e-15 at the page's
+        # vocabulary, where the float32 tolerances are 1e-6 (an exact fsum costs half a second a million entries)
+        return (t.sum(-1) / 2.0 / ln2).clamp(0.0, 1.0).sqrt()
+
+    @registry.reference("mrtpo.js_distance_f64")
+    def js_rows(logp_a, logp_b, chunk_elems=None):
+        lead, V = logp_a.shape[:-1], logp_a.shape[-1]
+        return js_f64(logp_a.reshape(-1, V).to(f64), logp_b.reshape(-1, V).to(f64)).reshape(lead)
+
+    def weights_f64(logp_all, logp_loo, mask, beta, empty_block=None):
+        m = mask.to(torch.bool)
+        B, T, V = logp_all.shape
+        loo = [logp_loo[k] for k in range(logp_loo.shape[0])] if isinstance(logp_loo, torch.Tensor) else list(logp_loo)
+        K = len(loo)
+        empty = torch.zeros(K, B, dtype=torch.bool) if empty_block is None else empty_block.to(torch.bool)
+        empty = empty[:, None].expand(K, B) if empty.dim() == 1 else empty.expand(K, B)
+        rows = m.reshape(-1).nonzero().flatten()
+        full = logp_all.reshape(-1, V).index_select(0, rows).to(f64)
+        count = m.sum(-1)
+        out = torch.zeros(K, B, T, dtype=f64)
+        for k, lk in enumerate(loo):
+            w = torch.ones(B, T, dtype=f64)
+            if lk is not None:
+                q = torch.zeros(B * T, dtype=f64)
+                q[rows] = js_f64(full, lk.reshape(-1, V).index_select(0, rows).to(f64))
+                q = q.reshape(B, T)
+                qbar = fsum_rows(q) / count.clamp_min(1).to(f64)
+                uniform = empty[k] | (qbar == 0)
+                ratio = q / torch.where(uniform, torch.ones_like(qbar), qbar)[:, None]
+                w = torch.where(uniform[:, None], w, (1.0 - float(beta)) + float(beta) * ratio)
+            out[k] = torch.where(m, w, 0.0)
+        return out
+
+    @registry.reference("mrtpo.credit_weights_f64")
+    def weights(logp_all, logp_loo, mask, beta, empty_block=None, chunk_elems=None):
+        """w [K, B, T]: `credit_weights_ref` at the page's vocabulary."""
+        return weights_f64(logp_all, logp_loo, mask, beta, empty_block)
+
+    @registry.reference("mrtpo.credit_weights_from_logits_f64")
+    def weights_from_logits(logits_all, logits_loo, mask, beta, empty_block=None, chunk_elems=None, block_elems=None):
+        """The same weights from logits, each context log-softmaxed in float64 first."""
+        loo = [logits_loo[k] for k in range(logits_loo.shape[0])] if isinstance(logits_loo, torch.Tensor) \
+            else list(logits_loo)
+        return weights_f64(logits_all.to(f64).log_softmax(-1),
+                           [None if x is None else x.to(f64).log_softmax(-1) for x in loo], mask, beta, empty_block)
+
+    @registry.reference("mrtpo.advantages_f64")
+    def advantages(reward_advantages, weights, mask, eps=1e-6):
+        """`mrtpo_advantages_ref` at training lengths: S, U, D per token in float64, the moments, the mean and
+        the std summed exactly; scale max(1, max |A|), the cap s as a reported scalar, and whether it binds."""
+        m = mask.to(torch.bool)
+        count = m.sum(-1)
+        a = torch.where((count > 0)[None], reward_advantages.to(f64), 0.0)
+        w = torch.where(m[None], weights.to(f64), 0.0)
+        S = torch.where(m, (a[:, :, None] * w).sum(0), 0.0)  # K <= 3 terms a token
+        U = a.sum(0)
+        D = torch.where(m, S - U[:, None], 0.0)
+        mom_u = fsum(count.to(f64) * U * U)
+        mom_d = fsum(D * D)
+        s = min(1.0, math.sqrt(mom_u / mom_d)) if mom_d > 0 else 1.0
+        St = torch.where(m, U[:, None] + s * D, 0.0)
+        n = int(count.sum())
+        mean = fsum(St) / n if n else 0.0
+        std = math.sqrt(fsum(torch.where(m, St - mean, 0.0) ** 2) / n) if n else 0.0
+        A = torch.where(m, St / (std + float(eps)), 0.0)
+        return {"value": A, "scale": max(1.0, float(A.abs().max()) if A.numel() else 0.0), "scalars": {"s": s},
+                "counts": {"binding_cases": int(s < 1.0)}}
+
+    import engine.kinds.inputs as inputs_mod
+
+    @inputs_mod.generator("mrtpo.page_vocab_pairs")
+    def page_pairs(g, case, ctx, inputs):
+        """Two [N, V] log-distributions at the page's vocabulary: options rows [lo, hi] and vocab [lo, hi] drawn
+        per case, the regime (options regimes) by case."""
+        from methods.mrtpo.cases import logp_pair
+
+        opt = inputs.get("options") or {}
+        rows = int(torch.randint(opt["rows"][0], opt["rows"][1] + 1, (), generator=g))
+        V = int(torch.randint(opt["vocab"][0], opt["vocab"][1] + 1, (), generator=g))
+        regimes = opt.get("regimes") or ["random"]
+        a, b = logp_pair(g, rows, V, regimes[case % len(regimes)])
+        return {"logp_a": a, "logp_b": b, "__dims__": {"N": rows, "V": V}}
+
+    @inputs_mod.generator("mrtpo.page_vocab_batch")
+    def page_batch(g, case, ctx, inputs):
+        """A credit_weights batch at the page's vocabulary, drawn lean (one normal draw a context): logp_all
+        [B, T, V] the log-softmax of spread logits, each reward's leave-one-out context those logits plus noise
+        of its own size (1e-3 to 1: nearly identical to unrelated), prefix masks (the first row full), empty
+        blocks with probability 0.2, beta uniform in [0, 1]. options: k, b, t, vocab as [lo, hi]."""
+        from methods.mrtpo.cases import response_mask
+
+        opt = inputs.get("options") or {}
+
+        def draw_int(key, default):
+            lo, hi = opt.get(key, default)
+            return int(torch.randint(lo, hi + 1, (), generator=g))
+
+        K, B, T, V = draw_int("k", [1, 3]), draw_int("b", [1, 2]), draw_int("t", [1, 6]), draw_int("vocab", [2, 24])
+        logits = torch.randn(B, T, V, generator=g, dtype=f64) * (0.5 + 1.5 * float(torch.rand((), generator=g)))
+        loo = []
+        for _ in range(K):
+            noise = 10.0 ** (-3.0 + 3.0 * float(torch.rand((), generator=g, dtype=f64)))
+            loo.append((logits + noise * torch.randn(B, T, V, generator=g, dtype=f64)).log_softmax(-1))
+        mask = response_mask(g, B, T)
+        empty = torch.rand(K, B, generator=g) < 0.2
+        beta = float(torch.rand((), generator=g, dtype=f64))
+        return {"logp_all": logits.log_softmax(-1), "logp_loo": torch.stack(loo, 0), "mask": mask, "empty": empty,
+                "beta": beta, "__dims__": {"K": K, "B": B, "T": T, "V": V}}
+
+
+_scale_register()

@@ -397,3 +397,20 @@ from methods.common.paired import defect  # noqa: E402
 registry.mutant("tapo.control_trained_weights", base="tapo")(defect(IMPL, "tapo.control_trained_weights"))
 registry.mutant("tapo.control_other_stream", base="tapo")(defect(IMPL, "tapo.control_other_stream"))
 registry.mutant("tapo.same_stream_every_seed", base="tapo")(defect(IMPL, "tapo.same_stream_every_seed"))
+
+
+# --- a count in a narrow dtype (seen only past 32,767 valid tokens in a row: the scale tier) ------------------------
+
+
+def _ratio_count_int16(logp, old_logp, mask):
+    """t, the valid-token count of the prefix, kept in int16: past 32,767 tokens it wraps negative."""
+    def over_int16_count(delta, m, cdt):
+        count = m.to(torch.int16).cumsum(-1, dtype=torch.int16)  # DEFECT: an int16 running count
+        return delta.cumsum(-1) / count.clamp_min(1).to(cdt)
+
+    return _ratio_from_prefix_mean(logp, old_logp, mask, over_int16_count)
+
+
+@registry.mutant("tapo.count_int16", base="tapo")
+def count_int16():
+    return _with_ratio("tapo.count_int16", _ratio_count_int16)

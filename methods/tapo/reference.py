@@ -217,3 +217,64 @@ def _register() -> None:
 
 
 _register()
+
+
+# --- the scale tier: the same formulas at training sizes (methods/common/exact.py says why) ------------------------
+
+
+def _scale_register() -> None:
+    import torch
+
+    from engine.spec import registry
+    from methods.common.exact import fsum
+
+    f64 = torch.float64
+
+    def prefix_f64(logp, old, mask):
+        """(R~ [B, L] float64, 0 at masked slots; valid-token position t [B, L] int64; bool mask). The prefix sums
+        are float64 running sums of float64 differences: against the float32 implementation their error (at most
+        about t * 1.1e-16 * sum |delta| before the division by t, 1e-12 at 45,000 tokens) is nothing."""
+        m = mask.to(torch.bool)
+        delta = torch.where(m, logp.to(f64) - old.to(f64), torch.zeros((), dtype=f64))
+        t = m.to(torch.int64).cumsum(-1)
+        r = torch.exp(delta.cumsum(-1) / t.clamp_min(1).to(f64))
+        return torch.where(m, r, torch.zeros((), dtype=f64)), t, m
+
+    @registry.reference("tapo.prefix_ratio_f64")
+    def prefix_ratio_f64(logp, old, mask):
+        """R~_t as a float64 tensor, NaN (undefined) at masked positions: `prefix_ratio` at training sizes."""
+        r, _, m = prefix_f64(logp, old, mask)
+        return torch.where(m, r, torch.full_like(r, math.nan))
+
+    @registry.reference("tapo.loss_f64")
+    def loss_f64(logp, old, adv, mask, eps_min, eps_max, horizon=None, group_size=None, dtype=torch.float64):
+        """`loss_and_grad` at training sizes: per token in float64, the token mean summed exactly; NaN gradient
+        where the ratio is within a dtype-sized margin of a clip bound, and the clipped-token count."""
+        r, t, m = prefix_f64(logp, old, mask)
+        zero = torch.zeros((), dtype=f64)
+        a = adv.to(f64)
+        a = torch.where(m, a[:, None].expand(m.shape) if a.dim() == 1 else a, zero)
+        n_row = m.sum(-1, keepdim=True)
+        T = (n_row if horizon is None else torch.full_like(n_row, int(horizon))).to(f64)
+        rT = T.rsqrt()
+        frac = torch.where(T > 1, (t.clamp_min(1).to(f64).rsqrt() - rT) / (1.0 - rT).clamp_min(1e-300), zero)
+        eps = torch.where(T > 1, eps_min + (eps_max - eps_min) * frac, torch.full_like(frac, float(eps_max)))
+        lo, hi = 1.0 - eps, 1.0 + eps
+        term = torch.where(m, -torch.minimum(r * a, torch.minimum(torch.maximum(r, lo), hi) * a), zero)
+        active = ((a > 0) & (r > hi)) | ((a < 0) & (r < lo))
+        n = int(m.sum())
+        g = torch.where(m & ~active, -a * r, zero) / n
+        margin = 1e-10 if dtype == torch.float64 else 1e-4
+        near = m & (((r - hi).abs() <= margin * hi) | ((r - lo).abs() <= margin * lo.clamp_min(1e-300)))
+        clipped = int((m & ~near & (g == 0)).sum())
+        return {"value": torch.tensor(fsum(term) / n, dtype=f64), "scale": fsum(term.abs()) / n,
+                "grad": [torch.where(near, torch.full_like(g, math.nan), g)],
+                "counts": {"clipped_tokens": clipped, "grad_excluded": int(near.sum())}}
+
+    @registry.reference("tapo.loss_counts")
+    def loss_counts(logp, old, adv, mask, *args, **kwargs):
+        """The count tapo_loss reports (metrics['tokens']): the valid tokens, exactly."""
+        return {"tokens": int(mask.to(torch.bool).sum())}
+
+
+_scale_register()

@@ -42,6 +42,7 @@ def replay_variant(
     upcast=True,
     mask_by_multiply=False,
     reject_positive=True,
+    count_dtype=None,
 ):
     if reject_positive:
         m = check_replay_inputs(logp_theta, logp_base, mask)
@@ -56,7 +57,8 @@ def replay_variant(
     zeros = torch.zeros_like(lt)
     lt_for_gate = lt if not detach_gate else lt.detach()
     delta_g = torch.where(m, lb - lt_for_gate, zeros)
-    mean_delta = delta_g.sum(1) / m.sum(1).clamp_min(1).to(cd)
+    count = m.sum(1) if count_dtype is None else m.sum(1).to(count_dtype)  # the count_dtype defect: a narrow count
+    mean_delta = delta_g.sum(1) / count.clamp_min(1).to(cd)
     gate = phi(mean_delta)
     with torch.no_grad():
         delta = torch.where(m, lb - lt.detach(), zeros)
@@ -328,3 +330,22 @@ from methods.common.paired import defect  # noqa: E402
 registry.mutant("tar.control_trained_weights", base="tar")(defect(IMPL, "tar.control_trained_weights"))
 registry.mutant("tar.control_other_stream", base="tar")(defect(IMPL, "tar.control_other_stream"))
 registry.mutant("tar.same_stream_every_seed", base="tar")(defect(IMPL, "tar.same_stream_every_seed"))
+
+
+# --- counts and ids in narrow dtypes (seen only at training sizes: the scale tier) ---------------------------------
+
+
+# Each trajectory's valid-token count kept in int16: past 32,767 tokens it wraps negative, and the gate is phi of
+# the row's delta sum, not of its mean.
+registry.mutant("tar.replay_count_int16", base="tar")(_replay("tar.replay_count_int16", count_dtype=torch.int16))
+
+
+def _fps_ids_int16(embeddings, correct, k=3, prompt_ids=None):
+    """farthest_point_prototypes with the prompt ids kept in int16: ids past 32,767 wrap, so prompts 65,536 apart
+    share a bank and the picks come out in another prompt order."""
+    ids = None if prompt_ids is None else torch.as_tensor(prompt_ids).to(torch.int16)  # DEFECT
+    return farthest_point_prototypes(embeddings, correct, k, ids)
+
+
+registry.mutant("tar.fps_ids_int16", base="tar")(
+    lambda: IMPL.replace("tar.fps_ids_int16", farthest_point_prototypes=_fps_ids_int16))

@@ -280,3 +280,118 @@ def fps_loop_tensor(embeddings, correct, k=3, prompt_ids=None) -> dict:
     counts = {"wide_id_cases": int(wide), "multi_block_cases": int(blocks > 1),
               "single_prompt_cases": int(prompt_ids is None), "k_above_count_cases": int(nc > 0 and int(per.max()) < k)}
     return {"value": picks.to(torch.float64), "counts": counts}
+
+
+# --- the scale tier: the same rules at training sizes (methods/common/exact.py says why) ---------------------------
+
+
+def _scale_register() -> None:
+    from engine.kinds.inputs import generator
+    from methods.common.exact import fsum, fsum_rows
+
+    f64 = torch.float64
+
+    def replay_f64(lt, lb, mask):
+        """(loss, d loss / d logp_theta, gates [B], weights [B, T]): `replay_reference` per element in float64,
+        the row sums (mean delta, sum w, sum w (-l)) and the mean over trajectories exact."""
+        m = mask.to(torch.bool)
+        zero = torch.zeros((), dtype=f64)
+        lt, lb = torch.where(m, lt.to(f64), zero), torch.where(m, lb.to(f64), zero)
+        delta = lb - lt
+        n = m.sum(-1)
+        mean = fsum_rows(delta) / n.clamp_min(1).to(f64)
+        gate = torch.where((n > 0) & (mean > 0), -torch.expm1(-mean.clamp_min(0.0)), zero)
+        w = torch.where(m & (delta > 0), -torch.expm1(-delta.clamp_min(0.0)), zero)
+        wsum = fsum_rows(w)
+        num = fsum_rows(w * -lt)
+        B = m.shape[0]
+        loss = fsum(gate * num / (DENOM_EPS + wsum)) / B if B else 0.0
+        grad = torch.where(m, -(gate / (DENOM_EPS + wsum))[:, None] * w / B, zero)
+        return loss, grad, gate, w
+
+    @registry.reference("tar.replay_f64")
+    def replay_tensor_f64(logp_theta, logp_base, mask) -> dict:
+        """`tar.replay` at training sizes: the loss, its gradient and the same counts."""
+        loss, grad, gates, weights = replay_f64(logp_theta, logp_base, mask)
+        m = mask.to(torch.bool)
+        return {"value": torch.tensor(loss, dtype=f64), "grad": [grad], "scale": abs(loss),
+                "counts": {"zero_gate_trajectories": int((gates == 0).sum()),
+                           "active_trajectories": int((gates > 0).sum()),
+                           "positive_weight_tokens": int(((weights > 0) & m).sum())}}
+
+    @registry.reference("tar.replay_metrics_f64")
+    def replay_metrics_f64(logp_theta, logp_base, mask):
+        """(loss, gates, token_weights, active_fraction) at training sizes, as `tar.replay_metrics`."""
+        loss, _, gates, weights = replay_f64(logp_theta, logp_base, mask)
+        active = float((gates > 0).to(f64).mean()) if gates.numel() else 0.0
+        return torch.tensor(loss, dtype=f64), {"gates": gates, "token_weights": weights, "active_fraction": active}
+
+    @registry.reference("tar.fps_f64")
+    def fps_f64(embeddings, correct, k=3, prompt_ids=None) -> dict:
+        """`fps_bruteforce` for tens of thousands of prompts at once: each prompt's correct candidates (ascending
+        index) padded to the largest count, their float64 cosine distances as one [P, M, M] Gram matrix (another
+        computation than the implementation's per-pick dot products), then the same greedy rule for every prompt
+        together: first the lowest-index correct candidate, then the largest min-distance to the chosen set, the
+        lowest index within TIE_TOL of it. Picks grouped by ascending prompt id; the prompts without a correct
+        candidate counted."""
+        c = correct.to(torch.bool)
+        n = c.numel()
+        ids = torch.zeros(n, dtype=torch.long) if prompt_ids is None else prompt_ids.long()
+        present = torch.unique(ids)
+        cand = c.nonzero().flatten()
+        without = int(present.numel()) - int(torch.unique(ids[cand]).numel()) if cand.numel() else int(present.numel())
+        if cand.numel() == 0 or int(k) == 0:
+            return {"value": torch.zeros(0, dtype=f64), "counts": {"prompts_without_correct": without}}
+        cid = ids[cand]
+        order = torch.argsort(cid * n + cand)  # by prompt id, then by index (n > every index)
+        cand, cid = cand[order], cid[order]
+        _, rank, counts = torch.unique(cid, return_inverse=True, return_counts=True)
+        P, M = counts.numel(), int(counts.max())
+        start = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(cand.numel()) - start[rank]
+        member = torch.full((P, M), -1, dtype=torch.long)
+        member[rank, slot] = cand
+        valid = member >= 0
+        x = embeddings.to(f64)[member.clamp_min(0)]
+        unit = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-300)
+        dist = 1.0 - unit @ unit.transpose(1, 2)  # [P, M, M]
+        neg = torch.full((P, M), -math.inf, dtype=f64)
+        score = torch.where(valid, torch.full((P, M), math.inf, dtype=f64), neg)
+        picks = []
+        pick = torch.zeros(P, dtype=torch.long)  # slot 0: the lowest-index correct candidate
+        rows = torch.arange(P)
+        for step in range(min(int(k), M)):
+            if step:
+                best = score.max(dim=1, keepdim=True).values
+                at = torch.where(score >= best - TIE_TOL, torch.arange(M).expand(P, M), torch.full((P, M), M))
+                pick = at.min(dim=1).values
+            picks.append(torch.where(step < counts, member[rows, pick.clamp_max(M - 1)], -1))
+            score = torch.minimum(score, dist[rows, pick.clamp_max(M - 1)])
+            score[rows, pick.clamp_max(M - 1)] = -math.inf
+            score = torch.where(valid, score, neg)
+        chosen = torch.stack(picks, 1).reshape(-1)
+        return {"value": chosen[chosen >= 0].to(f64), "counts": {"prompts_without_correct": without}}
+
+    @generator("tar.fps_bank")
+    def fps_bank(g, case, ctx, inputs) -> dict:
+        """A bank at training size: options prompts [lo, hi] with `samples` candidates each (the page samples 8),
+        embeddings of dims [lo, hi] with varied norms, the verifier's marks with probability 0.5 (some prompts get
+        no correct candidate), prompt ids distinct dataset-row ids in [0, 2^20) (past 2^15 and 2^16), the
+        candidates shuffled."""
+        opt = inputs.get("options") or {}
+
+        def draw_int(key, default):
+            lo, hi = opt.get(key, default)
+            return int(torch.randint(lo, hi + 1, (), generator=g))
+
+        P, S, D = draw_int("prompts", [4, 8]), int(opt.get("samples", 8)), draw_int("dims", [2, 12])
+        N = P * S
+        ids = torch.randperm(1 << 20, generator=g)[:P].repeat_interleave(S)
+        emb = torch.randn(N, D, generator=g, dtype=f64) * torch.exp(torch.randn(N, 1, generator=g, dtype=f64))
+        correct = torch.rand(N, generator=g) < 0.5
+        perm = torch.randperm(N, generator=g)
+        return {"embeddings": emb[perm], "correct": correct[perm], "prompt_ids": ids[perm], "k": int(opt.get("k", 3)),
+                "__dims__": {"N": N, "D": D, "P": P}}
+
+
+_scale_register()

@@ -31,7 +31,7 @@ class CheckForm(ModalScreen):
             yield Label("device (cpu, cuda or cuda:N" + (f"; the gate needs {', '.join(self.devices)})"
                                                          if self.devices else ")"))
             yield Input(value="cpu", id="form-device")
-            yield Label("seeds (comma-separated; the spec's budget by default)")
+            yield Label("seeds (comma-separated, or fresh: drawn at run time; the spec's budget by default)")
             yield Input(value=",".join(map(str, self.seeds)), id="form-seeds")
             yield DataStatic(Text("enter: next field, then run; escape cancels. The receipt appears when it finishes.",
                                   style="dim"), id="form-errors")

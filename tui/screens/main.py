@@ -244,8 +244,8 @@ class MainScreen(FilteredScreen):
 
     def _fill_contracts(self, m: MethodModel) -> None:
         """Contract, a status per device (never squeezed out: the contract column gives way first), headroom,
-        seeds, the newest error against its limit, kind. The tier (math or budget) stays in view beside the
-        statuses: it says whether a failure is the maths or a budget."""
+        seeds, the newest error against its limit, kind. The tier (math, budget or scale) stays in view beside the
+        statuses: it says whether a failure is the maths, a budget or the maths at training sizes."""
         t = self.query_one("#contracts-table", VimTable)
         cursor_key = self._cursor_key(t)
         rows = []
