@@ -312,3 +312,34 @@ def old_logp_not_detached():
     """The log-ratio without old_logp.detach(): a behaviour log-prob that requires grad receives one."""
     return _loss("grpo.old_logp_not_detached",
                  ratio_fn=lambda logp, old, m, cdt: torch.where(m, logp.to(cdt) - old.to(cdt), torch.zeros((), dtype=cdt)))
+
+
+# --- the control arm's wrapper (methods/common/grpo.py) ----------------------------------------------------------
+
+
+@registry.mutant("grpo.control_seq_mean", base="grpo")
+def control_seq_mean():
+    """The control arm's wrapper passes the paper's seq-mean aggregation: the pages' control is the token mean."""
+    def control_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
+        return L.grpo_loss(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps,
+                           agg="seq-mean-token-mean")
+
+    return IMPL.replace("grpo.control_seq_mean", control_loss=control_loss)
+
+
+@registry.mutant("grpo.control_clip_low_only", base="grpo")
+def control_clip_low_only():
+    """The control arm's wrapper passes its clip eps as clip_low only: the upper bound stays at grpo_loss's default."""
+    def control_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
+        return L.grpo_loss(logp, old_logp, advantages, mask, clip_low=clip_eps)
+
+    return IMPL.replace("grpo.control_clip_low_only", control_loss=control_loss)
+
+
+@registry.mutant("grpo.control_adv_batch", base="grpo")
+def control_adv_batch():
+    """The control arm's advantages normalised over the whole batch instead of per group of group_size."""
+    def control_advantages(rewards, group_size, eps=1e-6):
+        return L.group_advantages(rewards, rewards.shape[0], eps)
+
+    return IMPL.replace("grpo.control_adv_batch", control_advantages=control_advantages)
