@@ -227,7 +227,16 @@ def _input_shapes(contract: dict, name: str) -> set[int] | None:
     spec = _tensors(contract).get(name)
     if spec is None and _has_generator(contract):
         return None
-    return {len(e["shape"]) for e in _entries(spec or {}) if isinstance(e.get("shape"), list)}
+    out = set()
+    for e in _entries(spec or {}):
+        if isinstance(e.get("shape"), list):
+            out.add(len(e["shape"]))
+        elif "values" in e:  # a literal tensor: its nesting depth
+            depth, v = 0, e["values"]
+            while isinstance(v, list):
+                depth, v = depth + 1, (v[0] if v else None)
+            out.add(depth)
+    return out
 
 
 def _takes(contract: dict, name: str, rank: int | None) -> bool:
@@ -288,6 +297,9 @@ def sites(contract: dict) -> list[Site]:
         times = params.get("times")
         if isinstance(times, dict) and isinstance(times.get("key"), str):
             main.keys.add(times["key"])
+        if "metrics_output" in params:  # a reference's scalars, each judged as KEY_abs_err against the reported KEY
+            main.keys.update(e["metric"][: -len("_abs_err")] for e in contract.get("expect") or []
+                             if str(e.get("metric", "")).endswith("_abs_err"))
         if kind == "split_merge" and isinstance(params.get("weight"), str) and "metrics_output" in params:
             main.keys.add(params["weight"])
     return out
@@ -450,8 +462,8 @@ def report(data: dict) -> Report:
                     m = next((m for m in r.mutations if _arg_of(r.site, fn, str(m.get("arg"))) == an), None)
                     if m is not None and "value" in m and _differs(m["value"], default):
                         other.append(r.contract["id"])
-                    elif m is not None and m.get("omit"):
-                        same.append(r.contract["id"])
+                    elif (m is not None and m.get("omit")) or (m is None and an not in bound(r.site, fn)):
+                        same.append(r.contract["id"])  # left out: the judged answer is the default's
                 other += [cid for cid, ex in exercised.items() if f"{name}({an})" in ex]
                 add(f"{name}({an}!={a['default']})", "knob", name, f"{an} given another value than {a['default']}",
                     other)
@@ -474,12 +486,15 @@ def report(data: dict) -> Report:
                     passed = bound(s, fn).get(an)
                     if isinstance(passed, str) and _takes(s.contract, passed, rank):
                         using.append(s.contract["id"])  # a generator's input counts for every rank: it is Python
+                forms = shape_forms(a.get("shape"))
                 for r in accepted:
                     for m in r.mutations:
-                        if _arg_of(r.site, fn, str(m.get("arg"))) == an and isinstance(m.get("from"), str):
-                            src = m["from"].split("[")[0]
-                            if "[" not in m["from"] and _takes(r.contract, src, rank):
-                                using.append(r.contract["id"])
+                        if _arg_of(r.site, fn, str(m.get("arg"))) != an:
+                            continue
+                        if isinstance(m.get("from"), str) and "[" not in m["from"] and _takes(r.contract, m["from"], rank):
+                            using.append(r.contract["id"])
+                        elif m.get("items") and rank < _rank_of(forms[-1]):
+                            using.append(r.contract["id"])  # a list of tensors: the per-element forms
                 add(f"{name}({an}:{form})", "shape", name, f"{an} of shape {form}", using)
             if a.get("junk"):
                 # per shape form: junk in the masked slots of [B, L] advantages is not junk in an empty row's [B] one
