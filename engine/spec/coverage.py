@@ -9,7 +9,8 @@ The promises are derived from the `interface:` section alone, mechanically:
   shape      F(a:[B, L])   each shape form of an argument whose `shape` offers several ("[B] or [B, L]")
   dtype      F[float16]    each floating dtype F's arguments accept: a contract calling F runs in it
   junk       F(a junk)     an argument declared `junk: true` (masked entries are never read): a masked_junk
-                           case plants junk there, or a refusal case accepts it there with the same answer
+                           case plants junk there, or a refusal case accepts NaN/inf (or its masked_fill)
+                           there with the same answer; per shape form when the argument has several
   mask       F(a 0/1 float), F(a 0/1 integer)
                            an argument whose dtype says a 0/1 mask of any real dtype is accepted: a judged
                            case passes it as a floating and as an integer 0/1 tensor
@@ -511,9 +512,11 @@ def report(data: dict) -> Report:
                         if passed in planted and _takes(c, passed, rank):
                             using.append(c["id"])
                     for r in accepted:
+                        # accepted with the same answer: slots that hold NaN/inf (or the masked_fill) are never read
+                        same = any(k in x for x in r.mutations for k in ("same", "same_as"))
                         for m in r.mutations:
-                            if (_arg_of(r.site, fn, str(m.get("arg"))) == an and "masked_fill" in m
-                                    and any(k in m for k in ("same", "same_as"))):
+                            if (same and _arg_of(r.site, fn, str(m.get("arg"))) == an
+                                    and ("masked_fill" in m or m.get("fill") in ("nan", "inf", "-inf"))):
                                 using.append(r.contract["id"])
                     label = f"{an}" if form is None else f"{an}:{form}"
                     add(f"{name}({label} junk)", "junk", name, f"junk in {an}'s masked entries is never read"

@@ -43,9 +43,17 @@ def bank_logprobs(policy, base, prompts: torch.Tensor, responses: torch.Tensor) 
 
 
 def kl_to_base(logdist: torch.Tensor, base_logdist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token mean over valid positions of KL(pi_theta || pi_base) = sum_v p_theta (log p_theta - log p_base)."""
-    kl_tok = (logdist.exp() * (logdist - base_logdist)).sum(-1)
-    return masked_mean(kl_tok, as_bool_mask(mask))
+    """Token mean over valid positions of KL(pi_theta || pi_base) = sum_v p_theta (log p_theta - log p_base).
+
+    Masked positions are replaced before any arithmetic, so junk there (NaN, 1e4, whose exp is inf) reaches neither
+    the value nor the gradient: masking only the per-token sum left 0 * NaN in the backward pass."""
+    m = as_bool_mask(mask)
+    keep = m[..., None]
+    zero = torch.zeros((), dtype=logdist.dtype, device=logdist.device)
+    lt = torch.where(keep, logdist, zero)
+    lb = torch.where(keep, base_logdist.to(logdist.dtype), zero)
+    kl_tok = (lt.exp() * (lt - lb)).sum(-1)
+    return masked_mean(kl_tok, m)
 
 
 def replay_rows(bank_prompts: torch.Tensor, step_prompts: torch.Tensor) -> torch.Tensor:
