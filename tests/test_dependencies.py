@@ -241,6 +241,8 @@ def test_a_control_bug_fails_check_grpo_and_keeps_the_family_gates_closed(mutant
     assert out.exit_code == 1, out.output[-2000:]
     (run,) = json.loads(out.stdout)["runs"]
     assert {r["contract"] for r in run["results"] if r["status"] == "failed"} == {contract}
+    (receipt,) = store.rglob("*.json")  # it binds the control arm's wrapper: a change there makes it stale
+    assert "methods/common/grpo.py" in {x["name"] for x in json.loads(receipt.read_text())["subject"]}
     dep = next(r for r in _gate_json("tapo-trajectory", store)["requirements"] if r["id"] == "depends:grpo")
     # counted (a committed tree) it fails; refused (uncommitted code, as in a working copy) it never counts
     assert not dep["met"] and dep["detail"].startswith("tapo-trajectory's evidence rests on grpo, which ")

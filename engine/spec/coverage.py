@@ -18,6 +18,8 @@ The promises are derived from the `interface:` section alone, mechanically:
                            the entry's `when` names (any, when it names none), with one of its message words
   key        F.k           each key of a returned dict: a contract reads it
 
+A required argument is exercised with its function (no call leaves it out), so it is no promise of its own.
+
 How a case exercises a promise is read from the contract's parameters: a call site is any mapping with a
 `function:` (the contract's own call, `calls`, `also`, `before`, `equals_call`, a closed form's examples),
 bound to the interface's arguments by position and keyword; a judged case is one whose result the contract
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 CATEGORIES = ("function", "knob", "default", "value", "shape", "dtype", "junk", "mask", "refusal", "key")
@@ -248,16 +250,6 @@ def _takes(contract: dict, name: str, rank: int | None) -> bool:
 def _input_dtypes(contract: dict, name: str) -> set[str]:
     spec = _tensors(contract).get(name)
     return {e["dtype"] for e in _entries(spec or {}) if e.get("dtype")}
-
-
-def _walk(node: Any) -> Iterator[dict]:
-    if isinstance(node, dict):
-        yield node
-        for v in node.values():
-            yield from _walk(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _walk(v)
 
 
 def sites(contract: dict) -> list[Site]:
