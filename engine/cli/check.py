@@ -166,6 +166,9 @@ def check(
         paths = spec_files(specs_dir)
         if not paths:
             raise E.NothingSelected(f"no specs in {display_path(specs_dir)}/")
+        from engine.spec.depends import ordered
+
+        paths = ordered(paths, _paths.project_root())  # dependencies first (the control before its dependents)
     else:
         paths = [spec_path(specs_dir, method)]
     if jobs > 1 and executor == "local" and not address and policy is None:

@@ -66,17 +66,22 @@ def show(
               "command": f"contracts gate {spec.key}" + ("" if not row.is_candidate else " --impl " + shlex.quote(
                   next((a.receipt.implementation.target for a in row.receipts if a.receipt is not None), None)
                   or "TARGET"))} for row in units]
+    from engine.spec import depends
+
+    deps = [{"method": x.method, "why": x.why} for x in depends.declared(d)]
+    dependents = depends.dependents(spec.key, specs_dir, _paths.project_root())
     # every contract says whom it binds: any implementation (the paper's rule), or the registered one only
     d = {**d, "contracts": [{**c, "applies_to": applies_to(c)} for c in d["contracts"]]}
     if json_out:
         _print_json({"spec": d, "file": spec.display, "sha256": spec.sha256, "tiers": _tiers(d), "receipts": recent,
-                     "gate": gates, "applies_to": _applies(d)})
+                     "gate": gates, "applies_to": _applies(d), "depends_on": deps, "dependents": dependents})
         return
     from rich.table import Table
 
     from engine.text import term_safe_deep
 
     d, recent, gates = term_safe_deep(d), term_safe_deep(recent), term_safe_deep(gates)  # spec text is data: no control sequence reaches the terminal
+    deps, dependents = term_safe_deep(deps), term_safe_deep(dependents)
     con = _console()
     p = d["paper"]
     con.print(f"{spec.key}: {d['title']}", style="bold")
@@ -84,6 +89,10 @@ def show(
               f"code released: {'yes' if p['code_released'] else 'no'} | licence: {p['license'] or 'unknown'}")
     con.print(f"level {d['level']} | implementation {d['implementation']} | review {d['promotion']['review']} | "
               f"promotion {d['promotion']['state']}")
+    for x in deps:  # the gate needs each one's fresh, passing receipts on this tree (depends:<method>)
+        con.print(f"depends on {x['method']}" + (f": {x['why']}" if x["why"] else ""))
+    if dependents:
+        con.print(f"depended on by {', '.join(dependents)} (their gates need this method's fresh, passing receipts)")
     t = Table(title="formulas", title_justify="left")
     t.add_column("id"), t.add_column("implements"), t.add_column("LaTeX")
     for f in d["formulas"]:

@@ -44,6 +44,7 @@ class MaskedJunk(Kind):
                "pad_value_rel_diff": "pad_apart: largest output change / max |output|",
                "pad_grad_max_abs_diff": "pad_apart: largest gradient change, padding columns included",
                "masked_value_max_abs": "masked_outputs_zero: largest |output| at a masked slot, junk in",
+               "junk_refused": "cases whose call raised with junk in (it read the junk; the value diff is then inf)",
                "cases": "cases"}
 
     def measure(self, impl, ctx, params):
@@ -62,7 +63,8 @@ class MaskedJunk(Kind):
             ctx.skip_call(fn, "value_max_abs_diff", "nonfinite", *(["grad_max_abs_diff", "masked_grad_max_abs"]
                                                                   if wrt else []))
         mask_name, pad = params["mask"], int(params.get("pad_columns", 0))
-        agg = {"value_max_abs_diff": 0.0, "grad_max_abs_diff": 0.0, "masked_grad_max_abs": 0.0, "nonfinite": 0}
+        agg = {"value_max_abs_diff": 0.0, "grad_max_abs_diff": 0.0, "masked_grad_max_abs": 0.0, "nonfinite": 0,
+               "junk_refused": 0}
         apart = bool(params.get("pad_apart")) and pad > 0
         if apart:
             agg.update(pad_value_rel_diff=0.0, pad_grad_max_abs_diff=0.0)
@@ -132,7 +134,19 @@ class MaskedJunk(Kind):
             if apart:  # the padded call is measured below, with its own tolerance
                 o2, g2 = run(calls.cast_all(ctx, dirty))
                 dirty, pad = unpadded, 0
-            o1, g1 = run(calls.cast_all(ctx, dirty))
+            try:
+                o1, g1 = run(calls.cast_all(ctx, dirty))
+            except registry.NotProvided:
+                raise
+            except Exception as e:  # noqa: BLE001 - the junk was read: refusing it breaks the promise, a failure
+                m = {"value_max_abs_diff": float("inf"), "grad_max_abs_diff": float("inf") if wrt else 0.0,
+                     "masked_grad_max_abs": 0.0, "nonfinite": 0, "junk_refused": 1}
+                calls.log_case(ctx, case, drawn, m, {"value_max_abs_diff": None},
+                               argument=f"junk {['%g' % j for j in junk][pattern] if pattern < len(junk) else 'mixed'}"
+                                        f": the call raised {type(e).__name__}: {str(e)[:160]}")
+                for k, v in m.items():
+                    agg[k] = agg[k] + v if k in ("nonfinite", "junk_refused") else max(agg.get(k, 0.0), v)
+                continue
             L = mask.shape[-1]
             m_dev = calls.on_device(ctx, mask)
             vd = gd = mg = 0.0
@@ -189,5 +203,5 @@ class MaskedJunk(Kind):
             calls.log_case(ctx, case, drawn, m, where, argument=f"junk {['%g' % j for j in junk][pattern] if pattern < len(junk) else 'mixed'}"
                            + (f", {pad} padding columns" if pad else ""))
             for k, v in m.items():
-                agg[k] = agg[k] + v if k == "nonfinite" else max(agg[k], v)
+                agg[k] = agg[k] + v if k in ("nonfinite", "junk_refused") else max(agg[k], v)
         return {**agg, "cases": n}

@@ -157,7 +157,7 @@ class Overview:
 
         result = evaluate(spec, self.receipts_dir, self.root, self.specs_dir, self.flags if flags is None else flags,
                           assessed=self.assessed(spec.key), implementation=unit, policy=self.policy,
-                          store=self.store, shown=self.shown)
+                          store=self.store, shown=self.shown, assessed_of=self.assessed)
         return Verdict.from_result(result)
 
     def units(self, spec) -> list[UnitRow]:

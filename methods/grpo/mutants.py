@@ -349,3 +349,145 @@ def token_count_float16():
     """The valid-token counts are kept in float16: exact to 2048, rounded to a multiple of 32 past 32,768, and the
     batch's total overflows to inf past 65,504 tokens (the loss becomes 0)."""
     return _loss("grpo.token_count_float16", aggregate_fn=_narrow_counts(torch.float16))
+
+
+# --- the control arm's wrapper (methods/common/grpo.py) ----------------------------------------------------------
+
+
+@registry.mutant("grpo.control_seq_mean", base="grpo")
+def control_seq_mean():
+    """The control arm's wrapper passes the paper's seq-mean aggregation: the pages' control is the token mean."""
+    def control_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
+        return L.grpo_loss(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps,
+                           agg="seq-mean-token-mean")
+
+    return IMPL.replace("grpo.control_seq_mean", control_loss=control_loss)
+
+
+@registry.mutant("grpo.control_clip_low_only", base="grpo")
+def control_clip_low_only():
+    """The control arm's wrapper passes its clip eps as clip_low only: the upper bound stays at grpo_loss's default."""
+    def control_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
+        return L.grpo_loss(logp, old_logp, advantages, mask, clip_low=clip_eps)
+
+    return IMPL.replace("grpo.control_clip_low_only", control_loss=control_loss)
+
+
+@registry.mutant("grpo.control_adv_batch", base="grpo")
+def control_adv_batch():
+    """The control arm's advantages normalised over the whole batch instead of per group of group_size."""
+    def control_advantages(rewards, group_size, eps=1e-6):
+        return L.group_advantages(rewards, rewards.shape[0], eps)
+
+    return IMPL.replace("grpo.control_adv_batch", control_advantages=control_advantages)
+
+
+# --- promises the interface declares (each found surviving a held-out batch of realistic bugs) --------------------
+
+
+@registry.mutant("grpo.adv_validates_masked_rewards", base="grpo")
+def adv_validates_masked_rewards():
+    """group_advantages refuses a NaN reward on a fully masked row, which the interface says is never read."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        if not bool(torch.isfinite(rewards).all()):
+            raise ValueError("rewards hold NaN or inf")
+        return L.group_advantages(rewards, group_size, eps, mask=mask)
+
+    return IMPL.replace("grpo.adv_validates_masked_rewards", group_advantages=group_advantages)
+
+
+@registry.mutant("grpo.adv_mask_bool_only", base="grpo")
+def adv_mask_bool_only():
+    """group_advantages takes only a bool mask: a 0/1 float or integer mask, which the interface accepts, is refused."""
+    def group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
+        if mask is not None and mask.dtype != torch.bool:
+            raise ValueError("mask must be a bool tensor")
+        return L.group_advantages(rewards, group_size, eps, mask=mask)
+
+    return IMPL.replace("grpo.adv_mask_bool_only", group_advantages=group_advantages)
+
+
+@registry.mutant("grpo.adv_checked_on_empty_rows", base="grpo")
+def adv_checked_on_empty_rows():
+    """grpo_loss validates [B] advantages before masking: a NaN advantage of an empty response is refused."""
+    def grpo_loss(logp, old_logp, advantages, mask, **kwargs):
+        if advantages.dim() == 1 and not bool(torch.isfinite(advantages).all()):
+            raise ValueError("advantages hold NaN or inf")
+        return L.grpo_loss(logp, old_logp, advantages, mask, **kwargs)
+
+    return IMPL.replace("grpo.adv_checked_on_empty_rows", grpo_loss=grpo_loss)
+
+
+@registry.mutant("grpo.kl_token_mean", base="grpo")
+def kl_token_mean():
+    """The KL term added after aggregation as a token mean, whatever agg: right in token-mean mode only."""
+    def grpo_loss(logp, old_logp, advantages, mask, *, beta=0.0, ref_logp=None, **kwargs):
+        loss, metrics = L.grpo_loss(logp, old_logp, advantages, mask, beta=beta, ref_logp=ref_logp, **kwargs)
+        if float(beta) > 0.0:
+            m = L.check_pair(logp, old_logp, mask)
+            kl = L.k3_kl(logp, ref_logp, m, L.compute_dtype(logp.dtype))
+            loss = L.grpo_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, **kwargs)[0]
+            loss = loss + float(beta) * kl.sum() / m.sum()
+        return loss, metrics
+
+    return IMPL.replace("grpo.kl_token_mean", grpo_loss=grpo_loss)
+
+
+@registry.mutant("grpo.kl_in_input_dtype", base="grpo")
+def kl_in_input_dtype():
+    """The k3 term computed in the inputs' dtype: bfloat16 inputs round exp(d) - d - 1, which cancels."""
+    return _loss("grpo.kl_in_input_dtype",
+                 kl_fn=lambda logp, ref, m, cdt: L.k3_kl(logp, ref, m, logp.dtype).to(cdt))
+
+
+@registry.mutant("grpo.kl_mask_by_multiply", base="grpo")
+def kl_mask_by_multiply():
+    """The k3 term's masked slots zeroed by multiplying with the mask: junk in ref_logp leaks (NaN * 0)."""
+    def kl_fn(logp, ref, m, cdt):
+        d = (ref.detach().to(cdt) - logp.to(cdt)) * m.to(cdt)
+        return d.exp() - d - 1.0
+
+    return _loss("grpo.kl_mask_by_multiply", kl_fn=kl_fn)
+
+
+@registry.mutant("grpo.ratio_max_over_padding", base="grpo")
+def ratio_max_over_padding():
+    """metrics['ratio_max'] taken over every slot: padding's ratio exp(0) = 1 wins when every valid ratio is below 1."""
+    def surrogate_fn(lr, a, m, lo, hi, dual, clamp):
+        f, stats = L.fused_surrogate(lr, a, m, lo, hi, dual, clamp)
+        stats = stats.clone()
+        stats[1] = lr.detach().clamp(-clamp, clamp).exp().amax().to(stats.dtype)
+        return f, stats
+
+    return _loss("grpo.ratio_max_over_padding", surrogate_fn=surrogate_fn)
+
+
+@registry.mutant("grpo.clamp_fixed", base="grpo")
+def clamp_fixed():
+    """log_ratio_clamp validated, then ignored: the log-ratio is always clamped at 20."""
+    def grpo_loss(logp, old_logp, advantages, mask, *, log_ratio_clamp=20.0, **kwargs):
+        L.grpo_loss(logp, old_logp, advantages, mask, log_ratio_clamp=log_ratio_clamp, **kwargs)  # its refusals
+        return L.grpo_loss(logp, old_logp, advantages, mask, **kwargs)
+
+    return IMPL.replace("grpo.clamp_fixed", grpo_loss=grpo_loss)
+
+
+@registry.mutant("grpo.mask_fixed_eos", base="grpo")
+def mask_fixed_eos():
+    """The sampler's mask ignores eos_id: it always ends at token 1."""
+    from methods.grpo.sampler import response_mask
+
+    return IMPL.replace("grpo.mask_fixed_eos", response_mask=lambda responses, eos_id=1: response_mask(responses))
+
+
+@registry.mutant("grpo.behaviour_logprobs_in_input_dtype", base="grpo")
+def behaviour_logprobs_in_input_dtype():
+    """The behaviour log-probs computed in the logits' dtype, converted to float64 only at the end."""
+    def behaviour_logprobs(logits, tokens, temperature=1.0):
+        from methods.grpo.sampler import behaviour_logprobs as honest
+
+        honest(logits, tokens, temperature)  # its refusals
+        lp = torch.log_softmax(logits / temperature, dim=-1)
+        return lp.gather(-1, tokens[..., None].long())[..., 0].double()
+
+    return IMPL.replace("grpo.behaviour_logprobs_in_input_dtype", behaviour_logprobs=behaviour_logprobs)

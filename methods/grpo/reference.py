@@ -244,6 +244,25 @@ def _register() -> None:
         return torch.tensor(group_advantages(rewards.tolist(), group_size, eps,
                                              None if keep is None else keep.tolist()), dtype=torch.float64)
 
+    # The control arm's configuration (the pages' GRPO control): one clip eps on both sides, the token mean over the
+    # call's valid tokens, no KL, no dual clip; its advantages count every row.
+    @registry.reference("grpo.control_loss")
+    def control_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
+        return torch.tensor(run(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps)[0],
+                            dtype=torch.float64)
+
+    @registry.reference("grpo.control_loss_grad")
+    def control_loss_grad(logp, old_logp, advantages, mask, clip_eps=0.2):
+        return loss_grad_tensor(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps)
+
+    @registry.reference("grpo.control_loss_metrics")
+    def control_loss_metrics(logp, old_logp, advantages, mask, clip_eps=0.2):
+        return metrics_dict(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps)
+
+    @registry.reference("grpo.control_advantages")
+    def control_advantages(rewards, group_size, eps=1e-6):
+        return torch.tensor(group_advantages(rewards.tolist(), group_size, eps), dtype=torch.float64)
+
     @registry.reference("family.tapo_on_policy")
     def tapo_on_policy(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, **_):
         """TAPO's loss (methods/tapo) at logp == old_logp with eps_max = eps_min = the clip: on-policy TAPO is GRPO."""

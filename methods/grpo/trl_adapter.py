@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from engine.spec import registry
-from methods.grpo.verl_adapter import NO_SAMPLER
+from methods.grpo.verl_adapter import NO_CONTROL, NO_SAMPLER
 
 LOSS_TYPES = {"token-mean": "bnpo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
 NO_ADVANTAGES = ("TRL computes advantages inside _generate_and_score_completions, from a model's generations; "
@@ -90,7 +90,7 @@ def grpo_from_trl(cls) -> registry.Adapted:
         return compute_loss(tr, logp, old_logp, advantages, mask, ref_logp if use_kl else None)
 
     return registry.Adapted(functions={"grpo_loss": grpo_loss}, own=["grpo_loss"],
-                            absent={"group_advantages": NO_ADVANTAGES, **NO_SAMPLER},
+                            absent={"group_advantages": NO_ADVANTAGES, **NO_SAMPLER, **NO_CONTROL},
                             notes=["agg token-mean -> bnpo, seq-mean-token-mean -> grpo, seq-mean-token-sum-norm -> "
                                    "dr_grpo (max_completion_length = norm_length or L); clip_low/high -> "
                                    "epsilon_low/high; beta, ref_logp -> beta, ref_per_token_logps; no dual clip, "

@@ -31,6 +31,9 @@ NO_SAMPLER = {f: "the framework's rollout sampler is not reachable through its l
               for f in ("response_mask", "behaviour_logprobs")}
 NO_ADVANTAGES = ("a verl policy loss is only the loss; verl's group advantage is a separate estimator "
                  "(compute_grpo_outcome_advantage), not part of the loss under check")
+# the paired runs' control arm is this repository's own configuration of grpo_loss (methods/common/grpo.py)
+NO_CONTROL = {f: "the control arm of this repository's paired runs, not part of a framework's loss"
+              for f in ("control_loss", "control_advantages")}
 
 
 def bool_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -79,7 +82,7 @@ def from_verl_policy_loss(fn) -> registry.Adapted:
     return registry.Adapted(
         functions={"grpo_loss": grpo_loss},
         own=["grpo_loss"],
-        absent={"group_advantages": NO_ADVANTAGES, **NO_SAMPLER},
+        absent={"group_advantages": NO_ADVANTAGES, **NO_SAMPLER, **NO_CONTROL},
         notes=["clip_low -> clip_ratio_low; clip_high -> clip_ratio, clip_ratio_high; dual_clip -> clip_ratio_c "
                f"(None -> {NO_DUAL:g}, never binding); agg -> loss_agg_mode; norm_length -> loss_scale_factor; "
                "beta, ref_logp -> verl's kl_penalty('low_var_kl') + agg_loss, as verl's actor adds it; [B] "

@@ -137,3 +137,64 @@ def row_length_int16():
     """Each response's length |y_i| kept in int16: past 32,767 tokens it wraps negative, and the mean log-ratio is
     the row's sum (only a scale contract has such a response)."""
     return _built("gspo.row_length_int16", log_ratio_fn=_log_ratio(lambda n, m: n.to(torch.int16).clamp_min(1)))
+
+
+# --- promises the interface declares (each found surviving a held-out batch of realistic bugs) --------------------
+
+
+@registry.mutant("gspo.seq_adv_checked_on_empty_rows", base="gspo")
+def seq_adv_checked_on_empty_rows():
+    """The sequence form validates the advantages before masking: an empty response's NaN advantage is refused."""
+    def gspo_loss(logp, old_logp, advantages, mask, *, form="sequence", **kwargs):
+        if form == "sequence" and not bool(torch.isfinite(advantages).all()):
+            raise ValueError("advantages hold NaN or inf")
+        return L.gspo_loss(logp, old_logp, advantages, mask, form=form, **kwargs)
+
+    return IMPL.replace("gspo.seq_adv_checked_on_empty_rows", gspo_loss=gspo_loss)
+
+
+@registry.mutant("gspo.ratio_no_clamp", base="gspo")
+def ratio_no_clamp():
+    """The stand-alone sequence_ratio without its overflow clamp (the loss keeps its own)."""
+    sequence_ratio, _ = L.build_gspo(clamp_fn=lambda log_s, clamp: log_s)
+    return IMPL.replace("gspo.ratio_no_clamp", sequence_ratio=sequence_ratio)
+
+
+@registry.mutant("gspo.clamp_fixed", base="gspo")
+def clamp_fixed():
+    """log_ratio_clamp validated, then ignored: log s is always clamped at 10."""
+    def sequence_ratio(logp, old_logp, mask, *, log_ratio_clamp=L.LOG_RATIO_CLAMP):
+        L.sequence_ratio(logp, old_logp, mask, log_ratio_clamp=log_ratio_clamp)  # its refusals
+        return L.sequence_ratio(logp, old_logp, mask)
+
+    def gspo_loss(logp, old_logp, advantages, mask, *, log_ratio_clamp=L.LOG_RATIO_CLAMP, **kwargs):
+        L.gspo_loss(logp, old_logp, advantages, mask, log_ratio_clamp=log_ratio_clamp, **kwargs)
+        return L.gspo_loss(logp, old_logp, advantages, mask, **kwargs)
+
+    return IMPL.replace("gspo.clamp_fixed", sequence_ratio=sequence_ratio, gspo_loss=gspo_loss)
+
+
+@registry.mutant("gspo.ratio_unchecked", base="gspo")
+def ratio_unchecked():
+    """sequence_ratio checks nothing: a 1-D logp, a mask of another shape or of other values, any clamp."""
+    def sequence_ratio(logp, old_logp, mask, *, log_ratio_clamp=L.LOG_RATIO_CLAMP):
+        m = mask.to(torch.bool)
+        log_s, _ = L.sequence_log_ratio(logp, old_logp, m, L.compute_dtype(logp.dtype))
+        return L.clamp_log_ratio(log_s, float(log_ratio_clamp)).exp()
+
+    return IMPL.replace("gspo.ratio_unchecked", sequence_ratio=sequence_ratio)
+
+
+@registry.mutant("gspo.mask_bool_only", base="gspo")
+def mask_bool_only():
+    """Only a bool mask is taken: a 0/1 float or integer mask, which the interface accepts, is refused."""
+    def bool_only(fn):
+        def call(*args, **kwargs):
+            mask = args[-1] if len(args) in (3, 4) else kwargs.get("mask")
+            if mask is not None and mask.dtype != torch.bool:
+                raise ValueError("mask must be a bool tensor")
+            return fn(*args, **kwargs)
+        return call
+
+    return IMPL.replace("gspo.mask_bool_only", sequence_ratio=bool_only(L.sequence_ratio),
+                        gspo_loss=bool_only(L.gspo_loss))

@@ -406,3 +406,60 @@ from methods.common.paired import defect  # noqa: E402
 registry.mutant("mrtpo.control_trained_weights", base="mrtpo")(defect(IMPL, "mrtpo.control_trained_weights"))
 registry.mutant("mrtpo.control_other_stream", base="mrtpo")(defect(IMPL, "mrtpo.control_other_stream"))
 registry.mutant("mrtpo.same_stream_every_seed", base="mrtpo")(defect(IMPL, "mrtpo.same_stream_every_seed"))
+
+
+# --------------------------------------------------------------------------- promises the interface declares
+
+
+@registry.mutant("mrtpo.second_moment_u_unweighted", base="mrtpo")
+def second_moment_u_unweighted():
+    """DEFECT: metrics['second_moment_U'] reported as sum_j U_j^2, without each response's T_j (the cap itself is right)."""
+    def mrtpo_advantages(reward_advantages, weights, mask, eps=1e-6):
+        adv, metrics = credit.mrtpo_advantages(reward_advantages, weights, mask, eps)
+        m = mask.to(torch.bool).any(dim=-1)
+        u = reward_advantages.double().sum(dim=0)
+        return adv, {**metrics, "second_moment_U": float(torch.where(m, u * u, 0.0).sum())}
+
+    return IMPL.replace("mrtpo.second_moment_u_unweighted", mrtpo_advantages=mrtpo_advantages)
+
+
+@registry.mutant("mrtpo.eps_fixed", base="mrtpo")
+def eps_fixed():
+    """DEFECT: eps validated, then ignored: the std always gets 1e-6."""
+    def mrtpo_advantages(reward_advantages, weights, mask, eps=1e-6):
+        credit.mrtpo_advantages(reward_advantages, weights, mask, eps)  # its refusals
+        return credit.mrtpo_advantages(reward_advantages, weights, mask)
+
+    return IMPL.replace("mrtpo.eps_fixed", mrtpo_advantages=mrtpo_advantages)
+
+
+@registry.mutant("mrtpo.integer_mask_refused", base="mrtpo")
+def integer_mask_refused():
+    """DEFECT: a 0/1 integer mask, which the interface accepts, is refused (a float or bool one is taken)."""
+    def refusing(fn, name):
+        def call(*args, **kwargs):
+            mask = args[2] if len(args) > 2 else kwargs.get("mask")
+            if mask is not None and not (mask.dtype == torch.bool or mask.is_floating_point()):
+                raise ValueError(f"{name}: mask must be bool or floating")
+            return fn(*args, **kwargs)
+        return call
+
+    return IMPL.replace("mrtpo.integer_mask_refused",
+                        credit_weights=refusing(credit.credit_weights, "credit_weights"),
+                        credit_weights_from_logits=refusing(credit.credit_weights_from_logits,
+                                                            "credit_weights_from_logits"),
+                        mrtpo_advantages=refusing(credit.mrtpo_advantages, "mrtpo_advantages"))
+
+
+@registry.mutant("mrtpo.logits_global_shift", base="mrtpo")
+def logits_global_shift():
+    """DEFECT: credit_weights_from_logits shifts every context by one global max of logits_all for stability: junk in
+    a masked row (never to be read) sets it, NaN poisons every weight."""
+    def credit_weights_from_logits(logits_all, logits_loo, mask, beta, empty_block=None, **kwargs):
+        shift = logits_all.detach().amax()
+        loo = [None if x is None else x - shift for x in _as_loo_list(logits_loo)]
+        return credit.credit_weights_from_logits(logits_all - shift, loo, mask, beta, empty_block=empty_block,
+                                                 **kwargs)
+
+    return IMPL.replace("mrtpo.logits_global_shift", credit_weights_from_logits=credit_weights_from_logits)
+

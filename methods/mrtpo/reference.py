@@ -227,6 +227,21 @@ def mrtpo_advantages_ref(reward_adv: list, weights: list, mask: list, eps: float
         return A, float(s), float(std)
 
 
+def second_moments_ref(reward_adv: list, weights: list, mask: list) -> tuple[float, float]:
+    """(sum_j T_j U_j^2, sum_{j,t} D_j,t^2) of Appendix D, over valid tokens, one scalar at a time."""
+    K, B = len(reward_adv), len(reward_adv[0])
+    with _ctx():
+        mom_u = mom_d = Decimal(0)
+        for b in range(B):
+            valid = [t for t in range(len(mask[b])) if mask[b][t]]
+            u = sum((_D(reward_adv[k][b]) for k in range(K)), Decimal(0))
+            mom_u += len(valid) * u * u
+            for t in valid:
+                d = sum((_D(reward_adv[k][b]) * _D(weights[k][b][t]) for k in range(K)), Decimal(0)) - u
+                mom_d += d * d
+        return float(mom_u), float(mom_d)
+
+
 def gdpo_uniform_ref(reward_adv: list, mask: list, eps: float) -> list:
     """GDPO-style uniform allocation: every valid token of response b gets U_b / (std + eps),
     the std taken over the batch's valid tokens (each response counted once per valid token)."""
@@ -313,10 +328,12 @@ def _register() -> None:
         """A [B, T] by the per-scalar Appendix D reference; scale max(1, max |A|) (A grows without bound as the
         batch std shrinks), the cap s as a reported scalar, and whether the cap binds (s < 1)."""
         m = mask.to(torch.bool)
-        A, s, _ = mrtpo_advantages_ref(reward_advantages.tolist(), weights.tolist(), m.tolist(), float(eps))
+        A, s, std = mrtpo_advantages_ref(reward_advantages.tolist(), weights.tolist(), m.tolist(), float(eps))
+        mom_u, mom_d = second_moments_ref(reward_advantages.tolist(), weights.tolist(), m.tolist())
         value = torch.tensor(A, dtype=torch.float64)
         scale = max(1.0, float(value.abs().max()) if value.numel() else 0.0)
-        return {"value": value, "scale": scale, "scalars": {"s": s}, "counts": {"binding_cases": int(s < 1.0)}}
+        return {"value": value, "scale": scale, "counts": {"binding_cases": int(s < 1.0)},
+                "scalars": {"s": s, "std": std, "second_moment_U": mom_u, "second_moment_D": mom_d}}
 
     @registry.reference("mrtpo.gdpo_uniform")
     def gdpo_uniform(reward_advantages, weights, mask, eps=1e-6):

@@ -414,3 +414,37 @@ def _ratio_count_int16(logp, old_logp, mask):
 @registry.mutant("tapo.count_int16", base="tapo")
 def count_int16():
     return _with_ratio("tapo.count_int16", _ratio_count_int16)
+
+
+# --- promises the interface declares that no case tried before ------------------------------------------------
+
+
+@registry.mutant("tapo.adv_checked_on_empty_rows", base="tapo")
+def adv_checked_on_empty_rows():
+    """tapo_loss validates [B] advantages before masking: the NaN advantage of an empty response is refused."""
+    def tapo_loss(logp, old_logp, advantages, mask, *args, **kwargs):
+        if advantages.dim() == 1 and not bool(torch.isfinite(advantages).all()):
+            raise ValueError("advantages hold NaN or inf")
+        return IMPL.tapo_loss(logp, old_logp, advantages, mask, *args, **kwargs)
+
+    return IMPL.replace("tapo.adv_checked_on_empty_rows", tapo_loss=tapo_loss)
+
+
+@registry.mutant("tapo.ratio_mask_bool_only", base="tapo")
+def ratio_mask_bool_only():
+    """trajectory_ratio takes only a bool mask: a 0/1 float or integer mask, which the interface accepts, is refused."""
+    def ratio(logp, old_logp, mask):
+        if mask.dtype != torch.bool:
+            raise ValueError("mask must be a bool tensor")
+        return trajectory_ratio(logp, old_logp, mask)
+
+    return IMPL.replace("tapo.ratio_mask_bool_only", trajectory_ratio=ratio)
+
+
+@registry.mutant("tapo.clip_default_float32", base="tapo")
+def clip_default_float32():
+    """length_aware_clip returns float32 when no dtype is given, where the interface's default is float64."""
+    def length_aware_clip(T, eps_min, eps_max, *, dtype=torch.float32, device=None):
+        return IMPL.length_aware_clip(T, eps_min, eps_max, dtype=dtype, device=device)
+
+    return IMPL.replace("tapo.clip_default_float32", length_aware_clip=length_aware_clip)

@@ -43,12 +43,18 @@ def bank_logprobs(policy, base, prompts: torch.Tensor, responses: torch.Tensor) 
 
 
 def kl_to_base(logdist: torch.Tensor, base_logdist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token mean over valid positions of KL(pi_theta || pi_base) = sum_v p_theta (log p_theta - log p_base); an
-    entry with p_theta = 0 (logdist -inf) adds 0 log 0 = 0 and gets gradient 0 (not 0 * -inf = NaN)."""
-    zero_p = logdist == float("-inf")
-    safe = torch.where(zero_p, torch.zeros_like(logdist), logdist)  # the double where: no -inf reaches autograd
-    kl_tok = torch.where(zero_p, torch.zeros_like(safe), safe.exp() * (safe - base_logdist)).sum(-1)
-    return masked_mean(kl_tok, as_bool_mask(mask))
+    """Token mean over valid positions of KL(pi_theta || pi_base) = sum_v p_theta (log p_theta - log p_base).
+
+    An entry with p_theta = 0 (logdist -inf) adds 0 log 0 = 0 and gets gradient 0 (not 0 * -inf = NaN). Masked
+    positions are replaced before any arithmetic, so junk there (NaN, 1e4, whose exp is inf) reaches neither the
+    value nor the gradient: masking only the per-token sum left 0 * NaN in the backward pass."""
+    m = as_bool_mask(mask)
+    zero = torch.zeros((), dtype=logdist.dtype, device=logdist.device)
+    live = m[..., None] & (logdist != float("-inf"))  # the double where: no junk and no -inf reaches autograd
+    lt = torch.where(live, logdist, zero)
+    lb = torch.where(live, base_logdist.to(logdist.dtype), zero)
+    kl_tok = torch.where(live, lt.exp() * (lt - lb), zero).sum(-1)
+    return masked_mean(kl_tok, m)
 
 
 def replay_rows(bank_prompts: torch.Tensor, step_prompts: torch.Tensor) -> torch.Tensor:

@@ -94,3 +94,24 @@ def fps_branches(g, case, ctx, inputs) -> dict:
         (emb, correct, ids), k = fps_case(g), 9
     return {"embeddings": emb, "correct": correct, "prompt_ids": ids, "k": k,
             "__dims__": {"N": emb.shape[0], "D": emb.shape[1]}}
+
+
+@generator("tar.encoder_batch")
+def encoder_batch(g, case, ctx, inputs) -> dict:
+    """A seeded frozen base (the mechanism run's tiny GRU) and candidates for trajectory_embeddings: options
+    candidates (default 4), prompt_len (default 3), response_len (default 5); responses of every length from empty
+    to full, PAD after them, the mask True at response tokens."""
+    from methods.common.policy import TinyGRUPolicy
+    from methods.common.tasks import PAD
+
+    opt = inputs.get("options") or {}
+    device = ctx.device if ctx is not None else torch.device("cpu")
+    seed = ctx.seed if ctx is not None else 0
+    base = TinyGRUPolicy.seeded(seed, device).requires_grad_(False).eval()
+    N, P, T = int(opt.get("candidates", 4)), int(opt.get("prompt_len", 3)), int(opt.get("response_len", 5))
+    prompts = torch.randint(2, 16, (N, P), generator=g)
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    lengths[0], lengths[-1] = 0, T  # an empty response and a full one
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    responses = torch.where(mask, torch.randint(2, 16, (N, T), generator=g), torch.full((N, T), PAD))
+    return {"base": base, "prompts": prompts.to(device), "responses": responses.to(device), "mask": mask.to(device)}

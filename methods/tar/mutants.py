@@ -349,3 +349,64 @@ def _fps_ids_int16(embeddings, correct, k=3, prompt_ids=None):
 
 registry.mutant("tar.fps_ids_int16", base="tar")(
     lambda: IMPL.replace("tar.fps_ids_int16", farthest_point_prototypes=_fps_ids_int16))
+
+
+# --- promises the interface declares that no case tried before ------------------------------------------------
+
+
+@registry.mutant("tar.kl_masked_after_sum", base="tar")
+def kl_masked_after_sum():
+    """kl_to_base masks only the per-token sum: junk at a masked position (NaN, or 1e4 whose exp is inf) leaves a
+    NaN gradient there (0 * NaN in the backward pass), though the value is right."""
+    from methods.common import masked_mean
+    from methods.common.masking import as_bool_mask
+
+    def kl(logdist, base_logdist, mask):
+        kl_tok = (logdist.exp() * (logdist - base_logdist)).sum(-1)
+        return masked_mean(kl_tok, as_bool_mask(mask))
+
+    return IMPL.replace("tar.kl_masked_after_sum", kl_to_base=kl)
+
+
+def _bool_only(fn, name):
+    def call(*args, **kwargs):
+        mask = kwargs.get("mask", args[-1] if args else None)
+        if mask is not None and mask.dtype != torch.bool:
+            raise ValueError(f"{name}: mask must be a bool tensor")
+        return fn(*args, **kwargs)
+    return call
+
+
+@registry.mutant("tar.kl_mask_bool_only", base="tar")
+def kl_mask_bool_only():
+    """kl_to_base takes only a bool mask: a 0/1 float or integer mask, which the interface accepts, is refused."""
+    return IMPL.replace("tar.kl_mask_bool_only", kl_to_base=_bool_only(kl_to_base, "kl_to_base"))
+
+
+@registry.mutant("tar.encoder_mask_bool_only", base="tar")
+def encoder_mask_bool_only():
+    """trajectory_embeddings takes only a bool mask: a 0/1 float or integer mask is refused."""
+    return IMPL.replace("tar.encoder_mask_bool_only",
+                        trajectory_embeddings=_bool_only(trajectory_embeddings, "trajectory_embeddings"))
+
+
+@registry.mutant("tar.mean_delta_over_padding", base="tar")
+def mean_delta_over_padding():
+    """metrics['mean_delta'] reported over the padded length T, not each row's valid tokens (the gate is right)."""
+    def replay(logp_theta, logp_base, mask):
+        loss, metrics = adaptive_replay_loss(logp_theta, logp_base, mask)
+        n = torch.as_tensor(mask).to(torch.bool).sum(dim=1).clamp_min(1).to(metrics["mean_delta"].dtype)
+        T = max(int(torch.as_tensor(mask).shape[-1]), 1)
+        return loss, {**metrics, "mean_delta": metrics["mean_delta"] * n / T}
+
+    return IMPL.replace("tar.mean_delta_over_padding", adaptive_replay_loss=replay)
+
+
+@registry.mutant("tar.weight_sum_with_guard", base="tar")
+def weight_sum_with_guard():
+    """metrics['weight_sum'] reported with the 1e-8 denominator guard added (the loss is right)."""
+    def replay(logp_theta, logp_base, mask):
+        loss, metrics = adaptive_replay_loss(logp_theta, logp_base, mask)
+        return loss, {**metrics, "weight_sum": metrics["weight_sum"] + DENOM_EPS}
+
+    return IMPL.replace("tar.weight_sum_with_guard", adaptive_replay_loss=replay)

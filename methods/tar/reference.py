@@ -223,12 +223,26 @@ def replay_tensor(logp_theta, logp_base, mask) -> dict:
                        "positive_weight_tokens": int(((weights > 0) & m).sum())}}
 
 
+def _mean_deltas(lt: list, lb: list, mask: list) -> list[float]:
+    """Per row, the mean of log p_base - log p_theta over its valid tokens (0 for a row with none), in float64."""
+    out = []
+    for rt, rb, rm in zip(lt, lb, mask):
+        d = [b - t for t, b, v in zip(rt, rb, rm) if v]
+        out.append(math.fsum(d) / len(d) if d else 0.0)
+    return out
+
+
 @registry.reference("tar.replay_metrics")
 def replay_metrics_tensor(logp_theta, logp_base, mask):
-    """(loss, the metrics the implementation reports: gates, token_weights, active_fraction)."""
+    """(loss, the metrics the implementation reports: gates, token_weights, active_fraction, mean_delta,
+    weight_sum)."""
     loss, _, gates, weights = _replay(logp_theta, logp_base, mask)
     active = float((gates > 0).double().mean()) if gates.numel() else 0.0
-    return torch.tensor(loss, dtype=torch.float64), {"gates": gates, "token_weights": weights, "active_fraction": active}
+    m = mask.bool()
+    mean_delta = torch.tensor(_mean_deltas(logp_theta.tolist(), logp_base.tolist(), m.tolist()), dtype=torch.float64)
+    weight_sum = torch.where(m, weights, 0.0).sum(dim=1)
+    return torch.tensor(loss, dtype=torch.float64), {"gates": gates, "token_weights": weights, "active_fraction": active,
+                                                     "mean_delta": mean_delta, "weight_sum": weight_sum}
 
 
 @registry.reference("tar.replay_support")

@@ -338,6 +338,9 @@ class MainScreen(FilteredScreen):
         d = m.spec
         parts = [Text(f"{d['title']}  ({m.spec_file}, level {d['level']}, implementation {d['implementation']})",
                       style="bold")]
+        for dep in d.get("depends_on") or []:  # its gate needs each one's fresh passing receipts (the Gate tab)
+            name, why = (dep, "") if isinstance(dep, str) else (dep["method"], dep.get("why", ""))
+            parts.append(fmt.clean(f"depends on {name}" + (f": {why}" if why else "")))
         t = Table(title="formulas (LaTeX source)", title_justify="left", expand=True, show_lines=True)
         t.add_column("id", no_wrap=True), t.add_column("LaTeX"), t.add_column("implements", no_wrap=True)
         for f in d["formulas"]:
