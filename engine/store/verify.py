@@ -20,8 +20,11 @@ the edit also breaks the schema. A spec that differs from the run's only in
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
 from engine.store import ledger as ledger_mod
 from engine.store.receipts import (RECEIPT_SUFFIX, TMP_PREFIX, check_receipt, load_receipt, parse_receipt,
                                    schema_problems)
@@ -59,49 +62,67 @@ class Assessed:
 
 
 def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
-           folder_method: str | None = None, cache=None, policy=None, sealed=None) -> Assessed:
+           folder_method: str | None = None, cache=None, policy=None, sealed=None, index=None,
+           rehash: bool = False) -> Assessed:
     """Everything verify knows about one receipt file.
 
     With an `engine.store.cache.ValidationCache`, the integrity and schema verdicts of these exact bytes may come
-    from it (display only: gate, promote and verify pass none); freshness is decided afresh either way. With a
-    `engine.store.sealed.Sealed` cache, a receipt these exact bytes were judged intact and schema-valid as, by
-    this engine, is read from its sealed summary (the file is still read and hashed, its freshness and signature
-    decided afresh). With a trust policy (engine.store.trust.TrustPolicy), `trust` says whether the receipt may
-    count.
+    from it (display only: gate, promote and verify pass none); freshness is decided afresh either way. With the
+    user's sealed cache (`sealed`, engine.store.sealed.Sealed; or `index`, the folder's
+    engine.store.sealed_index.FolderIndex), a receipt judged intact and schema-valid before is read from its
+    summary: without reading the file while its identity is the one recorded, or after reading and hashing it
+    (`rehash`, what `contracts verify` does) when its bytes are the ones recorded; its freshness, folder and key
+    ids are decided afresh. Under a trust policy (engine.store.trust.TrustPolicy) nothing sealed is used and
+    `trust` says whether the receipt may count.
     """
     display = display or Path(path).name
-    file_bytes, hit = None, None
-    if sealed is not None and sealed.enabled:
-        from engine.store import bounded, sealed as sealed_mod
+    own = None
+    if index is None and policy is None and sealed is not None and sealed.enabled:
+        from engine.store.sealed_index import FolderIndex
 
+        index = own = FolderIndex(sealed, Path(path).parent)
+    try:
+        return _assess(Path(path), root, specs_dir, display, folder_method, cache, policy,
+                       index if policy is None else None, rehash)
+    finally:
+        if own is not None:
+            own.save()
+
+
+def _assess(path: Path, root: Path, specs_dir: Path, display: str, folder_method: str | None, cache, policy,
+            index, rehash: bool) -> Assessed:
+    name = path.name
+    if index is not None and not rehash:
+        hit = index.by_identity(name)
+        if hit is not None:
+            out = _summarised(display, folder_method, *hit, root, specs_dir, cache)
+            if out is not None:
+                return out
+    file_bytes, st, sha, t0 = None, None, None, 0
+    if index is not None:
+        from engine.store import bounded
+        from engine.store.sealed_index import now_ns
+
+        t0 = now_ns()  # before the status is taken: a ctime after it is racy (engine/store/sealed_index.py)
         try:
-            if not Path(path).parent.is_symlink():
-                file_bytes = bounded.read_regular(path, bounded.MAX_RECEIPT_BYTES)
+            if not path.parent.is_symlink():
+                file_bytes, st = bounded.read_regular_with_stat(path, bounded.MAX_RECEIPT_BYTES)
         except (OSError, ValueError):
             file_bytes = None  # load_receipt below says why
-        hit = sealed_mod.get_receipt(sealed, file_bytes) if file_bytes is not None else None
-    loaded, signatures, intact = None, None, False
-    if hit is not None:
-        try:
-            if hit["signed"]:
-                import json
-
-                from engine.store.signing import open_envelope
-
-                raw, signatures = open_envelope(json.loads(file_bytes))
-            else:
-                raw = file_bytes
-            data, loaded, intact = hit["statement"], (hit["statement"], raw), True
-        except (ValueError, TypeError, AttributeError):
-            hit, signatures = None, None
-    if hit is None:
-        try:
-            data, raw, signatures = parse_receipt(file_bytes) if file_bytes is not None else \
-                load_receipt(path, with_signatures=True)
-            loaded = (data, raw)
-        except ValueError:
-            loaded, signatures = None, None  # check_receipt reads it again and says why it cannot
-    rc = check_receipt(path, root, specs_dir, display=display, cache=cache, loaded=loaded, intact=intact)
+        if file_bytes is not None:
+            sha = hashlib.sha256(file_bytes).hexdigest()
+            hit = index.by_content(name, sha, st, t0)
+            if hit is not None:
+                out = _summarised(display, folder_method, *hit, root, specs_dir, cache)
+                if out is not None:
+                    return out
+    try:
+        data, raw, signatures = parse_receipt(file_bytes) if file_bytes is not None else \
+            load_receipt(path, with_signatures=True)
+        loaded = (data, raw)
+    except ValueError:
+        loaded, signatures = None, None  # check_receipt reads it again and says why it cannot
+    rc = check_receipt(path, root, specs_dir, display=display, cache=cache, loaded=loaded)
     out = Assessed(file=display, state=rc.state, message=rc.message, method=rc.method, receipt_id=rc.receipt_id,
                    status=rc.status if isinstance(rc.status, str) else None, created_at=rc.created_at,
                    changed=list(rc.changed), signed_by=[s["keyid"] for s in signatures or []])
@@ -116,7 +137,7 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
         kind = ((env or {}).get("device") or {}).get("kind") if isinstance(env, dict) and isinstance(
             env.get("device"), dict) else None
         out.trust, out.trust_message = policy.judge(signatures, raw, kind if isinstance(kind, str) else None)
-    problems = [] if intact else cache.schema_problems(data, raw) if cache is not None else schema_problems(data)
+    problems = cache.schema_problems(data, raw) if cache is not None else schema_problems(data)
     if problems:
         out.state, out.changed = "invalid", []
         out.message = "does not match the receipt schema: " + "; ".join(problems)
@@ -136,11 +157,42 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
     out.predicate = pred
     out.subject = data.get("subject")
     # judged intact and valid from these bytes just now (never from a store's cache file, which anyone who writes
-    # the store can edit): keep it
-    if file_bytes is not None and not intact and getattr(cache, "path", None) is None:
-        from engine.store.sealed import put_receipt
+    # the store can edit): keep its summary
+    if index is not None and file_bytes is not None and getattr(cache, "path", None) is None:
+        from engine.store import summary
 
-        put_receipt(sealed, file_bytes, data, signatures is not None)
+        try:
+            fields, parts = summary.of(data)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass
+        else:
+            index.record(name, st, t0, file_bytes, signatures, fields, parts, sha)
+    return out
+
+
+def _summarised(display: str, folder_method: str | None, fields: dict, parts: dict, keyids: list[str], root: Path,
+                specs_dir: Path, cache) -> Assessed | None:
+    """The Assessed of a receipt from its sealed summary, as `_assess` would make it from the bytes; None when the
+    summary cannot be read back (the file is then judged from its bytes)."""
+    from engine.store import summary
+    from engine.store.receipts import changed_subjects
+
+    try:
+        rec = summary.receipt(fields, parts, tuple(keyids))
+    except ValueError:
+        return None
+    pairs, state = rec.subject, rec.spec_state
+    changed = cache.changed_subjects(pairs, state, root, specs_dir) if cache is not None else \
+        changed_subjects(pairs, state, root, specs_dir)
+    out = Assessed(file=display, state="stale" if changed else "fresh",
+                   message="changed since the run: " + ", ".join(changed) if changed else "", method=rec.method,
+                   receipt_id=rec.receipt_id, status=rec.status, created_at=rec.created_at, changed=list(changed),
+                   signed_by=list(keyids))
+    if folder_method is not None and rec.method != folder_method:
+        out.state, out.changed = "invalid", []
+        out.message = f"filed under {folder_method}/ but is a receipt of {rec.method}"
+        return out
+    out.receipt, out.device, out.predicate = rec, rec.device, rec.predicate
     return out
 
 
@@ -186,9 +238,13 @@ def store_files(receipts_dir: Path, method: str | None = None) -> tuple[list[tup
 
 
 def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None, cache=None,
-                    policy=None, sealed=None) -> tuple[list[Assessed], list[str]]:
-    """Every candidate receipt (of one method, or all), assessed; plus leftover temporary files."""
+                    policy=None, sealed=None, rehash: bool = False) -> tuple[list[Assessed], list[str]]:
+    """Every candidate receipt (of one method, or all), assessed; plus leftover temporary files. With the user's
+    sealed cache (and no policy) each method folder's sealed index serves what it holds (`assess`)."""
     files, leftovers = store_files(receipts_dir, method)
+    indexes: dict[Path, Any] = {}
+    listed: dict[Path, set] = {}
+    use_index = policy is None and sealed is not None and sealed.enabled
     out = []
     for path, display, folder_method in files:
         if folder_method is None:
@@ -198,17 +254,29 @@ def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str
         elif path.suffix != RECEIPT_SUFFIX:
             a = Assessed(file=display, state="invalid", message=f"not a receipt file name (expected *{RECEIPT_SUFFIX})")
         else:
+            index = None
+            if use_index:
+                from engine.store.sealed_index import FolderIndex
+
+                index = indexes.get(path.parent)
+                if index is None:
+                    index = indexes[path.parent] = FolderIndex(sealed, path.parent)
+                listed.setdefault(path.parent, set()).add(path.name)
             a = assess(path, root, specs_dir, display=display, folder_method=folder_method, cache=cache,
-                       policy=policy, sealed=sealed)
+                       policy=policy, sealed=sealed, index=index, rehash=rehash)
         out.append(a)
+    for folder, index in indexes.items():
+        index.save(listed[folder])
     return out, leftovers
 
 
 def assess_store(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None,
-                 spec_states: dict[str, str] | None = None, cache=None, policy=None, sealed=None) -> StoreReport:
-    """Assess every receipt (of one method, or all) and the ledger against them and the specs' states."""
+                 spec_states: dict[str, str] | None = None, cache=None, policy=None, sealed=None,
+                 rehash: bool = True) -> StoreReport:
+    """Assess every receipt (of one method, or all) and the ledger against them and the specs' states. `rehash`
+    (verify's way): every file is read and hashed, whatever its identity says."""
     receipts, leftovers = assess_receipts(receipts_dir, root, specs_dir, method, cache=cache, policy=policy,
-                                          sealed=sealed)
+                                          sealed=sealed, rehash=rehash)
     report = StoreReport(receipts=receipts, leftovers=leftovers)
     led = ledger_mod.read(receipts_dir)
     if method is not None:
