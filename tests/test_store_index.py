@@ -390,3 +390,31 @@ def test_an_unrelated_engine_edit_keeps_the_verdicts_and_a_schema_edit_drops_the
     refingerprint()
     monkeypatch.undo()
     refingerprint()
+
+
+def test_a_signed_receipts_signatures_are_read_from_its_file_on_every_call(toy, monkeypatch, tmp_path):
+    """Even where a file's times never change (here: an identity of device, inode and size only), a signed
+    receipt's signatures block is read again on every call: key ids edited in place show, as from the bytes."""
+    from engine.store.signing import generate
+
+    monkeypatch.setattr(SI, "identity", lambda st: [st.st_dev, st.st_ino, st.st_size])
+    root, specs, receipts = toy
+    key = tmp_path / "keys" / "runner.key"
+    key.parent.mkdir()
+    generate(key)
+    path = G.write(root, receipts, specs / "toy.yaml", sign_key=key, comparisons=G.ahead())
+    _settle()
+    args = ["--specs", str(specs), "--receipts", str(receipts)]
+    assert _run("list", "--json", *args)[0] == 0
+    with _Reads() as reads:
+        _run("list", "--json", *args)
+        assert reads.receipts() == []  # served by its identity and its signatures block
+    raw = path.read_bytes()
+    at = raw.rindex(b'"keyid": "') + len(b'"keyid": "')
+    edited = raw[:at] + (b"0" if raw[at:at + 1] != b"0" else b"1") + raw[at + 1:]
+    path.chmod(0o644)
+    path.write_bytes(edited)
+    # what list, gate and show read (verify reads every file anyway): the key ids now in the file
+    (a,), _ = engine.store.verify.assess_receipts(receipts, root, specs, "toy", sealed=S.Sealed.for_user())
+    assert a.signed_by == [json.loads(edited)["signatures"][0]["keyid"]] != json.loads(raw)["signatures"][0]["keyid"]
+    assert _outputs(specs, receipts) == _without_cache(specs, receipts, monkeypatch)

@@ -85,9 +85,12 @@ class FolderIndex:
     """The sealed index of one method folder (a receipts folder's subfolder), loaded once per command."""
 
     def __init__(self, sealed, folder: Path):
+        """`sealed` None (or disabled): an index of this process only, nothing read or written, whose records
+        share their parts all the same."""
         from engine.store.sealed import receipt_fingerprint
 
         self.sealed, self.folder = sealed, Path(folder)
+        self.persistent = sealed is not None and sealed.enabled
         self.key = hashlib.sha256(b"receipt index\0" + os.fsencode(os.path.realpath(self.folder))).hexdigest()
         self.fp = receipt_fingerprint()
         self.files: dict[str, list] = {}  # name -> [identity | None, sha256, block | None, keyids | None, fields, refs]
@@ -97,7 +100,7 @@ class FolderIndex:
         self._dirty = False
         # load_receipt refuses every file of a folder that is a symbolic link: so does the index, by holding nothing
         self.usable = not os.path.islink(self.folder)
-        if self.usable:
+        if self.usable and self.persistent:
             self._load()
 
     # -- the sealed file ---------------------------------------------------------------------------------------
@@ -112,7 +115,7 @@ class FolderIndex:
 
     def save(self, listed: set[str] | None = None) -> None:
         """Keep what was learnt (`listed`: every file name the folder holds now; the others' entries go)."""
-        if not self.usable:
+        if not (self.usable and self.persistent):
             return
         if listed is not None and set(self.files) - listed:
             self.files = {k: v for k, v in self.files.items() if k in listed}
@@ -140,24 +143,25 @@ class FolderIndex:
         refs = entry[5]
         if not isinstance(refs, list) or len(refs) != len(PARTS) or not isinstance(entry[4], dict):
             return None
-        parts = {}
         try:
-            for name, i in zip(PARTS, refs):
-                got = self._decoded.get(i)
-                if got is None:
-                    stored = self.parts[i]
-                    if stored[0] != name:
-                        return None
-                    got = self._decoded[i] = decode_part(name, stored[1])
-                parts[name] = got
+            parts = {name: self._decoded_part(i, name) for name, i in zip(PARTS, refs)}
         except (ValueError, IndexError, TypeError, KeyError):
             return None
         return entry[4], parts
 
+    def _decoded_part(self, i: int, name: str) -> Any:
+        got = self._decoded.get(i)
+        if got is None:
+            stored = self.parts[i]
+            if stored[0] != name:
+                raise ValueError(f"part {i} is not a {name} part")
+            got = self._decoded[i] = decode_part(name, stored[1])
+        return got
+
     def by_identity(self, name: str) -> tuple[dict, dict, list[str]] | None:
         """(fields, parts, key ids) of the file `name` when its identity (and, signed, its signatures block) is the
         one recorded with its verdict; None otherwise (read and hash it)."""
-        entry = self.files.get(name) if self.usable else None
+        entry = self.files.get(name) if self.usable and self.persistent else None
         if entry is None or not isinstance(entry[0], list):
             return None
         path = os.path.join(self.folder, name)
@@ -192,7 +196,7 @@ class FolderIndex:
     def by_content(self, name: str, sha: str, st: os.stat_result, t0: int) -> tuple[dict, dict, list[str]] | None:
         """(fields, parts, key ids) when the bytes of `name` just read (sha256 `sha`, status `st` taken before
         reading, at time `t0`) are the ones recorded; their identity is recorded anew."""
-        entry = self.files.get(name) if self.usable else None
+        entry = self.files.get(name) if self.usable and self.persistent else None
         if entry is None or entry[1] != sha:
             return None
         summary = self._summary(entry)
@@ -224,11 +228,10 @@ class FolderIndex:
         return i
 
     def record(self, name: str, st: os.stat_result, t0: int, raw: bytes, signatures: list[dict] | None,
-               fields: dict, parts: dict[str, Any], sha: str | None = None) -> None:
+               fields: dict, parts: dict[str, Any], sha: str | None = None) -> tuple[dict, dict, list[str]]:
         """Keep the summary of the file `name`, whose bytes `raw` (status `st` taken before reading them, at time
-        `t0`) were judged intact and schema-valid just now."""
-        if not self.usable:
-            return
+        `t0`) were judged intact and schema-valid just now; returns it as `by_identity` would, its parts decoded
+        and shared with the records that have the same ones."""
         block = None
         ident = self._identity(st, t0)
         if signatures is not None:
@@ -236,9 +239,14 @@ class FolderIndex:
             if block is None:
                 ident = None  # no block to read again on every call: found by its bytes only
         refs = [self._part(p, parts[p]) for p in PARTS]
-        self.files[name] = [ident, sha or hashlib.sha256(raw).hexdigest(), None if block is None else list(block),
-                            None if signatures is None else [s["keyid"] for s in signatures], fields, refs]
-        self._dirty = True
+        keyids = [s["keyid"] for s in signatures or []]
+        entry = [ident, sha or hashlib.sha256(raw).hexdigest(), None if block is None else list(block),
+                 None if signatures is None else keyids, fields, refs]
+        if self.usable:
+            self.files[name] = entry
+            self._dirty = True
+        decoded = {p: self._decoded_part(i, p) for p, i in zip(PARTS, refs)}
+        return fields, decoded, keyids
 
 
 def _canonical(name: str, value: Any) -> str:

@@ -82,17 +82,20 @@ def assess(path: Path, root: Path, specs_dir: Path, display: str | None = None,
 
         index = own = FolderIndex(sealed, Path(path).parent)
     try:
-        return _assess(Path(path), root, specs_dir, display, folder_method, cache, policy,
-                       index if policy is None else None, rehash)
+        return _assess(Path(path), root, specs_dir, display, folder_method, cache, policy, index, rehash, False)
     finally:
         if own is not None:
             own.save()
 
 
 def _assess(path: Path, root: Path, specs_dir: Path, display: str, folder_method: str | None, cache, policy,
-            index, rehash: bool) -> Assessed:
+            index, rehash: bool, light: bool) -> Assessed:
+    """`assess`. `index` (a FolderIndex) is read when it is the user's sealed one (never under a policy) and is
+    given what was judged; with `light` a receipt judged from its bytes comes back as read from its summary too,
+    so that a store of thousands keeps a few kilobytes per receipt in memory, not its parsed predicate."""
     name = path.name
-    if index is not None and not rehash:
+    sealed_index = index is not None and index.persistent and policy is None
+    if sealed_index and not rehash:
         hit = index.by_identity(name)
         if hit is not None:
             out = _summarised(display, folder_method, *hit, root, specs_dir, cache)
@@ -111,7 +114,7 @@ def _assess(path: Path, root: Path, specs_dir: Path, display: str, folder_method
             file_bytes = None  # load_receipt below says why
         if file_bytes is not None:
             sha = hashlib.sha256(file_bytes).hexdigest()
-            hit = index.by_content(name, sha, st, t0)
+            hit = index.by_content(name, sha, st, t0) if sealed_index else None
             if hit is not None:
                 out = _summarised(display, folder_method, *hit, root, specs_dir, cache)
                 if out is not None:
@@ -163,17 +166,22 @@ def _assess(path: Path, root: Path, specs_dir: Path, display: str, folder_method
 
         try:
             fields, parts = summary.of(data)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            pass
-        else:
-            index.record(name, st, t0, file_bytes, signatures, fields, parts, sha)
+            entry = index.record(name, st, t0, file_bytes, signatures, fields, parts, sha)
+        except (KeyError, TypeError, ValueError, AttributeError):  # a shape the summary cannot hold: as it is
+            return out
+        if light:
+            again = _summarised(display, folder_method, *entry, root, specs_dir, cache, changed=out.changed)
+            if again is not None:
+                again.trust, again.trust_message = out.trust, out.trust_message
+                return again
     return out
 
 
 def _summarised(display: str, folder_method: str | None, fields: dict, parts: dict, keyids: list[str], root: Path,
-                specs_dir: Path, cache) -> Assessed | None:
-    """The Assessed of a receipt from its sealed summary, as `_assess` would make it from the bytes; None when the
-    summary cannot be read back (the file is then judged from its bytes)."""
+                specs_dir: Path, cache, changed=None) -> Assessed | None:
+    """The Assessed of a receipt from its summary, as `_assess` makes it from the bytes (freshness decided now,
+    unless `changed` says what it was just found to be); None when the summary cannot be read back (the file is
+    then judged from its bytes)."""
     from engine.store import summary
     from engine.store.receipts import changed_subjects
 
@@ -182,8 +190,9 @@ def _summarised(display: str, folder_method: str | None, fields: dict, parts: di
     except ValueError:
         return None
     pairs, state = rec.subject, rec.spec_state
-    changed = cache.changed_subjects(pairs, state, root, specs_dir) if cache is not None else \
-        changed_subjects(pairs, state, root, specs_dir)
+    if changed is None:
+        changed = cache.changed_subjects(pairs, state, root, specs_dir) if cache is not None else \
+            changed_subjects(pairs, state, root, specs_dir)
     out = Assessed(file=display, state="stale" if changed else "fresh",
                    message="changed since the run: " + ", ".join(changed) if changed else "", method=rec.method,
                    receipt_id=rec.receipt_id, status=rec.status, created_at=rec.created_at, changed=list(changed),
@@ -254,16 +263,13 @@ def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str
         elif path.suffix != RECEIPT_SUFFIX:
             a = Assessed(file=display, state="invalid", message=f"not a receipt file name (expected *{RECEIPT_SUFFIX})")
         else:
-            index = None
-            if use_index:
-                from engine.store.sealed_index import FolderIndex
+            from engine.store.sealed_index import FolderIndex
 
-                index = indexes.get(path.parent)
-                if index is None:
-                    index = indexes[path.parent] = FolderIndex(sealed, path.parent)
-                listed.setdefault(path.parent, set()).add(path.name)
-            a = assess(path, root, specs_dir, display=display, folder_method=folder_method, cache=cache,
-                       policy=policy, sealed=sealed, index=index, rehash=rehash)
+            index = indexes.get(path.parent)
+            if index is None:  # the user's sealed index; under a policy or without a cache, this command's only
+                index = indexes[path.parent] = FolderIndex(sealed if use_index else None, path.parent)
+            listed.setdefault(path.parent, set()).add(path.name)
+            a = _assess(path, root, specs_dir, display, folder_method, cache, policy, index, rehash, True)
         out.append(a)
     for folder, index in indexes.items():
         index.save(listed[folder])
