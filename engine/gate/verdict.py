@@ -505,10 +505,21 @@ def _counted(assessed: list[Assessed], spec_name: str, unit: str, policy, impl_f
     untrusted = [a for a in usable if policy is not None and a.trust != "trusted"]
     usable = [a for a in usable if a not in untrusted]
     refused, fresh = [], []
+    why_of: dict[tuple, tuple] = {}  # records of the sealed index share what refusal reads: asked once per kind
     for a in usable:
         if a.state != "fresh":
             continue
-        why = refusal(a, impl_file)
+        rec = a.receipt
+        if rec.bound_map is None:  # read from its file: nothing shared
+            why = refusal(a, impl_file)
+        else:
+            git = rec.git
+            key = (id(rec.implementation), id(rec.bound_map), rec.spec_name, rec.spec_implementation,
+                   None if git is None else (git.dirty, id(git.untracked), id(git.modified)))
+            held = why_of.get(key)
+            if held is None:  # the objects whose ids are the key are held with the answer
+                held = why_of[key] = (refusal(a, impl_file), rec.implementation, rec.bound_map, git)
+            why = list(held[0])
         if why:
             refused.append((a, why))
         else:

@@ -93,7 +93,8 @@ class FolderIndex:
         self.persistent = sealed is not None and sealed.enabled
         self.key = hashlib.sha256(b"receipt index\0" + os.fsencode(os.path.realpath(self.folder))).hexdigest()
         self.fp = receipt_fingerprint()
-        self.files: dict[str, list] = {}  # name -> [identity | None, sha256, block | None, keyids | None, fields, refs]
+        # name -> [identity | None, sha256, signatures block | None, key ids | None, own fields, refs to parts]
+        self.files: dict[str, list] = {}
         self.parts: list[list] = []  # [name, value], as stored
         self._decoded: dict[int, Any] = {}
         self._canonical: dict[str, int] | None = None
@@ -139,9 +140,9 @@ class FolderIndex:
 
     # -- reading ------------------------------------------------------------------------------------------------
 
-    def _summary(self, entry: list) -> tuple[dict, dict[str, Any]] | None:
+    def _summary(self, entry: list) -> tuple[list, dict[str, Any]] | None:
         refs = entry[5]
-        if not isinstance(refs, list) or len(refs) != len(PARTS) or not isinstance(entry[4], dict):
+        if not isinstance(refs, list) or len(refs) != len(PARTS) or not isinstance(entry[4], list):
             return None
         try:
             parts = {name: self._decoded_part(i, name) for name, i in zip(PARTS, refs)}
@@ -158,7 +159,7 @@ class FolderIndex:
             got = self._decoded[i] = decode_part(name, stored[1])
         return got
 
-    def by_identity(self, name: str) -> tuple[dict, dict, list[str]] | None:
+    def by_identity(self, name: str) -> tuple[list, dict, list[str]] | None:
         """(fields, parts, key ids) of the file `name` when its identity (and, signed, its signatures block) is the
         one recorded with its verdict; None otherwise (read and hash it)."""
         entry = self.files.get(name) if self.usable and self.persistent else None
@@ -193,7 +194,7 @@ class FolderIndex:
         summary = self._summary(entry)
         return None if summary is None else (*summary, keyids)
 
-    def by_content(self, name: str, sha: str, st: os.stat_result, t0: int) -> tuple[dict, dict, list[str]] | None:
+    def by_content(self, name: str, sha: str, st: os.stat_result, t0: int) -> tuple[list, dict, list[str]] | None:
         """(fields, parts, key ids) when the bytes of `name` just read (sha256 `sha`, status `st` taken before
         reading, at time `t0`) are the ones recorded; their identity is recorded anew."""
         entry = self.files.get(name) if self.usable and self.persistent else None
@@ -228,7 +229,7 @@ class FolderIndex:
         return i
 
     def record(self, name: str, st: os.stat_result, t0: int, raw: bytes, signatures: list[dict] | None,
-               fields: dict, parts: dict[str, Any], sha: str | None = None) -> tuple[dict, dict, list[str]]:
+               fields: list, parts: dict[str, Any], sha: str | None = None) -> tuple[list, dict, list[str]]:
         """Keep the summary of the file `name`, whose bytes `raw` (status `st` taken before reading them, at time
         `t0`) were judged intact and schema-valid just now; returns it as `by_identity` would, its parts decoded
         and shared with the records that have the same ones."""

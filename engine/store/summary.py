@@ -23,6 +23,7 @@ This module never imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -30,15 +31,14 @@ from engine.store.coverage import facts
 from engine.store.records import (Comparison, Git, Implementation, MechanismRun, Mutation, MutantVerdict, Receipt,
                                   Result, _int, _str, _strs, unit_of)
 
-PARTS = ("results", "mutants", "proven", "mechanism", "subject", "coverage")
-COMPARISON_KEYS = ("name", "metric", "method", "control", "formal", "higher_is_better", "method_values",
-                   "control_values")
+PARTS = ("static", "results", "mutants", "proven", "mechanism", "subject", "coverage")
 
 
-def of(data: dict) -> tuple[dict, dict[str, Any]]:
-    """(fields, parts) of a schema-valid Statement: `fields` the small per-receipt values, `parts` the shareable
-    tables by name (plain JSON each). Raises KeyError, TypeError, ValueError or AttributeError on a shape
-    `Receipt.from_statement` would refuse too."""
+def of(data: dict) -> tuple[list, dict[str, Any]]:
+    """(fields, parts) of a schema-valid Statement: `fields` what is the receipt's own ([receipt id, created at,
+    status, git commit]), `parts` the shareable rest by name (plain JSON each; "static" is what receipts of one
+    method, device, spec and implementation run share). Raises KeyError, TypeError, ValueError or AttributeError on
+    a shape `Receipt.from_statement` would refuse too."""
     pred = data["predicate"]
     env = pred["environment"]["device"]
     spec = pred.get("spec") if isinstance(pred.get("spec"), dict) else {}
@@ -48,26 +48,27 @@ def of(data: dict) -> tuple[dict, dict[str, Any]]:
     mutation = pred.get("mutation")
     req = pred.get("request") if isinstance(pred.get("request"), dict) else {}
     budget = pred.get("budget") if isinstance(pred.get("budget"), dict) else {}
-    fields = {
-        "receipt_id": pred["receipt_id"], "method": pred["method"], "created_at": pred["created_at"],
-        "status": pred["status"], "device": env["kind"], "device_name": _str(env.get("name")),
-        "spec_name": _str(spec.get("name")), "spec_state": _str(spec.get("promotion_state")),
-        "spec_implementation": _str(spec.get("implementation")),
-        "seeds": [s for s in req.get("seeds") or [] if _int(s) is not None],
-        "budget_seeds": [s for s in budget.get("seeds") or [] if _int(s) is not None],
-        "git": [_str(git.get("commit")), git.get("dirty") if isinstance(git.get("dirty"), bool) else None,
-                list(_strs(git.get("untracked"))), list(_strs(git.get("modified")))] if isinstance(git, dict) else None,
-        "implementation": [unit_of(pred), _str(impl.get("name")), _str(impl.get("target")), list(_strs(files)),
-                           isinstance(files, list) and bool(files)],
-        "errors": [str(e) for e in pred["errors"]],
-        "mutation": None if not isinstance(mutation, dict) else [
+    fields = [pred["receipt_id"], pred["created_at"], pred["status"],
+              _str(git.get("commit")) if isinstance(git, dict) else None]
+    static = [
+        pred["method"], env["kind"], _str(env.get("name")), _str(spec.get("name")),
+        _str(spec.get("promotion_state")), _str(spec.get("implementation")),
+        [s for s in req.get("seeds") or [] if _int(s) is not None],
+        [s for s in budget.get("seeds") or [] if _int(s) is not None],
+        [git.get("dirty") if isinstance(git.get("dirty"), bool) else None, list(_strs(git.get("untracked"))),
+         list(_strs(git.get("modified")))] if isinstance(git, dict) else None,
+        [unit_of(pred), _str(impl.get("name")), _str(impl.get("target")), list(_strs(files)),
+         isinstance(files, list) and bool(files)],
+        [str(e) for e in pred["errors"]],
+        None if not isinstance(mutation, dict) else [
             float(mutation["score"]) if _int(mutation.get("score")) is not None or isinstance(
                 mutation.get("score"), float) else None,
             mutation.get("complete") is True, mutation.get("killed"), mutation.get("survived"),
             mutation.get("timeout"), mutation.get("equivalent"), mutation.get("mutants"),
             [str(x.get("id")) for x in mutation.get("survivors") or [] if isinstance(x, dict)]],
-    }
+    ]
     parts = {
+        "static": static,
         "results": _results(pred["results"]),
         "mutants": [[m["id"], m["killed"] is True] for m in pred["mutants"]],
         "proven": {c: list(_strs(ms)) for c, ms in pred["contracts_proven"].items()},
@@ -78,8 +79,8 @@ def of(data: dict) -> tuple[dict, dict[str, Any]]:
         "subject": [[s["name"], s["digest"]["sha256"]] for s in data["subject"]],
         "coverage": facts(pred),
     }
-    if not isinstance(fields["receipt_id"], str) or not isinstance(fields["device"], str):
-        raise TypeError("receipt id and device kind must be strings")
+    if not all(isinstance(x, str) for x in (fields[0], fields[1], fields[2], static[0], static[1])):
+        raise TypeError("receipt id, creation time, status, method and device kind must be strings")
     return fields, parts
 
 
@@ -111,6 +112,22 @@ def _results(results: list) -> list:
 def decode_part(name: str, value: Any) -> Any:
     """One part as the shared, immutable object every record that names it holds (ValueError when malformed)."""
     try:
+        if name == "static":
+            (method, device, device_name, spec_name, spec_state, spec_impl, seeds, budget_seeds, git, impl, errors,
+             mutation) = value
+            template = {
+                "method": method, "device": device, "device_name": device_name, "spec_name": spec_name,
+                "spec_state": spec_state, "spec_implementation": spec_impl, "seeds": tuple(seeds),
+                "budget_seeds": tuple(budget_seeds),
+                "implementation": Implementation(unit=impl[0], name=impl[1], target=impl[2], files=tuple(impl[3]),
+                                                 files_named=impl[4] is True),
+                "errors": tuple(errors),
+                "mutation": None if mutation is None else Mutation(
+                    score=mutation[0], complete=mutation[1] is True, killed=mutation[2], survived=mutation[3],
+                    timeout=mutation[4], equivalent=mutation[5], mutants=mutation[6], survivors=tuple(mutation[7])),
+            }
+            git_meta = None if git is None else (git[0], tuple(git[1]), tuple(git[2]))
+            return template, git_meta
         if name == "results":
             strings, rows = value
             if not all(isinstance(x, str) for x in strings):
@@ -122,9 +139,7 @@ def decode_part(name: str, value: Any) -> Any:
         if name == "proven":
             return MappingProxyType({c: tuple(ms) for c, ms in value.items()})
         if name == "mechanism":
-            return tuple(MechanismRun(c, s, d, tuple(Comparison(n, m, me, co, f is True, h is True, tuple(mv),
-                                                                tuple(cv)) for n, m, me, co, f, h, mv, cv in comps))
-                         for c, s, d, comps in value)
+            return _Runs(value) if value else ()
         if name == "subject":
             pairs = tuple((n, sha) for n, sha in value)
             return pairs, MappingProxyType(dict(pairs))
@@ -132,30 +147,76 @@ def decode_part(name: str, value: Any) -> Any:
             if not isinstance(value, dict):
                 raise TypeError("coverage facts are not an object")
             return value  # a plain dict, as coverage() reads a predicate; shared, and never written to
-    except (TypeError, ValueError, AttributeError) as err:
+    except (TypeError, ValueError, AttributeError, IndexError) as err:
         raise ValueError(f"malformed {name} part: {err}") from None
     raise ValueError(f"unknown part {name}")
 
 
-def receipt(fields: dict, parts: dict[str, Any], signed_by: tuple[str, ...] = ()) -> Receipt:
-    """The record of a summary whose parts are already decoded (`decode_part`); ValueError when malformed."""
+class _Runs(Sequence):
+    """A receipt's mechanism runs, decoded when first read: only the gate reads them, and only for the fresh
+    receipts it counts on a required device; a store's other receipts never pay for their comparisons. Equal to
+    the tuple `Receipt.from_statement` makes."""
+
+    __slots__ = ("_raw", "_runs")
+
+    def __init__(self, raw: list) -> None:
+        self._raw, self._runs = raw, None
+
+    def _decoded(self) -> tuple:
+        if self._runs is None:
+            try:
+                self._runs = tuple(MechanismRun(c, s, d, tuple(
+                    Comparison(n, m, me, co, f is True, h is True, tuple(mv), tuple(cv))
+                    for n, m, me, co, f, h, mv, cv in comps)) for c, s, d, comps in self._raw)
+            except (TypeError, ValueError):
+                self._runs = ()  # never from a sealed summary, which `of` made: a shape it cannot have
+            self._raw = None
+        return self._runs
+
+    def __getitem__(self, i):
+        return self._decoded()[i]
+
+    def __len__(self) -> int:
+        return len(self._decoded()) if self._runs is not None else len(self._raw)
+
+    def __iter__(self):
+        return iter(self._decoded())
+
+    def __eq__(self, other) -> bool:
+        return self._decoded() == (other._decoded() if isinstance(other, _Runs) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._decoded())
+
+    def __repr__(self) -> str:
+        return repr(self._decoded())
+
+
+_NEW = object.__new__
+_SET = object.__setattr__
+
+
+def receipt(fields: list, parts: dict[str, Any], signed_by: tuple[str, ...] = ()) -> Receipt:
+    """The record of a summary whose parts are already decoded (`decode_part`); ValueError when malformed.
+
+    Made without the dataclass's __init__ (its frozen setattr costs a microsecond a field, and a store has
+    thousands of records): the fields are set from the static part's template in one go. `Receipt` has no
+    __post_init__, so this is the same object; tests/test_store_index.py checks it equals `from_statement`'s."""
     try:
-        git, impl, mutation = fields["git"], fields["implementation"], fields["mutation"]
+        rid, created_at, status, commit = fields
+        template, git_meta = parts["static"]
         subject, bound = parts["subject"]
-        return Receipt(
-            receipt_id=fields["receipt_id"], method=fields["method"], created_at=fields["created_at"],
-            status=fields["status"], device=fields["device"], device_name=fields["device_name"],
-            spec_name=fields["spec_name"], spec_state=fields["spec_state"],
-            spec_implementation=fields["spec_implementation"], seeds=tuple(fields["seeds"]),
-            budget_seeds=tuple(fields["budget_seeds"]),
-            git=None if git is None else Git(git[0], git[1], tuple(git[2]), tuple(git[3])),
-            implementation=Implementation(unit=impl[0], name=impl[1], target=impl[2], files=tuple(impl[3]),
-                                          files_named=impl[4] is True),
-            results=parts["results"], mutants=parts["mutants"], contracts_proven=parts["proven"],
-            mechanism=parts["mechanism"], errors=tuple(fields["errors"]),
-            mutation=None if mutation is None else Mutation(
-                score=mutation[0], complete=mutation[1] is True, killed=mutation[2], survived=mutation[3],
-                timeout=mutation[4], equivalent=mutation[5], mutants=mutation[6], survivors=tuple(mutation[7])),
-            subject=subject, signed_by=tuple(signed_by), predicate=parts["coverage"], bound_map=bound)
+        git = None
+        if git_meta is not None:
+            git = _NEW(Git)
+            _SET(git, "__dict__", {"commit": commit, "dirty": git_meta[0], "untracked": git_meta[1],
+                                   "modified": git_meta[2]})
+        values = dict(template)
+        values.update(receipt_id=rid, created_at=created_at, status=status, git=git, results=parts["results"],
+                      mutants=parts["mutants"], contracts_proven=parts["proven"], mechanism=parts["mechanism"],
+                      subject=subject, signed_by=tuple(signed_by), predicate=parts["coverage"], bound_map=bound)
+        rec = _NEW(Receipt)
+        _SET(rec, "__dict__", values)
+        return rec
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise ValueError(f"malformed receipt summary: {type(err).__name__}: {err}") from None

@@ -47,8 +47,10 @@ class Assessed:
     created_at: str | None = None
     device: str | None = None
     changed: list[str] = field(default_factory=list)
-    predicate: dict | None = field(default=None, repr=False)  # only for fresh and stale receipts
-    subject: list | None = field(default=None, repr=False)  # likewise: what the receipt binds
+    # only for fresh and stale receipts: the predicate, or its coverage facts (engine.store.coverage.facts) when
+    # it was read from a summary (engine/store/summary.py: `assess_receipts`, the sealed index)
+    predicate: dict | None = field(default=None, repr=False)
+    subject: list | None = field(default=None, repr=False)  # what the receipt binds; None when read from a summary
     receipt: Receipt | None = field(default=None, repr=False)  # the typed record (engine/store/records.py), likewise
     signed_by: list[str] = field(default_factory=list)  # key ids the envelope claims (not checked without a policy)
     trust: str | None = None  # under a policy: trusted | unsigned | untrusted key | bad signature
@@ -177,11 +179,12 @@ def _assess(path: Path, root: Path, specs_dir: Path, display: str, folder_method
     return out
 
 
-def _summarised(display: str, folder_method: str | None, fields: dict, parts: dict, keyids: list[str], root: Path,
+def _summarised(display: str, folder_method: str | None, fields: list, parts: dict, keyids: list[str], root: Path,
                 specs_dir: Path, cache, changed=None) -> Assessed | None:
     """The Assessed of a receipt from its summary, as `_assess` makes it from the bytes (freshness decided now,
     unless `changed` says what it was just found to be); None when the summary cannot be read back (the file is
-    then judged from its bytes)."""
+    then judged from its bytes). A store has thousands: made without dataclass __init__ (Assessed has no
+    __post_init__), from one dict."""
     from engine.store import summary
     from engine.store.receipts import changed_subjects
 
@@ -193,16 +196,35 @@ def _summarised(display: str, folder_method: str | None, fields: dict, parts: di
     if changed is None:
         changed = cache.changed_subjects(pairs, state, root, specs_dir) if cache is not None else \
             changed_subjects(pairs, state, root, specs_dir)
-    out = Assessed(file=display, state="stale" if changed else "fresh",
-                   message="changed since the run: " + ", ".join(changed) if changed else "", method=rec.method,
-                   receipt_id=rec.receipt_id, status=rec.status, created_at=rec.created_at, changed=list(changed),
-                   signed_by=list(keyids))
+    out = _NEW(Assessed)
     if folder_method is not None and rec.method != folder_method:
-        out.state, out.changed = "invalid", []
-        out.message = f"filed under {folder_method}/ but is a receipt of {rec.method}"
+        out.__dict__.update(file=display, state="invalid", method=rec.method, receipt_id=rec.receipt_id,
+                            status=rec.status, created_at=rec.created_at, device=None, changed=[],
+                            message=f"filed under {folder_method}/ but is a receipt of {rec.method}",
+                            predicate=None, subject=None, receipt=None, signed_by=list(keyids), trust=None,
+                            trust_message="")
         return out
-    out.receipt, out.device, out.predicate = rec, rec.device, rec.predicate
+    out.__dict__.update(file=display, state="stale" if changed else "fresh", message=_changed_message(changed),
+                        method=rec.method, receipt_id=rec.receipt_id, status=rec.status, created_at=rec.created_at,
+                        device=rec.device, changed=list(changed), predicate=rec.predicate, subject=None, receipt=rec,
+                        signed_by=list(keyids), trust=None, trust_message="")
     return out
+
+
+_NEW = object.__new__
+_MESSAGES: dict[tuple, str] = {}
+
+
+def _changed_message(changed) -> str:
+    """check_receipt's message for a stale receipt (the same few lists recur across a store: built once each)."""
+    if not changed:
+        return ""
+    key = tuple(changed)
+    if key not in _MESSAGES:
+        if len(_MESSAGES) > 4096:
+            _MESSAGES.clear()
+        _MESSAGES[key] = "changed since the run: " + ", ".join(changed)
+    return _MESSAGES[key]
 
 
 @dataclass
