@@ -159,9 +159,9 @@ class FolderIndex:
             got = self._decoded[i] = decode_part(name, stored[1])
         return got
 
-    def by_identity(self, name: str) -> tuple[list, dict, list[str]] | None:
+    def by_identity(self, name: str, st: os.stat_result | None = None) -> tuple[list, dict, list[str]] | None:
         """(fields, parts, key ids) of the file `name` when its identity (and, signed, its signatures block) is the
-        one recorded with its verdict; None otherwise (read and hash it)."""
+        one recorded with its verdict; None otherwise (read and hash it). `st`: its lstat, when the caller has it."""
         entry = self.files.get(name) if self.usable and self.persistent else None
         if entry is None or not isinstance(entry[0], list):
             return None
@@ -169,7 +169,7 @@ class FolderIndex:
         block = entry[2]
         try:
             if entry[3] is None:  # unsigned: the identity alone
-                st = os.lstat(path)
+                st = st if st is not None else os.lstat(path)
                 if not stat.S_ISREG(st.st_mode) or identity(st) != entry[0]:
                     return None
                 keyids: list[str] = []

@@ -23,9 +23,12 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
+
+from engine.store import bounded
 
 from engine.store.coverage import facts
 from engine.store.records import (Comparison, Git, Implementation, MechanismRun, Mutation, MutantVerdict, Receipt,
@@ -72,10 +75,14 @@ def of(data: dict) -> tuple[list, dict[str, Any]]:
         "results": _results(pred["results"]),
         "mutants": [[m["id"], m["killed"] is True] for m in pred["mutants"]],
         "proven": {c: list(_strs(ms)) for c, ms in pred["contracts_proven"].items()},
-        "mechanism": [[rec["contract"], _int(rec.get("seed")), rec["dtype"],
-                       [[c["name"], c["metric"], c.get("method"), c.get("control"), c.get("formal") is True,
-                         c.get("higher_is_better", True) is not False, list(c["method_values"]),
-                         list(c["control_values"])] for c in rec["comparisons"]]] for rec in pred["mechanism"]],
+        # kept as JSON text: its values are read only for the receipts the gate counts, and a string is parsed
+        # in one step where a nested list costs an object per value on every load of the index
+        "mechanism": json.dumps([
+            [rec["contract"], _int(rec.get("seed")), rec["dtype"],
+             [[c["name"], c["metric"], c.get("method"), c.get("control"), c.get("formal") is True,
+               c.get("higher_is_better", True) is not False, list(c["method_values"]), list(c["control_values"])]
+              for c in rec["comparisons"]]] for rec in pred["mechanism"]],
+            separators=(",", ":"), allow_nan=True) if pred["mechanism"] else "",
         "subject": [[s["name"], s["digest"]["sha256"]] for s in data["subject"]],
         "coverage": facts(pred),
     }
@@ -139,6 +146,8 @@ def decode_part(name: str, value: Any) -> Any:
         if name == "proven":
             return MappingProxyType({c: tuple(ms) for c, ms in value.items()})
         if name == "mechanism":
+            if not isinstance(value, str):
+                raise TypeError("mechanism runs are not JSON text")
             return _Runs(value) if value else ()
         if name == "subject":
             pairs = tuple((n, sha) for n, sha in value)
@@ -159,7 +168,7 @@ class _Runs(Sequence):
 
     __slots__ = ("_raw", "_runs")
 
-    def __init__(self, raw: list) -> None:
+    def __init__(self, raw: str) -> None:
         self._raw, self._runs = raw, None
 
     def _decoded(self) -> tuple:
@@ -167,7 +176,7 @@ class _Runs(Sequence):
             try:
                 self._runs = tuple(MechanismRun(c, s, d, tuple(
                     Comparison(n, m, me, co, f is True, h is True, tuple(mv), tuple(cv))
-                    for n, m, me, co, f, h, mv, cv in comps)) for c, s, d, comps in self._raw)
+                    for n, m, me, co, f, h, mv, cv in comps)) for c, s, d, comps in bounded.loads(self._raw))
             except (TypeError, ValueError):
                 self._runs = ()  # never from a sealed summary, which `of` made: a shape it cannot have
             self._raw = None
@@ -177,7 +186,10 @@ class _Runs(Sequence):
         return self._decoded()[i]
 
     def __len__(self) -> int:
-        return len(self._decoded()) if self._runs is not None else len(self._raw)
+        return len(self._decoded())
+
+    def __bool__(self) -> bool:
+        return True  # made only for a receipt that has mechanism runs (`decode_part`)
 
     def __iter__(self):
         return iter(self._decoded())

@@ -21,6 +21,7 @@ the edit also breaks the schema. A spec that differs from the run's only in
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,42 @@ class StoreReport:
         return {s: sum(r.state == s for r in self.receipts) for s in STATES}
 
 
+def _listing(receipts_dir: Path, method: str | None = None) -> tuple[list[tuple], list[str]]:
+    """(folder, name, display, folder method, directory entry) for every candidate receipt, plus leftover
+    temporary files: `store_files`, by os.scandir (its file types come with the listing, and a reading verb on
+    10,000 receipts must not stat each twice)."""
+    base = os.fspath(receipts_dir)
+    files: list[tuple] = []
+    leftovers: list[str] = []
+    if not os.path.isdir(base):
+        return files, leftovers
+    if method:
+        folders = [(method, os.path.join(base, method))]
+    else:
+        with os.scandir(base) as it:
+            folders = sorted((e.name, e.path) for e in it if e.is_dir())
+    for name, folder in folders:
+        if name.startswith((".", "__")) or not os.path.isdir(folder):
+            continue
+        folder_method = name if KEY_RE.match(name) else None
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            if not (e.is_file() or e.is_symlink()):  # a link is assessed (and refused as invalid), never skipped
+                continue
+            if e.name.startswith(TMP_PREFIX):
+                leftovers.append(f"{name}/{e.name}")
+            elif not e.name.startswith("."):
+                files.append((folder, e.name, f"{name}/{e.name}", folder_method, e))
+    if method is None:
+        with os.scandir(base) as it:
+            top = sorted(it, key=lambda e: e.name)
+        for e in top:
+            if e.is_file() and e.name.endswith(RECEIPT_SUFFIX) and not e.name.startswith("."):
+                files.append((base, e.name, e.name, None, e))
+    return files, leftovers
+
+
 def store_files(receipts_dir: Path, method: str | None = None) -> tuple[list[tuple[Path, str, str | None]], list[str]]:
     """(path, display, folder method) for every candidate receipt, plus leftover temporary files.
 
@@ -244,54 +281,48 @@ def store_files(receipts_dir: Path, method: str | None = None) -> tuple[list[tup
     name, so a stray or renamed file is reported rather than skipped; a `.json`
     file at the top of the store (outside any method folder) is reported too.
     """
-    base = Path(receipts_dir)
-    files: list[tuple[Path, str, str | None]] = []
-    leftovers: list[str] = []
-    if not base.is_dir():
-        return files, leftovers
-    folders = [base / method] if method else sorted(p for p in base.iterdir() if p.is_dir())
-    for folder in folders:
-        if not folder.is_dir() or folder.name.startswith((".", "__")):
-            continue
-        folder_method = folder.name if KEY_RE.match(folder.name) else None
-        for p in sorted(folder.iterdir(), key=lambda q: q.name):
-            if not (p.is_file() or p.is_symlink()):  # a link is assessed (and refused as invalid), never skipped
-                continue
-            if p.name.startswith(TMP_PREFIX):
-                leftovers.append(f"{folder.name}/{p.name}")
-            elif not p.name.startswith("."):
-                files.append((p, f"{folder.name}/{p.name}", folder_method))
-    if method is None:
-        for p in sorted(base.iterdir(), key=lambda q: q.name):
-            if p.is_file() and p.suffix == RECEIPT_SUFFIX and not p.name.startswith("."):
-                files.append((p, p.name, None))
-    return files, leftovers
+    files, leftovers = _listing(receipts_dir, method)
+    return [(Path(folder, name), display, fm) for folder, name, display, fm, _ in files], leftovers
 
 
 def assess_receipts(receipts_dir: Path, root: Path, specs_dir: Path, method: str | None = None, cache=None,
                     policy=None, sealed=None, rehash: bool = False) -> tuple[list[Assessed], list[str]]:
     """Every candidate receipt (of one method, or all), assessed; plus leftover temporary files. With the user's
-    sealed cache (and no policy) each method folder's sealed index serves what it holds (`assess`)."""
-    files, leftovers = store_files(receipts_dir, method)
-    indexes: dict[Path, Any] = {}
-    listed: dict[Path, set] = {}
+    sealed cache (and no policy) each method folder's sealed index serves what it holds (`assess`): a receipt
+    whose file still has the identity recorded with its verdict is read from its summary without opening it."""
+    from engine.store.sealed_index import FolderIndex
+
+    files, leftovers = _listing(receipts_dir, method)
+    base = os.fspath(receipts_dir)
+    indexes: dict[str, Any] = {}
+    listed: dict[str, set] = {}
     use_index = policy is None and sealed is not None and sealed.enabled
     out = []
-    for path, display, folder_method in files:
+    for folder, name, display, folder_method, entry in files:
         if folder_method is None:
-            where = f"in {path.parent.name}/, which is not a method key" if path.parent != Path(receipts_dir) \
+            where = f"in {os.path.basename(folder)}/, which is not a method key" if folder != base \
                 else "not inside a method folder"
             a = Assessed(file=display, state="invalid", message=f"{where} (receipts live in <receipts>/<method>/)")
-        elif path.suffix != RECEIPT_SUFFIX:
+        elif not name.endswith(RECEIPT_SUFFIX):
             a = Assessed(file=display, state="invalid", message=f"not a receipt file name (expected *{RECEIPT_SUFFIX})")
         else:
-            from engine.store.sealed_index import FolderIndex
-
-            index = indexes.get(path.parent)
+            index = indexes.get(folder)
             if index is None:  # the user's sealed index; under a policy or without a cache, this command's only
-                index = indexes[path.parent] = FolderIndex(sealed if use_index else None, path.parent)
-            listed.setdefault(path.parent, set()).add(path.name)
-            a = _assess(path, root, specs_dir, display, folder_method, cache, policy, index, rehash, True)
+                index = indexes[folder] = FolderIndex(sealed if use_index else None, Path(folder))
+                listed[folder] = set()
+            listed[folder].add(name)
+            a = None
+            if use_index and not rehash:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    st = None
+                hit = index.by_identity(name, st) if st is not None else None
+                if hit is not None:
+                    a = _summarised(display, folder_method, *hit, root, specs_dir, cache)
+            if a is None:  # not known by its identity: read (and hashed, and looked up by its bytes)
+                a = _assess(Path(folder, name), root, specs_dir, display, folder_method, cache, policy, index, True,
+                            True)
         out.append(a)
     for folder, index in indexes.items():
         index.save(listed[folder])
