@@ -6,21 +6,25 @@ function of bytes: that a receipt is intact (its id against its canonical predic
 bytes) and matches the receipt schema, what its typed record holds (engine/store/records.py), and that a spec is
 valid and what it says. Each answer is kept here under
 
-  * the sha256 of the very bytes it summarises (the receipt file as stored, envelope included; the spec file with
-    its name, which the method key must match);
-  * a fingerprint of everything else that decides it: every file of the engine (its code and schemas), the
-    validating libraries' installs, the Python version, and for a spec the names its methods register (a digest
-    of every methods/ source);
+  * what names the bytes it summarises: a spec's sha256 with its file name (which the method key must match); for
+    receipts, one index per method folder (engine/store/sealed_index.py) keyed by the folder's real path, whose
+    entries map each file's identity to the sha256 its bytes had and the receipt's summary (engine/store/summary.py);
+  * a fingerprint of everything else that decides it: for a receipt, the code that decides its verdict and what its
+    summary holds (`receipt_fingerprint`: receipts.py, the receipt schema, the envelope, the bounds, the summary and
+    the records it builds; not the CLI, the gate or the kinds), for a spec every file of the engine
+    (`engine_fingerprint`) and the names its methods register (a digest of every methods/ source); and the
+    validating libraries' installs and the Python version;
 
-and sealed with an HMAC-SHA256 over all of it (kind, content key, fingerprint, value) under a 256-bit key that
+and sealed with an HMAC-SHA256 over all of it (kind, key, fingerprint, value) under a 256-bit key that
 lives in the user's cache folder (mode 0600), never in a receipt store or the repository. An entry is used only
 when its seal verifies; anything else (no entry, another key's seal, an edited value, an entry copied under the
 key of other bytes, a corrupt or unreadable file) is a miss, and the answer is derived from the file afresh, as
 without a cache. Only good answers are kept (an intact, schema-valid receipt; a valid spec): a file that fails
 is judged from its bytes every time, so its message is always the fresh one.
 
-What is never kept, and decided on every call: that the file's bytes are those the key names (each file is read
-and hashed), freshness (the bound files against the working tree) and, under a trust policy, the signature check
+What is never kept, and decided on every call: that a file is the one its entry describes (a spec is read and
+hashed; a receipt's identity is taken and, signed, its signatures block read again, and `verify` reads and hashes
+every receipt), freshness (the bound files against the working tree) and, under a trust policy, the signature check
 of every signed receipt (engine/store/trust.py, on the envelope's bytes).
 
 So whoever can write a store, or this folder, but cannot read the user's key, cannot change a verdict through it.

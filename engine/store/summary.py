@@ -8,15 +8,17 @@ few facts coverage needs (engine/store/coverage.py). `of(statement)` keeps exact
 back into the same `Receipt` that `Receipt.from_statement` makes from the whole Statement
 (tests/test_store_index.py checks the two are equal on every committed receipt).
 
-The large, repetitive parts (the results table, the mutant verdicts, the contracts proven, the mechanism
-comparisons, the subject list, the coverage facts) are "parts": kept once per index however many receipts share
-them (most runs of one method share a subject list and, when every cell passed, a results table), and decoded
-into one shared, immutable Python object each, which every record that names it holds. So a store of thousands
-of receipts is thousands of small records over a few shared tables, and what the gate computes over a table it
-can compute once (engine/gate/verdict.py groups by them).
+A receipt's own fields are its id, creation time, status and git commit. Everything else is a "part" (what runs
+of one method, device, spec and implementation share; the results table; the mutant verdicts; the contracts
+proven; the mechanism comparisons; the subject list; the coverage facts), kept once per index however many
+receipts share it (most runs of one method share a subject list and, when every cell passed, a results table)
+and decoded into one shared, immutable Python object each, which every record that names it holds. So a store of
+thousands of receipts is thousands of small records over a few shared tables, and what the gate computes over a
+table it can compute once (engine/gate/verdict.py groups by them). Mechanism runs stay JSON text until the gate
+reads them.
 
 A summary is only ever made from a Statement judged intact and schema-valid from its bytes just now
-(engine/store/verify.py), and read back only from the user's sealed index (engine/store/sealed_index.py).
+(engine/store/verify.py), and kept only in the user's sealed index (engine/store/sealed_index.py).
 
 This module never imports torch.
 """
@@ -29,7 +31,6 @@ from types import MappingProxyType
 from typing import Any
 
 from engine.store import bounded
-
 from engine.store.coverage import facts
 from engine.store.records import (Comparison, Git, Implementation, MechanismRun, Mutation, MutantVerdict, Receipt,
                                   Result, _int, _str, _strs, unit_of)
