@@ -369,7 +369,7 @@ def build_fixture_store(root: Path) -> dict[str, Path]:
 STALE_MARK = "0" * 48  # subject_for's stand-in digests of an older engine (f"{i:064x}") start with this
 
 
-def rebind_store(src: Path, dst: Path, root: Path, specs_dir: Path | None = None) -> dict:
+def rebind_store(src: Path, dst: Path, root: Path, specs_dir: Path | None = None, methods=None) -> dict:
     """Copy a store written by `write_many` into `dst`, each receipt bound to the working tree as it is now.
 
     A benchmark store binds the engine and methods files as they were when it was written, so any later edit of
@@ -378,7 +378,8 @@ def rebind_store(src: Path, dst: Path, root: Path, specs_dir: Path | None = None
     becomes that file's digest now (the stand-ins of an older engine, STALE_MARK, stay: those receipts stay stale),
     the subject digest and the receipt id are computed again, and the file's bytes are the Statement serialised as
     `write_receipt` would (the subject list re-serialised, the predicate's bytes kept but for its two digests; a
-    sample is checked against `serialize`). Returns {"receipts": n, "bytes_per_receipt": ...}.
+    sample is checked against `serialize`). `methods`: only these method folders (several processes can share the
+    work). Returns {"receipts": n, "bytes_per_receipt": ...}.
     """
     import hashlib
     import json
@@ -395,7 +396,8 @@ def rebind_store(src: Path, dst: Path, root: Path, specs_dir: Path | None = None
         return now[name]
 
     n, total = 0, 0
-    for folder in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for folder in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")
+                         and (methods is None or p.name in methods)):
         out = dst / folder.name
         out.mkdir(parents=True, exist_ok=True)
         for i, path in enumerate(sorted(folder.glob("*.json"))):

@@ -418,3 +418,24 @@ def test_a_signed_receipts_signatures_are_read_from_its_file_on_every_call(toy, 
     (a,), _ = engine.store.verify.assess_receipts(receipts, root, specs, "toy", sealed=S.Sealed.for_user())
     assert a.signed_by == [json.loads(edited)["signatures"][0]["keyid"]] != json.loads(raw)["signatures"][0]["keyid"]
     assert _outputs(specs, receipts) == _without_cache(specs, receipts, monkeypatch)
+
+
+def test_under_a_trust_policy_gate_reads_only_its_methods_folder(toy, monkeypatch, tmp_path):
+    """Under a policy nothing sealed is used and every receipt is judged from its bytes: of the gated method only."""
+    from engine.store.signing import generate
+
+    root, specs, receipts = toy
+    key = tmp_path / "keys" / "runner.key"
+    key.parent.mkdir()
+    generate(key)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"keys:\n  - public_key: {key}.pub\n    devices: [cpu]\n")
+    mine = G.write(root, receipts, specs / "toy.yaml", sign_key=key, comparisons=G.ahead())
+    other = receipts / "other-method"
+    other.mkdir()
+    for i in range(3):
+        (other / f"2026010{i}T000000000000Z_other-method_{i:012x}.json").write_bytes(mine.read_bytes())
+    with _Reads() as reads:
+        code, out = _run("gate", "toy", "--json", "--trust", str(policy), "--specs", str(specs), "--receipts",
+                         str(receipts))
+    assert json.loads(out)["receipts"]["fresh"] and reads.files == [mine.name]
