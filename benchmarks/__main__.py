@@ -18,11 +18,13 @@ from pathlib import Path
 
 from benchmarks.harness import ROOT, Row
 
-ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "boundary", "audit", "tui")
+ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "boundary", "audit", "tui", "store")
 # The TUI rows generate 10,000 receipts and let the first start index them (about 130 ms of CPU per
 # receipt, mostly the receipt schema check): far longer than every other row together, so they run only
 # when named, `--only tui`, and the default run stays under five minutes on a 2-core machine.
-DEFAULT_ROWS = tuple(r for r in ROWS if r != "tui")
+# The store rows read a store of 10,000 receipts (2.5 GB, generated once in $BENCH_STORE_DIR: most of an hour), so
+# they run only when named too, `--only store`.
+DEFAULT_ROWS = tuple(r for r in ROWS if r not in ("tui", "store"))
 
 
 def machine(device: str) -> dict:
@@ -93,6 +95,10 @@ def measure(name: str, device: str, quick: bool) -> list[Row]:
         from benchmarks import audit_bench
 
         return audit_bench.run(device, **({"repeats": 1} if quick else {}))
+    if name == "store":
+        from benchmarks import cli_time
+
+        return cli_time.run_store(device, **({"receipts": 200, "repeats": 1, "verify_repeats": 1} if quick else {}))
     if name == "tui":
         from benchmarks import tui_rows
 

@@ -364,3 +364,63 @@ def build_fixture_store(root: Path) -> dict[str, Path]:
     truncated.write_bytes(truncated.read_bytes()[:700])
     out["truncated"] = truncated
     return out
+
+
+STALE_MARK = "0" * 48  # subject_for's stand-in digests of an older engine (f"{i:064x}") start with this
+
+
+def rebind_store(src: Path, dst: Path, root: Path, specs_dir: Path | None = None, methods=None) -> dict:
+    """Copy a store written by `write_many` into `dst`, each receipt bound to the working tree as it is now.
+
+    A benchmark store binds the engine and methods files as they were when it was written, so any later edit of
+    the engine makes every receipt stale and the gate has nothing fresh to count. Generating 10,000 receipts again
+    takes most of an hour on a loaded 2-core machine; rebinding takes minutes: each subject digest of a real file
+    becomes that file's digest now (the stand-ins of an older engine, STALE_MARK, stay: those receipts stay stale),
+    the subject digest and the receipt id are computed again, and the file's bytes are the Statement serialised as
+    `write_receipt` would (the subject list re-serialised, the predicate's bytes kept but for its two digests; a
+    sample is checked against `serialize`). `methods`: only these method folders (several processes can share the
+    work). Returns {"receipts": n, "bytes_per_receipt": ...}.
+    """
+    import hashlib
+    import json
+
+    from engine.store.receipts import canonical_parsed, receipt_id, serialize_parsed, subject_target
+
+    src, dst, root = Path(src), Path(dst), Path(root)
+    now: dict[str, str | None] = {}
+
+    def digest_now(name: str) -> str | None:
+        if name not in now:
+            target = subject_target(name, root, specs_dir)
+            now[name] = sha256_file(target) if target is not None and target.is_file() else None
+        return now[name]
+
+    n, total = 0, 0
+    for folder in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")
+                         and (methods is None or p.name in methods)):
+        out = dst / folder.name
+        out.mkdir(parents=True, exist_ok=True)
+        for i, path in enumerate(sorted(folder.glob("*.json"))):
+            raw = path.read_bytes()
+            stmt = json.loads(raw)
+            pred = stmt["predicate"]
+            subject = [dict(s, digest={"sha256": s["digest"]["sha256"] if s["digest"]["sha256"].startswith(STALE_MARK)
+                                       or digest_now(s["name"]) is None else digest_now(s["name"])})
+                       for s in stmt["subject"]]
+            old_sub, old_id = pred["subject_sha256"], pred["receipt_id"]
+            pred["subject_sha256"] = hashlib.sha256(canonical_parsed(subject)).hexdigest()
+            pred["receipt_id"] = receipt_id(pred, parsed=True)
+            stmt["subject"] = subject
+            head = json.dumps({"_type": stmt["_type"], "subject": subject}, indent=1, ensure_ascii=False)
+            at = raw.index(b',\n "predicateType"')
+            rest = raw[at:].replace(f'"subject_sha256": "{old_sub}"'.encode(),
+                                    f'"subject_sha256": "{pred["subject_sha256"]}"'.encode(), 1)
+            rest = rest.replace(f'"receipt_id": "{old_id}"'.encode(), f'"receipt_id": "{pred["receipt_id"]}"'.encode(), 1)
+            data = head[:head.rindex("\n}")].encode("utf-8") + rest
+            if i % 500 == 0 and data != serialize_parsed(stmt):
+                raise RuntimeError(f"rebinding {path.name} did not give write_receipt's bytes")
+            with open(out / receipt_filename(folder.name, pred["created_at"], pred["receipt_id"]), "xb") as f:
+                f.write(data)
+            n += 1
+            total += len(data)
+    return {"receipts": n, "bytes_per_receipt": total / max(n, 1)}

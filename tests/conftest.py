@@ -60,11 +60,23 @@ os.environ.setdefault("CONTRACTS_LEAK_CANARY", "leak-canary-" + secrets.token_he
 
 
 
+TEST_RACY_NS = 50_000_000
+
+
 @pytest.fixture(autouse=True)
 def _own_sealed_cache(tmp_path_factory, monkeypatch):
-    """Each test starts with an empty sealed cache of its own (engine/store/sealed.py), never the user's."""
+    """Each test starts with an empty sealed cache of its own (engine/store/sealed.py), never the user's.
+
+    A receipt changed within RACY_NS of being indexed is not recorded by its file's identity (its ctime might not
+    change again within the clock's tick: engine/store/sealed_index.py). The production window, 3 s, also covers
+    filesystems that keep whole seconds; the files tests write live on one that keeps nanoseconds with a tick of a
+    few milliseconds, so here a file is "old" after 50 ms (tests that write a store and then expect it indexed by
+    identity wait that long: tests/tui_support.py). tests/test_store_index.py tests the window itself."""
+    from engine.store import sealed_index
+
     monkeypatch.setenv("CONTRACTS_CACHE_DIR", str(tmp_path_factory.mktemp("sealed-cache")))
     monkeypatch.delenv("CONTRACTS_NO_CACHE", raising=False)
+    monkeypatch.setattr(sealed_index, "RACY_NS", TEST_RACY_NS)
 
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... in an xdist worker; None otherwise

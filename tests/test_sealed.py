@@ -16,8 +16,7 @@ import engine.cli as cli
 import engine.store.receipts
 import engine.store.verify
 from engine.store import sealed as S
-from engine.store.coverage import facts
-from engine.store.records import Receipt
+from engine.store import sealed_index as SI
 from engine.store.verify import assess
 from tests import gate_support as G
 
@@ -46,13 +45,7 @@ def _entry(sealed: S.Sealed, kind: str, key: str, fp: str) -> Path:
 # --- a hit is a fresh assessment ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", COMMITTED[:6] + COMMITTED[-3:], ids=lambda p: p.name[:30])
-def test_the_slim_statement_gives_the_same_record_and_coverage(path):
-    data = json.loads(path.read_bytes())
-    slim = S.slim_statement(data)
-    assert Receipt.from_statement(slim) == Receipt.from_statement(data)
-    assert facts(slim["predicate"]) == facts(data["predicate"])
-    assert len(json.dumps(slim)) < len(path.read_bytes()) / 3  # what makes a hit cheap
+# (that a receipt's summary reads as the whole receipt, for every committed receipt: tests/test_store_index.py)
 
 
 def test_a_hit_reads_as_a_fresh_assessment_and_checks_nothing_again(toy, monkeypatch):
@@ -104,18 +97,19 @@ def _forge(sealed: S.Sealed, kind: str, key: str, fp: str, value, mac: bytes) ->
 
 
 @pytest.mark.parametrize("forgery", ["right key, unsealed value", "right key, another user's seal",
-                                     "a genuine entry of other bytes, renamed", "a genuine entry, value edited"])
-def test_a_forged_receipt_entry_changes_no_verdict(forgery, toy):
+                                     "a genuine index of another folder, renamed", "a genuine index, value edited"])
+def test_a_forged_receipt_entry_changes_no_verdict(forgery, toy, tmp_path):
+    """The sealed index (engine/store/sealed_index.py) claims the tampered file is the intact receipt it was: by
+    its identity and its bytes' sha256, with the intact receipt's summary. No such claim is taken."""
     root, specs, receipts = toy
     path = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead())
     sealed = _sealed()
-    good_bytes = path.read_bytes()
+    good = path.read_bytes()
     assert assess(path, root, specs, display=path.name, folder_method="toy", sealed=sealed).state == "fresh"
-    fp = S.engine_fingerprint()
-    genuine = _entry(sealed, "receipt", S.receipt_key(good_bytes), fp)
-    assert genuine.is_file()
+    index = SI.FolderIndex(sealed, path.parent)
+    genuine = _entry(sealed, SI.KIND, index.key, index.fp)
+    assert genuine.is_file() and path.name in index.files
     bad = _tamper(path)
-    expected = None
     os.environ[S.ENV_OFF] = "1"
     try:
         expected = _verdicts(specs, receipts)  # from the files alone
@@ -123,26 +117,37 @@ def test_a_forged_receipt_entry_changes_no_verdict(forgery, toy):
         del os.environ[S.ENV_OFF]
     assert expected[0][0] == 1 and "file bytes differ" in expected[0][1]
     assert expected[2][0] == 1 and "tampered receipt" in expected[2][1]
-    claim = json.loads(genuine.read_bytes().partition(b"\n")[2])  # "intact and valid", with its record
-    key = S.receipt_key(bad)
-    target = _entry(sealed, "receipt", key, fp)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    doc = json.loads(genuine.read_bytes().partition(b"\n")[2])
+    doc["files"][path.name][0] = SI.identity(os.lstat(path))  # "this file, as it is now, is the intact receipt"
+    doc["files"][path.name][1] = hashlib.sha256(bad).hexdigest()
+    claim = json.dumps(doc, separators=(",", ":")).encode()
     if forgery == "right key, unsealed value":
-        target.write_bytes(b"0" * 64 + b"\n" + json.dumps(claim).encode())
+        genuine.write_bytes(b"0" * 64 + b"\n" + claim)
     elif forgery == "right key, another user's seal":
-        _forge(sealed, "receipt", key, fp, claim, os.urandom(32))
-    elif forgery == "a genuine entry of other bytes, renamed":
-        target.write_bytes(genuine.read_bytes())
+        _forge(sealed, SI.KIND, index.key, index.fp, doc, os.urandom(32))
+    elif forgery == "a genuine index of another folder, renamed":
+        other = tmp_path / "other-store" / "toy"
+        other.mkdir(parents=True)
+        copy = other / path.name
+        copy.write_bytes(bad)  # the tampered bytes, indexed nowhere (never judged intact), and the intact ones:
+        copy.with_name("intact.json").write_bytes(genuine.read_bytes())  # (any file name will do)
+        theirs = SI.FolderIndex(sealed, other)
+        theirs.files[path.name] = doc["files"][path.name]  # as if the user had once indexed it there, intact
+        theirs.parts = doc["parts"]
+        theirs._dirty = True
+        theirs.save()
+        genuine.write_bytes(_entry(sealed, SI.KIND, theirs.key, theirs.fp).read_bytes())
     else:
+        path.write_bytes(good)  # the intact receipt again: its own entry, edited, now lies about it
         text = genuine.read_bytes()
-        genuine.write_bytes(text.replace(b'"status":"passed"', b'"status":"failed"', 1))
+        genuine.write_bytes(text.replace(b'"passed"', b'"failed"'))
         assert genuine.read_bytes() != text
-        path.write_bytes(good_bytes)  # the intact receipt again: its own entry now lies
         os.environ[S.ENV_OFF] = "1"
         try:
             expected = _verdicts(specs, receipts)
         finally:
             del os.environ[S.ENV_OFF]
+        assert expected[2][0] == 1 and "tampered" not in expected[2][1]
     assert _verdicts(specs, receipts) == expected
 
 
@@ -231,6 +236,6 @@ def test_an_answer_from_the_stores_cache_file_is_never_sealed(toy):
     shown = assess(path, root, specs, display=path.name, folder_method="toy", cache=C.ValidationCache(receipts),
                    sealed=_sealed())
     assert shown.state == "fresh"  # a display fooled by the store's file
-    assert not list(_sealed().dir.glob(f"receipt-v{S.VERSION}/*/*.json"))
+    assert not list(_sealed().dir.glob(f"{SI.KIND}-v{S.VERSION}/*/*.json"))
     a = assess(path, root, specs, display=path.name, folder_method="toy", sealed=_sealed())
     assert a.state == "tampered" and "file bytes differ" in a.message

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -408,8 +409,9 @@ def test_check_refuses_a_bad_key_before_running_anything(layout, tmp_path):
 def _poisoned_store(layout):
     """Spec on disk: IN-REVIEW, requires cpu and cuda. Receipts: a passing cpu run, a cpu run with a failure,
     and an edited receipt. Then the cache is poisoned (the spec's parsed data says DONE and cpu only; the edited
-    receipt's sha256 is filed as intact) and the index (the failing run shows no failure; the edited receipt,
-    same size and mtime, stays indexed as intact)."""
+    receipt's sha256 is filed as intact) and so is the index, as far as whoever writes the store can: its lines
+    are sealed with the user's key now (engine/store/index.py), so the failing run's edited digest (every contract
+    passed) is not read, and the edited receipt (same size and mtime, a new ctime) is parsed again."""
     root, specs, receipts = layout
     text = (specs / "toy.yaml").read_text()
     (specs / "toy.yaml").write_text(text.replace("  review: DONE   # reviewed by hand", "  review: IN-REVIEW")
@@ -418,6 +420,7 @@ def _poisoned_store(layout):
     failing = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(),
                       fail={("double-value", 2, "float32")})
     edited = G.write(root, receipts, specs / "toy.yaml", comparisons=G.ahead(), device="cuda")
+    time.sleep(0.06)  # older than the tests' racy window (tests/conftest.py): indexed by identity
     # warm the store's cache and the index as the TUI's browser does (the reading verbs seal theirs elsewhere)
     assert _invoke("list", "--specs", str(specs), "--receipts", str(receipts)).exit_code == 0
     C.code_stamp.cache_clear()
@@ -454,27 +457,30 @@ def _poisoned_store(layout):
     cache_file.write_bytes(json.dumps(doc).encode())
     detail = receipts / DETAIL_NAME
     lines = []
+    poisoned_lines = 0
     for line in detail.read_bytes().splitlines():
-        if line.count(b"\t") != 2:  # the header
+        if line.count(b"\t") != 3:  # the header
             lines.append(line)
             continue
-        head, cm, g = line.split(b"\t")
-        if failing.name.encode() in head:  # its contract digest: every contract passed
+        seal, head, cm, g = line.split(b"\t")
+        if failing.name.encode() in head:  # its contract digest: every contract passed (under the old seal)
             digest = json.loads(cm)
             for row in digest["c"].values():
                 row[0] = "passed"
             cm = json.dumps(digest, separators=(",", ":")).encode()
-        lines.append(b"\t".join((head, cm, g)))
+            poisoned_lines += 1
+        lines.append(b"\t".join((seal, head, cm, g)))
+    assert poisoned_lines
     detail.write_bytes(b"\n".join(lines) + b"\n")
-    # the poison is in place: the cache and the index now say what the files do not
+    # the poison is in place in the cache, which now says what the files do not; the index's is refused
     C.code_stamp.cache_clear()
     poisoned = C.ValidationCache(receipts)
     assert poisoned.load_spec(specs / "toy.yaml", root).data["promotion"]["review"] == "DONE"
     assert poisoned.integrity_problem({}, edited.read_bytes()) is None
     idx = ReceiptIndex(receipts)
     idx.refresh()
-    assert {row[0] for row in idx.heavy(f"toy/{failing.name}")["c"].values()} == {"passed"}
-    assert next(e for e in idx.entries() if e["file"] == f"toy/{edited.name}")["state"] == "ok"
+    assert "failed" in {row[0] for row in idx.heavy(f"toy/{failing.name}")["c"].values()}
+    assert next(e for e in idx.entries() if e["file"] == f"toy/{edited.name}")["state"] == "tampered"
     return expected, with_tui_flags
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 
 import pytest
 
@@ -26,6 +27,7 @@ def demo_names(monkeypatch):
 def store(tmp_path, demo_names):
     out = build_fixture_store(tmp_path / "proj")
     out["root"] = tmp_path / "proj"
+    time.sleep(0.06)  # older than the tests' racy window (tests/conftest.py): indexed by identity from now on
     return out
 
 

@@ -133,33 +133,33 @@ def _device(spec: Spec, device: str, fresh: list[Assessed], stale: list[Assessed
     seeds = list(data["budget"]["seeds"])
     on_dev = [a for a in fresh if a.device == device]
     stale_dev = [a for a in stale if a.device == device]
-    passed: dict[tuple, list[str]] = {}
+    # Receipts read from the sealed index share one results table when their results are the same
+    # (engine/store/summary.py): what a table passed and failed is worked out once per table, not per receipt.
+    tables: dict[int, _Table] = {}
     failed: list[dict] = []
     for a in on_dev:
-        for r in a.receipt.results:
-            cell = (r.contract, r.seed, r.dtype)
-            if r.status == "passed":
-                passed.setdefault(cell, []).append(a.receipt_id)
-            else:
-                failed.append({"contract": r.contract, "seed": r.seed, "dtype": r.dtype, "status": r.status,
-                               "receipt_id": a.receipt_id, "message": r.message})
+        table = _Table.of(tables, a.receipt.results)
+        table.receipts.append(a.receipt_id)
+        for r in table.failed:
+            failed.append({"contract": r.contract, "seed": r.seed, "dtype": r.dtype, "status": r.status,
+                           "receipt_id": a.receipt_id, "message": r.message})
+    passed = set().union(*(t.passed for t in tables.values()))
     missing: list[dict] = []
-    used: set[str] = set()
+    if all_seeds:
+        needed = {(c["id"], seed, dtype) for c in data["contracts"] for dtype in c["dtypes"] for seed in seeds}
+    else:
+        passed = {(cid, dt) for cid, _s, dt in passed}
+        needed = {(c["id"], dtype) for c in data["contracts"] for dtype in c["dtypes"]}
     for c in data["contracts"]:
         for dtype in c["dtypes"]:
-            if all_seeds:
-                for seed in seeds:
-                    hit = passed.get((c["id"], seed, dtype))
-                    if hit:
-                        used.update(hit)
-                    else:
-                        missing.append({"contract": c["id"], "seed": seed, "dtype": dtype})
-            else:
-                hits = [rid for (cid, _s, dt), rids in passed.items() if cid == c["id"] and dt == dtype for rid in rids]
-                if hits:
-                    used.update(hits)
-                else:
-                    missing.append({"contract": c["id"], "seed": None, "dtype": dtype})
+            for seed in seeds if all_seeds else [None]:
+                if ((c["id"], seed, dtype) if all_seeds else (c["id"], dtype)) not in passed:
+                    missing.append({"contract": c["id"], "seed": seed, "dtype": dtype})
+    used: set[str] = set()
+    for t in tables.values():  # a receipt counts when it passed a cell the spec needs
+        cells = t.passed if all_seeds else {(cid, dt) for cid, _s, dt in t.passed}
+        if not needed.isdisjoint(cells):
+            used.update(t.receipts)
     run_errors = [{"receipt_id": a.receipt_id, "errors": list(a.receipt.errors)} for a in on_dev
                   if a.receipt.errors and a.receipt.status != "interrupted"]
     total = sum(len(c["dtypes"]) * (len(seeds) if all_seeds else 1) for c in data["contracts"])
@@ -253,6 +253,26 @@ def _fresh_seeds(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: 
         cmd.signing(devices[0])) if n)), receipts=[])
 
 
+class _Table:
+    """One results table (a receipt's `results`, shared by every record of the sealed index with the same ones):
+    the cells it passed, the results that did not pass, and the receipts holding it."""
+
+    __slots__ = ("results", "passed", "failed", "receipts")
+
+    def __init__(self, results) -> None:
+        self.results = results  # held, so that its id stays its own while it is a key
+        self.passed = {(r.contract, r.seed, r.dtype) for r in results if r.status == "passed"}
+        self.failed = [r for r in results if r.status != "passed"]
+        self.receipts: list[str] = []
+
+    @classmethod
+    def of(cls, tables: dict, results) -> "_Table":
+        table = tables.get(id(results))
+        if table is None:
+            table = tables[id(results)] = cls(results)
+        return table
+
+
 def _tier_cells(data: dict, all_seeds: bool, seeds: list, tier: dict[str, str], missing: list[dict],
                 failed: list[dict], needed: list[str]) -> dict[str, dict]:
     """Per tier: the cells required (contract x dtype x budget seed, or x one seed), those that passed (in a fresh
@@ -276,20 +296,29 @@ def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Co
     if not required:
         return _req("mutants_killed", True, "not required by the spec", required=False, receipts=[],
                     survived=[], unproven=[])
-    killed_in: dict[str, list[str]] = {}
     seen: set[str] = set()
-    proven_in: dict[str, list[str]] = {}
+    killed: set[str] = set()
+    proven: set[str] = set()
+    used: set[str] = set()
+    groups: dict[tuple, tuple] = {}  # records of the sealed index share their mutant verdicts: worked out once
     for a in relevant:
-        for m in a.receipt.mutants:
-            seen.add(m.id)
-            if m.killed:
-                killed_in.setdefault(m.id, []).append(a.receipt_id)
-        for cid, ms in a.receipt.contracts_proven.items():
-            if ms:
-                proven_in.setdefault(cid, []).append(a.receipt_id)
+        rec = a.receipt
+        key = (id(rec.mutants), id(rec.contracts_proven))
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = (rec.mutants, rec.contracts_proven, {m.id for m in rec.mutants},
+                               {m.id for m in rec.mutants if m.killed},
+                               {cid for cid, ms in rec.contracts_proven.items() if ms}, [])
+            seen |= g[2]
+            killed |= g[3]
+            proven |= g[4]
+        if g[3] or g[4]:  # it killed a mutant or proved a contract: it is part of what met this requirement
+            g[5].append(a.receipt_id)
+    for g in groups.values():
+        used.update(g[5])
     mutant_ids = [m["id"] for m in data["mutants"]]
-    survived = [m for m in mutant_ids if m not in killed_in]
-    unproven = [c["id"] for c in data["contracts"] if c["id"] not in proven_in]
+    survived = [m for m in mutant_ids if m not in killed]
+    unproven = [c["id"] for c in data["contracts"] if c["id"] not in proven]
     met = not survived and not unproven
     where = "/".join(devices)
     if met:
@@ -305,7 +334,7 @@ def _mutants(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Co
         if unproven:
             parts.append(f"contracts never shown to fail on a mutant: {_more(unproven)}")
         detail = "; ".join(parts)
-    used = sorted({r for rs in killed_in.values() for r in rs} | {r for rs in proven_in.values() for r in rs})
+    used = sorted(used)
     if not met and not [m for m in survived if m not in seen] and relevant:
         # every mutant ran on this code and the verdict is what it is: running it again kills nothing new
         how = fix(note="strengthen the contracts until each mutant fails one of its killed_by contracts (and each "
@@ -329,28 +358,31 @@ def _formal(spec: Spec, relevant: list[Assessed], devices: list[str], cmd: "_Com
     seeds = list(spec.data["budget"]["seeds"])
     groups: dict[tuple, dict] = {}
     diagnostic = 0
+    runs: dict[int, tuple] = {}  # records of the sealed index share their mechanism runs: counted once
     for a in relevant:
-        for rec in a.receipt.mechanism:
-            for comp in rec.comparisons:
-                if not comp.formal:
-                    diagnostic += 1
-                    continue
-                key = (a.receipt_id, rec.contract, rec.dtype, comp.name, comp.metric)
-                g = groups.setdefault(key, {"receipt_id": a.receipt_id, "device": a.device, "contract": rec.contract,
-                                            "dtype": rec.dtype, "name": comp.name, "metric": comp.metric,
-                                            "method": comp.method, "control": comp.control,
-                                            "higher_is_better": comp.higher_is_better,
-                                            "per_seed": {}, "problems": []})
-                mv = [_number(v) for v in comp.method_values]
-                cv = [_number(v) for v in comp.control_values]
-                seed = rec.seed
-                if not mv or not cv or None in mv or None in cv:
-                    g["problems"].append(f"seed {seed}: values empty or not finite numbers")
-                elif str(seed) in g["per_seed"]:
-                    g["problems"].append(f"seed {seed} recorded twice")
-                else:
-                    d = sum(mv) / len(mv) - sum(cv) / len(cv)
-                    g["per_seed"][str(seed)] = d if g["higher_is_better"] else -d
+        mech = a.receipt.mechanism
+        counted = runs.get(id(mech))
+        if counted is None:
+            counted = runs[id(mech)] = (mech, sum(not c.formal for rec in mech for c in rec.comparisons),
+                                        [(rec, c) for rec in mech for c in rec.comparisons if c.formal])
+        diagnostic += counted[1]
+        for rec, comp in counted[2]:
+            key = (a.receipt_id, rec.contract, rec.dtype, comp.name, comp.metric)
+            g = groups.setdefault(key, {"receipt_id": a.receipt_id, "device": a.device, "contract": rec.contract,
+                                        "dtype": rec.dtype, "name": comp.name, "metric": comp.metric,
+                                        "method": comp.method, "control": comp.control,
+                                        "higher_is_better": comp.higher_is_better,
+                                        "per_seed": {}, "problems": []})
+            mv = [_number(v) for v in comp.method_values]
+            cv = [_number(v) for v in comp.control_values]
+            seed = rec.seed
+            if not mv or not cv or None in mv or None in cv:
+                g["problems"].append(f"seed {seed}: values empty or not finite numbers")
+            elif str(seed) in g["per_seed"]:
+                g["problems"].append(f"seed {seed} recorded twice")
+            else:
+                d = sum(mv) / len(mv) - sum(cv) / len(cv)
+                g["per_seed"][str(seed)] = d if g["higher_is_better"] else -d
     evaluations = []
     for g in groups.values():
         have = [s for s in seeds if str(s) in g["per_seed"]]
@@ -519,10 +551,21 @@ def _counted(assessed: list[Assessed], spec_name: str, unit: str, policy, impl_f
     untrusted = [a for a in usable if policy is not None and a.trust != "trusted"]
     usable = [a for a in usable if a not in untrusted]
     refused, fresh = [], []
+    why_of: dict[tuple, tuple] = {}  # records of the sealed index share what refusal reads: asked once per kind
     for a in usable:
         if a.state != "fresh":
             continue
-        why = refusal(a, impl_file)
+        rec = a.receipt
+        if rec.bound_map is None:  # read from its file: nothing shared
+            why = refusal(a, impl_file)
+        else:
+            git = rec.git
+            key = (id(rec.implementation), id(rec.bound_map), rec.spec_name, rec.spec_implementation,
+                   None if git is None else (git.dirty, id(git.untracked), id(git.modified)))
+            held = why_of.get(key)
+            if held is None:  # the objects whose ids are the key are held with the answer
+                held = why_of[key] = (refusal(a, impl_file), rec.implementation, rec.bound_map, git)
+            why = list(held[0])
         if why:
             refused.append((a, why))
         else:

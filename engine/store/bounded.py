@@ -79,6 +79,12 @@ def read_regular(path: Path | str, max_bytes: int) -> bytes:
 
     Raises TooLarge (over the cap), ValueError (a symbolic link, not a regular file) or OSError.
     """
+    return read_regular_with_stat(path, max_bytes)[0]
+
+
+def read_regular_with_stat(path: Path | str, max_bytes: int) -> tuple[bytes, os.stat_result]:
+    """`read_regular`, with the file's status as it was just before its bytes were read (fstat of the same open
+    file): what an identity recorded beside the bytes' verdict must be (engine/store/sealed_index.py)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as err:
@@ -101,6 +107,6 @@ def read_regular(path: Path | str, max_bytes: int) -> bytes:
         data = b"".join(chunks)
         if len(data) > max_bytes:  # grew while being read
             raise TooLarge(f"is over the {max_bytes}-byte limit")
-        return data
+        return data, st
     finally:
         os.close(fd)

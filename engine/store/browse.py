@@ -489,12 +489,15 @@ def gate_views_elsewhere(keys: list, specs_dir: Path, receipts_dir: Path, root: 
 def gate_for(key: str, receipts_dir: Path, root: Path, specs_dir: Path, trust: Path | None = None,
              unit: str = DEFAULT_UNIT) -> GateView:
     """`contracts gate KEY [--impl TARGET] [--trust TRUST]`'s verdict, derived the same way (the read model's
-    Overview.verdict): the spec file, every receipt file and the trust policy file are read afresh; the index and
-    the validation cache are not consulted."""
+    Overview.verdict): the spec file and the trust policy file are read afresh, and every receipt is what the
+    user's sealed index says of it while its file is unchanged (engine/store/sealed_index.py; from its bytes under
+    a trust policy or CONTRACTS_NO_CACHE=1), exactly as `contracts gate` reads them; the store's own index and
+    validation cache are not consulted."""
     from engine.errors import ContractsError
     from engine.paths import spec_path
     from engine.spec.memo import load_spec
     from engine.store.overview import Overview
+    from engine.store.sealed import Sealed
     from engine.store.trust import load_policy
 
     flags = gate_flags(receipts_dir, specs_dir, root)
@@ -503,7 +506,8 @@ def gate_for(key: str, receipts_dir: Path, root: Path, specs_dir: Path, trust: P
         spec = load_spec(spec_path(Path(specs_dir), key), Path(root))
     except ContractsError as err:
         return GateView("closed", [(err.line(), f"contracts gate {key}{flags}")], "engine.gate")
-    overview = Overview(Path(specs_dir), Path(receipts_dir), Path(root), policy=policy, flags=flags)
+    overview = Overview(Path(specs_dir), Path(receipts_dir), Path(root), policy=policy, flags=flags,
+                        sealed=Sealed.for_user(use=policy is None))
     if unit != DEFAULT_UNIT:
         row = overview.method(spec, unit)  # its verdict carries the --impl TARGET its fixes need
         if row is not None:

@@ -134,6 +134,8 @@ class ValidationCache:
         self._fps: dict[str, str] = {}
         self._tree: dict[tuple[str, int, int], str] = {}  # working-tree digests, this process only
         self._targets: dict[tuple, Any] = {}  # subject name -> working-tree path, for this cache's life (one command)
+        self._changed: dict[tuple, tuple] = {}  # (subject pairs, state, root, specs) -> changed files, likewise
+        self._changed_ids: dict[int, tuple] = {}  # id(shared subject pairs) -> (the pairs, {(state, ...): changed})
 
     # -- the file -----------------------------------------------------------------
 
@@ -363,6 +365,26 @@ class ValidationCache:
         if key not in self._targets:
             self._targets[key] = subject_target(name, root, specs_dir)
         return self._targets[key]
+
+    def changed_subjects(self, pairs: tuple, state, root: Path, specs_dir: Path | None) -> tuple:
+        """`engine.store.receipts.changed_subjects`, worked out once per distinct subject list (and recorded spec
+        state) for this cache's life (one command): thousands of receipts bind the same few lists. A list shared
+        by many records (engine/store/summary.py decodes one object per distinct list) is found by identity,
+        without hashing its hundreds of names again."""
+        from engine.store.receipts import changed_subjects
+
+        where = (state, os.fspath(root), None if specs_dir is None else os.fspath(specs_dir))
+        held = self._changed_ids.get(id(pairs))
+        if held is not None and held[0] is pairs and where in held[1]:
+            return held[1][where]
+        key = (pairs, *where)
+        out = self._changed.get(key)
+        if out is None:
+            out = self._changed[key] = changed_subjects(pairs, state, root, specs_dir, self)
+        if held is None or held[0] is not pairs:
+            held = self._changed_ids[id(pairs)] = (pairs, {})  # the pairs kept alive: their id stays theirs
+        held[1][where] = out
+        return out
 
     def tree_sha256(self, target: Path) -> str:
         """sha256 of a working-tree file, remembered by (path, size, mtime_ns) for this cache's life (one

@@ -1,11 +1,20 @@
 """A cache of receipt summaries, so browsing never re-reads every receipt.
 
 `receipts/.index.jsonl` holds one line per receipt file, keyed by the file's
-path inside the store plus its size and mtime. `refresh()` lists the store and
+path inside the store plus its identity (device, inode, size, mtime, ctime: what
+the reading verbs' sealed index keys on too, engine/store/sealed_index.py, for
+the same reasons; a file changed within RACY_NS of being read is recorded
+without one and read again next time). `refresh()` lists the store and
 parses only files that are new or changed since they were indexed (in worker
 processes when there are many); everything else comes from the cache. The
 index is a cache, never evidence: deleting it costs one full re-read and
 changes nothing else.
+
+Every line is sealed: an HMAC-SHA256 under the user's key (engine/store/sealed.py, never in the store) over the
+line, the store's real path and a fingerprint of the code that decided it. Whoever can write the store, and so
+these files, but cannot read that key cannot make a line say anything: a line whose seal does not verify is not
+read, and its receipt is parsed again. Without the user's key (CONTRACTS_NO_CACHE=1, a key others can read)
+nothing is read or written here; the browser then indexes in memory.
 
 Each receipt has a light summary in `.index.jsonl` (state, time, device,
 status, ...), read on start, and a heavy part in `.index-detail.jsonl`
@@ -25,12 +34,15 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import hmac
 import json
 import math
 import os
 import re
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -44,8 +56,9 @@ from engine.store.records import unit_of
 
 INDEX_NAME = ".index.jsonl"
 DETAIL_NAME = ".index-detail.jsonl"
-INDEX_VERSION = 9  # 5: worst expectation by headroom; 6: gate slice with git; 7: no gate slice (verdicts read files);
-# 8: coverage facts (engine/store/coverage.py); 9: implementation unit and label, mutation score
+INDEX_VERSION = 10  # 5: worst expectation by headroom; 6: gate slice with git; 7: no gate slice (verdicts read
+# files); 8: coverage facts (engine/store/coverage.py); 9: implementation unit and label, mutation score; 10: sealed
+# lines, file identity
 OK, TAMPERED, INVALID = "ok", "tampered", "invalid"
 FRESH, STALE = "fresh", "stale"
 POOL_THRESHOLD = 200  # more new files than this: parse them in worker processes
@@ -259,6 +272,24 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
 
 
+_INDEX_CODE = ("store/index.py", "run/expect.py")
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint() -> str:
+    """What decides a line: the receipt verdict's code (engine.store.sealed.receipt_fingerprint) and this module's
+    summaries (the contract digest's worst expectation comes from engine/run/expect.py). Once per process."""
+    from engine.store.sealed import _ENGINE, receipt_fingerprint
+
+    h = hashlib.sha256(f"browse v{INDEX_VERSION}\0{receipt_fingerprint()}".encode())
+    for rel in _INDEX_CODE:
+        try:
+            h.update(rel.encode() + b"\0" + hashlib.sha256((_ENGINE / rel).read_bytes()).digest())
+        except OSError:
+            h.update(rel.encode() + b"\0-")
+    return h.hexdigest()
+
+
 class ReceiptIndex:
     """Receipt summaries for one store, refreshed incrementally from `.index.jsonl`.
 
@@ -268,11 +299,17 @@ class ReceiptIndex:
     Display only: no verdict reads the index (engine.store.browse.gate_for reads the files).
     """
 
-    def __init__(self, receipts_dir: Path, persist: bool = True):
+    def __init__(self, receipts_dir: Path, persist: bool = True, sealed=None):
+        from engine.store.sealed import Sealed
+
         self.receipts_dir = Path(receipts_dir)
         self.path = self.receipts_dir / INDEX_NAME
         self.detail_path = self.receipts_dir / DETAIL_NAME
-        self.persist = persist
+        sealed = sealed if sealed is not None else Sealed.for_user()
+        self._key = sealed._mac_key() if sealed.enabled else None
+        self.persist = persist and self._key is not None  # nothing to seal with: this process's index only
+        self._seal_prefix = b"browse\0" + hashlib.sha256(os.fsencode(os.path.realpath(self.receipts_dir))).digest() \
+            + b"\0" + (_fingerprint().encode() if self._key is not None else b"") + b"\0"
         self._entries: dict[str, dict] = {}  # rel path -> light summary (+ file, size, mtime_ns)
         self._heavy: dict[str, bytes | dict | None] = {}  # rel path -> heavy part, bytes until first asked
         self._subjects: dict[str, list] = {}  # digest -> [[name, sha256], ...]
@@ -280,12 +317,29 @@ class ReceiptIndex:
         self._loaded = False
         self._detail_loaded = False
         self._lines = 0
+        self._dead = 0
 
     # -- the cache files ---------------------------------------------------------
 
-    @staticmethod
-    def _read_lines(path: Path) -> list[bytes] | None:
-        """The lines after a header of this version, or None (missing, foreign or unreadable)."""
+    def _seal(self, payload: bytes) -> bytes:
+        return hmac.digest(self._key, self._seal_prefix + payload, "sha256").hex().encode("ascii")
+
+    def _sealed_line(self, payload: bytes) -> bytes:
+        """A line as written: its seal, a tab, the payload (which holds no raw newline)."""
+        return self._seal(payload) + _SEP + payload + b"\n"
+
+    def _opened(self, line: bytes) -> bytes | None:
+        """The payload of a line whose seal verifies; None for any other (cut, edited, foreign, unsealed)."""
+        mac, _, payload = line.partition(_SEP)
+        if self._key is None or len(mac) != 64 or not hmac.compare_digest(mac, self._seal(payload)):
+            return None
+        return payload
+
+    def _read_lines(self, path: Path) -> list[bytes] | None:
+        """The payloads of the sealed lines after a header of this version, or None (missing, foreign or
+        unreadable); a line whose seal does not verify is left out."""
+        if self._key is None:
+            return None
         try:  # a symbolic link, or a file over the cap, is not this cache: rebuilt from the receipts
             lines = bounded.read_regular(path, bounded.MAX_INDEX_BYTES).split(b"\n")
         except (OSError, ValueError):
@@ -296,7 +350,9 @@ class ReceiptIndex:
             return None
         if not isinstance(head, dict) or head.get("k") != "h" or head.get("v") != INDEX_VERSION:
             return None  # another format: rebuilt from the receipts on this refresh
-        return lines[1:]
+        opened = [self._opened(line) for line in lines[1:] if line]
+        self._dead = sum(p is None for p in opened)
+        return [p for p in opened if p is not None]
 
     def _read_cache(self) -> None:
         self._loaded = True
@@ -316,7 +372,7 @@ class ReceiptIndex:
                 self._subjects[rec["d"]] = rec.get("s") or []
             elif kind == "c" and isinstance(rec.get("d"), str):
                 self._csets[rec["d"]] = rec.get("c") or []
-        self._lines = len(lines)
+        self._lines = len(lines) + self._dead
 
     def _load_detail(self) -> None:
         """Heavy parts from `.index-detail.jsonl`, kept as bytes; only those matching a current entry."""
@@ -324,37 +380,42 @@ class ReceiptIndex:
         for line in self._read_lines(self.detail_path) or []:
             key, _, heavy = line.partition(_SEP)
             try:
-                rel, size, mtime = bounded.loads(key)
+                rel, ident = bounded.loads(key)
             except (ValueError, TypeError):
                 continue
             e = self._entries.get(rel)
-            if e is not None and e["size"] == size and e["mtime_ns"] == mtime and heavy and rel not in self._heavy:
+            if e is not None and ident is not None and e.get("ident") == ident and heavy and rel not in self._heavy:
                 self._heavy[rel] = heavy
 
     def _header(self) -> str:
         return _dumps({"k": "h", "v": INDEX_VERSION, "about": "cache of receipt summaries; safe to delete"}) + "\n"
 
-    def _write(self, path: Path, text: str, rewrite: bool) -> bool:
+    def _write(self, path: Path, lines: list[bytes], rewrite: bool) -> bool:
         if not self.persist:
             return False
+        data = b"".join(lines)
+        header = self._header().encode("utf-8")
         try:
             if rewrite:
                 tmp = self.receipts_dir / f"{TMP_PREFIX}index-{secrets.token_hex(6)}"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    f.write(self._header() + text)
+                with open(tmp, "wb") as f:
+                    f.write(header + data)
                 os.replace(tmp, path)
-            elif text:
+            elif data:
                 # One write of whole lines in append mode: a concurrent reader sees whole lines or
                 # a cut last line, which it skips.
                 new = not path.exists()
-                with open(path, "a", encoding="utf-8") as f:
-                    f.write((self._header() if new else "") + text)
+                with open(path, "ab") as f:
+                    f.write((header if new else b"") + data)
             return True
         except (OSError, ValueError):
             return False  # a read-only store still browses; it just re-parses next time
 
-    def _light_line(self, rel: str) -> str:
-        return _dumps({"k": "r", **self._entries[rel]}) + "\n"
+    def _line(self, record: dict) -> bytes:
+        return self._sealed_line(_dumps(record).encode("utf-8")) if self._key is not None else b""
+
+    def _light_line(self, rel: str) -> bytes:
+        return self._line({"k": "r", **self._entries[rel]})
 
     def _detail_line(self, rel: str) -> bytes:
         e = self._entries[rel]
@@ -364,7 +425,9 @@ class ReceiptIndex:
         else:
             cm, g = heavy if isinstance(heavy, list) else (None, None)
             payload = _SEP.join(p if isinstance(p, bytes) else _dumps(p).encode("utf-8") for p in (cm, g))
-        return _dumps([rel, e["size"], e["mtime_ns"]]).encode("utf-8") + _SEP + payload + b"\n"
+        if self._key is None:
+            return b""
+        return self._sealed_line(_dumps([rel, e.get("ident")]).encode("utf-8") + _SEP + payload)
 
     def _write_details(self, rels: list[str], rewrite: bool) -> bool:
         """Write detail lines, recording each line's byte offset in its light entry (`dofs`)."""
@@ -414,9 +477,12 @@ class ReceiptIndex:
                 line = f.readline(bounded.MAX_RECEIPT_BYTES).rstrip(b"\n")
         except OSError:
             return None
+        line = self._opened(line)
+        if line is None or e.get("ident") is None:
+            return None
         key, _, heavy = line.partition(_SEP)
         try:
-            if bounded.loads(key) != [rel, e["size"], e["mtime_ns"]]:
+            if bounded.loads(key) != [rel, e["ident"]]:
                 return None
         except (ValueError, TypeError):
             return None
@@ -424,9 +490,11 @@ class ReceiptIndex:
 
     # -- refresh ------------------------------------------------------------------------
 
-    def _listing(self) -> dict[str, tuple[str, int, int, str | None]]:
-        """rel -> (path, size, mtime_ns, folder method): every candidate `contracts verify` would assess."""
-        found: dict[str, tuple[str, int, int, str | None]] = {}
+    def _listing(self) -> dict[str, tuple[str, list, str | None]]:
+        """rel -> (path, identity, folder method): every candidate `contracts verify` would assess."""
+        from engine.store.sealed_index import identity
+
+        found: dict[str, tuple[str, list, str | None]] = {}
         try:
             top = list(os.scandir(self.receipts_dir))
         except OSError:
@@ -445,16 +513,16 @@ class ReceiptIndex:
                         if f.name.startswith(".") or not (f.is_file() or f.is_symlink()):
                             continue
                         st = f.stat(follow_symlinks=False)
-                        found[f"{name}/{f.name}"] = (f.path, st.st_size, st.st_mtime_ns, folder_method)
+                        found[f"{name}/{f.name}"] = (f.path, identity(st), folder_method)
                 elif name.endswith(RECEIPT_SUFFIX) and e.is_file():
                     st = e.stat()
-                    found[name] = (e.path, st.st_size, st.st_mtime_ns, None)
+                    found[name] = (e.path, identity(st), None)
             except OSError:
                 continue
         return found
 
     def _parse(self, todo: list, listing: dict, progress) -> list:
-        jobs = [(listing[rel][0], rel, listing[rel][3]) for rel in todo]
+        jobs = [(listing[rel][0], rel, listing[rel][2]) for rel in todo]
         if len(jobs) <= POOL_THRESHOLD:
             out = []
             for i, job in enumerate(jobs):
@@ -484,28 +552,32 @@ class ReceiptIndex:
         if not self._loaded:
             self._read_cache()
         had_cache_file = self._lines > 0
+        from engine.store.sealed_index import RACY_NS
+
+        t0 = time.time_ns()  # before the listing's identities: a file changed after it is racy
         listing = self._listing()
         result = RefreshResult()
         entries = self._entries
-        todo = sorted(rel for rel, (_, size, mtime, _fm) in listing.items()
-                      if (e := entries.get(rel)) is None or e["size"] != size or e["mtime_ns"] != mtime)
+        todo = sorted(rel for rel, (_, ident, _fm) in listing.items()
+                      if (e := entries.get(rel)) is None or e.get("ident") is None or e["ident"] != ident)
         result.removed = sorted(set(entries) - set(listing))
         for rel in result.removed:
             del entries[rel]
             self._heavy.pop(rel, None)
-        light_lines: list[str] = []
+        light_lines: list[bytes] = []
         new_rels: list[str] = []
         for rel, (light, heavy, pairs, cids) in zip(todo, self._parse(todo, listing, progress)):
-            _, size, mtime, _fm = listing[rel]
+            _, ident, _fm = listing[rel]
             if light["subjects"] and light["subjects"] not in self._subjects:
                 self._subjects[light["subjects"]] = pairs
-                light_lines.append(_dumps({"k": "s", "d": light["subjects"], "s": pairs}) + "\n")
+                light_lines.append(self._line({"k": "s", "d": light["subjects"], "s": pairs}))
             if light["cset"] and light["cset"] not in self._csets:
                 self._csets[light["cset"]] = cids
-                light_lines.append(_dumps({"k": "c", "d": light["cset"], "c": cids}) + "\n")
+                light_lines.append(self._line({"k": "c", "d": light["cset"], "c": cids}))
             if rel not in entries:
                 result.added.append(rel)
-            entries[rel] = {"file": rel, "size": size, "mtime_ns": mtime, **light}
+            # racy (changed within RACY_NS of the listing): no identity, so it is parsed again next time
+            entries[rel] = {"file": rel, "ident": ident if ident[4] <= t0 - RACY_NS else None, **light}
             self._heavy[rel] = heavy
             new_rels.append(rel)
         result.parsed = len(todo)
@@ -520,15 +592,15 @@ class ReceiptIndex:
             # Details first, so the light lines carry their offsets; a light line whose detail is
             # missing or moved is re-read from the receipt on demand, never wrong.
             result.persisted = self._write_details([rel for rel in sorted(entries) if rel in self._heavy], True)
-            light = "".join(_dumps({"k": "s", "d": d, "s": s}) + "\n" for d, s in self._subjects.items())
-            light += "".join(_dumps({"k": "c", "d": d, "c": c}) + "\n" for d, c in self._csets.items())
-            light += "".join(self._light_line(rel) for rel in sorted(entries))
+            light = [self._line({"k": "s", "d": d, "s": s}) for d, s in self._subjects.items()]
+            light += [self._line({"k": "c", "d": d, "c": c}) for d, c in self._csets.items()]
+            light += [self._light_line(rel) for rel in sorted(entries)]
             result.persisted = self._write(self.path, light, rewrite=True) and result.persisted
-            self._lines = light.count("\n")
+            self._lines = len(light)
         elif new_rels:
             result.persisted = self._write_details(new_rels, rewrite=False)
             light_lines += [self._light_line(rel) for rel in new_rels]
-            result.persisted = self._write(self.path, "".join(light_lines), rewrite=False) and result.persisted
+            result.persisted = self._write(self.path, light_lines, rewrite=False) and result.persisted
             self._lines += len(light_lines)
         return result
 
@@ -556,7 +628,7 @@ class ReceiptIndex:
                                             folder if folder and KEY_RE.match(folder) else None)
                 self._heavy[rel] = heavy if heavy is not None else [None, None]
                 if self._write_details([rel], rewrite=False):
-                    self._write(self.path, self._light_line(rel), rewrite=False)
+                    self._write(self.path, [self._light_line(rel)], rewrite=False)
                     self._lines += 1
         h = self._heavy.get(rel)
         if isinstance(h, bytes):

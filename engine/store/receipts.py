@@ -373,9 +373,24 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
             and isinstance(x["digest"].get("sha256"), str) for x in subject):
         rc.state, rc.message = "invalid", "subject is not a list of {name: string, digest: {sha256: string}} entries"
         return rc
+    spec = pred.get("spec")
+    state = spec.get("promotion_state") if isinstance(spec, dict) else None
+    pairs = tuple((s["name"], s["digest"]["sha256"]) for s in subject)
+    changed = cache.changed_subjects(pairs, state, root, specs_dir) if cache is not None else \
+        changed_subjects(pairs, state, root, specs_dir)
+    if changed:
+        rc.state, rc.changed = "stale", tuple(changed)
+        rc.message = "changed since the run: " + ", ".join(changed)
+    return rc
+
+
+def changed_subjects(pairs, state: str | None, root: Path, specs_dir: Path | None = None, cache=None) -> tuple:
+    """The bound files (`pairs`: (name, sha256) of a receipt's subject) that differ from the working tree, each
+    named as `verify` says it; empty when the receipt is fresh. `state` is the promotion state the receipt recorded
+    for its spec (a spec that differs only in it is the same spec). The one rule of freshness: `check_receipt` and
+    the sealed index (engine/store/sealed_index.py) both decide it here, on every call."""
     changed = []
-    for s in subject:
-        name = s.get("name", "")
+    for name, sha in pairs:
         if is_external_subject(name):
             continue  # a checkpoint file: binds what ran, is not in the tree (see is_external_subject)
         if _not_a_repository_path(name):
@@ -387,13 +402,10 @@ def check_receipt(path: Path, root: Path, specs_dir: Path | None = None, display
             changed.append(f"{name} (resolves outside the checkout)")
         elif not target.is_file():
             changed.append(f"{name} (missing)")
-        elif (cache.tree_sha256(target) if cache is not None else sha256_file(target)) != \
-                s.get("digest", {}).get("sha256") and not _same_but_state(target, s, pred, cache):
+        elif (cache.tree_sha256(target) if cache is not None else sha256_file(target)) != sha \
+                and not _same_but_state(target, name, sha, state, cache):
             changed.append(name)
-    if changed:
-        rc.state, rc.changed = "stale", tuple(changed)
-        rc.message = "changed since the run: " + ", ".join(changed)
-    return rc
+    return tuple(changed)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -438,21 +450,19 @@ def subject_target(name: str, root: Path, specs_dir: Path | None = None) -> Path
 # --- freshness across a promote/demote -----------------------------------------
 
 
-def _same_but_state(target: Path, subject: dict, pred: dict, cache=None) -> bool:
+def _same_but_state(target: Path, name: str, sha: str, state: str | None, cache=None) -> bool:
     """A spec that differs from the run's only in promotion.state (a promote or demote since) is the same spec.
 
     Promoting rewrites exactly the state token (engine/gate/promote.py); setting it
     back must reproduce the bound bytes, or the spec really changed.
     """
-    spec = pred.get("spec")
-    state = spec.get("promotion_state") if isinstance(spec, dict) else None
-    if not str(subject.get("name", "")).startswith("specs/") or not isinstance(state, str):
+    if not name.startswith("specs/") or not isinstance(state, str):
         return False
     if cache is not None:
-        return cache.digest_with_state(target.read_bytes(), state) == (subject.get("digest") or {}).get("sha256")
+        return cache.digest_with_state(target.read_bytes(), state) == sha
     from engine.gate.promote import digest_with_state
 
-    return digest_with_state(target.read_bytes(), state) == (subject.get("digest") or {}).get("sha256")
+    return digest_with_state(target.read_bytes(), state) == sha
 
 
 # --- receipt JSON Schema (published by `contracts schema receipt`) -----------

@@ -155,14 +155,17 @@ class Receipt:
     signed_by: tuple[str, ...] = ()
     seed_source: Optional[str] = None  # budget | given | fresh (drawn at run time); None before it was recorded
     predicate: Mapping = field(default_factory=dict, repr=False, compare=False)
+    # subject as a mapping, shared by every record of a sealed index that binds the same files
+    # (engine/store/summary.py): the gate asks it once per receipt, and a subject list is hundreds of files
+    bound_map: Optional[Mapping] = field(default=None, repr=False, compare=False)
 
     @property
     def unit(self) -> str:
         return self.implementation.unit
 
     @property
-    def bound(self) -> dict[str, str]:
-        return dict(self.subject)
+    def bound(self) -> Mapping[str, str]:
+        return self.bound_map if self.bound_map is not None else dict(self.subject)
 
     @classmethod
     def from_statement(cls, data: dict, signed_by: tuple[str, ...] = ()) -> "Receipt":

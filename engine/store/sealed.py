@@ -6,21 +6,25 @@ function of bytes: that a receipt is intact (its id against its canonical predic
 bytes) and matches the receipt schema, what its typed record holds (engine/store/records.py), and that a spec is
 valid and what it says. Each answer is kept here under
 
-  * the sha256 of the very bytes it summarises (the receipt file as stored, envelope included; the spec file with
-    its name, which the method key must match);
-  * a fingerprint of everything else that decides it: every file of the engine (its code and schemas), the
-    validating libraries' installs, the Python version, and for a spec the names its methods register (a digest
-    of every methods/ source);
+  * what names the bytes it summarises: a spec's sha256 with its file name (which the method key must match); for
+    receipts, one index per method folder (engine/store/sealed_index.py) keyed by the folder's real path, whose
+    entries map each file's identity to the sha256 its bytes had and the receipt's summary (engine/store/summary.py);
+  * a fingerprint of everything else that decides it: for a receipt, the code that decides its verdict and what its
+    summary holds (`receipt_fingerprint`: receipts.py, the receipt schema, the envelope, the bounds, the summary and
+    the records it builds; not the CLI, the gate or the kinds), for a spec every file of the engine
+    (`engine_fingerprint`) and the names its methods register (a digest of every methods/ source); and the
+    validating libraries' installs and the Python version;
 
-and sealed with an HMAC-SHA256 over all of it (kind, content key, fingerprint, value) under a 256-bit key that
+and sealed with an HMAC-SHA256 over all of it (kind, key, fingerprint, value) under a 256-bit key that
 lives in the user's cache folder (mode 0600), never in a receipt store or the repository. An entry is used only
 when its seal verifies; anything else (no entry, another key's seal, an edited value, an entry copied under the
 key of other bytes, a corrupt or unreadable file) is a miss, and the answer is derived from the file afresh, as
 without a cache. Only good answers are kept (an intact, schema-valid receipt; a valid spec): a file that fails
 is judged from its bytes every time, so its message is always the fresh one.
 
-What is never kept, and decided on every call: that the file's bytes are those the key names (each file is read
-and hashed), freshness (the bound files against the working tree) and, under a trust policy, the signature check
+What is never kept, and decided on every call: that a file is the one its entry describes (a spec is read and
+hashed; a receipt's identity is taken and, signed, its signatures block read again, and `verify` reads and hashes
+every receipt), freshness (the bound files against the working tree) and, under a trust policy, the signature check
 of every signed receipt (engine/store/trust.py, on the envelope's bytes).
 
 So whoever can write a store, or this folder, but cannot read the user's key, cannot change a verdict through it.
@@ -80,6 +84,28 @@ def engine_fingerprint() -> str:
     h = hashlib.sha256(f"sealed v{VERSION}\0{sys.version}\0{':'.join(map(_library, _LIBRARIES))}".encode())
     _hash_files(h, sorted(p for p in _ENGINE.rglob("*") if p.suffix in (".py", ".json") and p.is_file()
                           and "__pycache__" not in p.parts), _ENGINE)
+    return h.hexdigest()
+
+
+# What decides a receipt's verdict from its bytes (integrity, envelope, bounds, schema) and what its summary holds
+# (engine/store/summary.py and the records and coverage facts it builds): nothing else of the engine. Editing the
+# CLI, the TUI, the gate or a kind leaves every sealed receipt verdict valid; editing one of these (or the receipt
+# schema, the validating libraries, Python) makes every one of them a miss, judged from the bytes again.
+RECEIPT_CODE = ("store/receipts.py", "store/signing.py", "store/bounded.py", "store/sealed.py",
+                "store/sealed_index.py", "store/summary.py", "store/records.py", "store/coverage.py",
+                "schemas/receipt.schema.json")
+_RECEIPT_LIBRARIES = ("jsonschema", "fastjsonschema")
+
+
+@functools.lru_cache(maxsize=None)
+def receipt_fingerprint() -> str:
+    """sha256 over the engine files that decide a receipt's verdict and summary (RECEIPT_CODE), the receipt
+    validating libraries and Python. Taken once per process, like `engine_fingerprint`."""
+    from engine.store.cache import _library
+
+    h = hashlib.sha256(f"sealed receipts v{VERSION}\0{sys.version}\0"
+                       f"{':'.join(map(_library, _RECEIPT_LIBRARIES))}".encode())
+    _hash_files(h, [_ENGINE / n for n in RECEIPT_CODE], _ENGINE)
     return h.hexdigest()
 
 
@@ -180,14 +206,14 @@ class Sealed:
     def _path(self, kind: str, key: str, fp: str) -> Path:
         return self.dir / f"{kind}-v{VERSION}" / key[:2] / f"{key}-{fp[:24]}.json"
 
-    def get(self, kind: str, key: str, fp: str) -> Any:
+    def get(self, kind: str, key: str, fp: str, max_bytes: int = MAX_ENTRY_BYTES) -> Any:
         """The value sealed under (kind, key, fp), or None: a missing, unsealed or foreign entry is a miss."""
         if not self.enabled:
             return None
         from engine.store import bounded
 
         try:
-            raw = bounded.read_regular(self._path(kind, key, fp), MAX_ENTRY_BYTES)
+            raw = bounded.read_regular(self._path(kind, key, fp), max_bytes)
         except (OSError, ValueError):
             return None
         mac, _, body = raw.partition(b"\n")
@@ -198,12 +224,12 @@ class Sealed:
         except ValueError:  # not ASCII, not JSON, too deep
             return None
 
-    def put(self, kind: str, key: str, fp: str, value: Any) -> None:
+    def put(self, kind: str, key: str, fp: str, value: Any, allow_nan: bool = False) -> None:
         """Seal and keep `value` (plain JSON data); silently nothing when it cannot be written."""
         if not self.enabled:
             return
         try:
-            body = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+            body = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=allow_nan).encode("ascii")
         except (TypeError, ValueError):
             return
         path = self._path(kind, key, fp)
@@ -218,52 +244,6 @@ class Sealed:
                 tmp.unlink()
             except OSError:
                 pass
-
-
-# --- receipts ------------------------------------------------------------------------------------------------------
-
-RESULT_KEYS = ("contract", "seed", "dtype", "status", "kind", "message")
-MUTATION_DETAIL = ("results", "equivalents")
-COMPARISON_KEYS = ("name", "metric", "method", "control", "formal", "higher_is_better", "method_values",
-                   "control_values")
-
-
-def slim_statement(data: dict) -> dict:
-    """The Statement with only what readers use (engine.store.records.Receipt.from_statement, coverage facts,
-    freshness, the trust check's device kind): results, mutants and mechanism runs lose their measurements, a
-    mutate run its per-mutant lists, which are most of a receipt's bytes. tests/test_sealed.py checks that the
-    record and coverage are the same."""
-    pred = dict(data["predicate"])
-    pred["results"] = [{k: r[k] for k in RESULT_KEYS if k in r} for r in pred["results"]]
-    pred["mutants"] = [{"id": m["id"], "killed": m["killed"]} for m in pred["mutants"]]
-    pred["mechanism"] = [{"contract": m["contract"], "seed": m.get("seed"), "dtype": m["dtype"],
-                          "comparisons": [{k: c[k] for k in COMPARISON_KEYS if k in c} for c in m["comparisons"]]}
-                         for m in pred["mechanism"]]
-    if isinstance(pred.get("mutation"), dict):  # a `contracts mutate` run: its per-mutant lists are not read
-        pred["mutation"] = {k: v for k, v in pred["mutation"].items() if k not in MUTATION_DETAIL}
-    return {"_type": data["_type"], "subject": data["subject"], "predicateType": data.get("predicateType"),
-            "predicate": pred}
-
-
-def receipt_key(file_bytes: bytes) -> str:
-    return hashlib.sha256(file_bytes).hexdigest()
-
-
-def get_receipt(sealed: Sealed, file_bytes: bytes) -> dict | None:
-    """The slim Statement of an intact, schema-valid receipt with exactly these file bytes, or None."""
-    hit = sealed.get("receipt", receipt_key(file_bytes), engine_fingerprint())
-    if isinstance(hit, dict) and isinstance(hit.get("statement"), dict) and isinstance(hit.get("signed"), bool):
-        return hit
-    return None
-
-
-def put_receipt(sealed: Sealed, file_bytes: bytes, data: dict, signed: bool) -> None:
-    """Keep what readers need of a receipt these bytes hold, judged intact and schema-valid from them."""
-    try:
-        slim = slim_statement(data)
-    except (KeyError, TypeError, AttributeError):
-        return
-    sealed.put("receipt", receipt_key(file_bytes), engine_fingerprint(), {"statement": slim, "signed": signed})
 
 
 # --- specs ---------------------------------------------------------------------------------------------------------
