@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "verl_tapo.py"
 METHOD = "tapo-trajectory"
 TAPO_LOSS = f"verl:{FIXTURE.relative_to(ROOT).as_posix()}:tapo"
-RATIO_ONLY = {"prefix_ratio_forward", "eq15_local_gradient", "clip_schedule",  # nothing there for a loss to answer
+RATIO_ONLY = {"prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "clip_closed_form",  # a loss has none
               "scale_prefix_ratio"}
 LOSS_ONLY = {"loss_forward", "loss_edges", "zero_advantage_rejection", "split_invariance", "overflow_gradient",
              "scale_loss"}

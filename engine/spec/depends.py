@@ -5,7 +5,7 @@ so their verdicts mean something only while grpo's contracts hold on the same so
 `depends_on: [grpo]` (or `{method: grpo, why: ...}`); the gate then asks for a fresh, complete, passing receipt of
 each dependency (engine/gate/dependencies.py), and `check --all` runs dependencies first.
 
-A dependency must be another spec of the same folder; a cycle (a spec depending on itself, directly or through
+A dependency must be another spec of the same folder or of the project's specs/; a cycle (a spec depending on itself, directly or through
 others) is a spec error naming the file and line of the entry that closes it. Torch-free.
 """
 
@@ -51,10 +51,14 @@ def _where(data: dict, i: int) -> list:
 
 
 def folder_errors(paths: Iterable[Path], root: Path | None = None) -> list[SpecError]:
-    """Across the specs of a folder: a dependency with no spec there, and every cycle (file:line of the entry)."""
+    """Across the specs of a folder: a dependency with no spec there nor in the project's specs/, and every cycle
+    (file:line of the entry)."""
     from engine.spec.loader import json_path, locate, read_located
 
+    from engine.paths import default_specs_dir
+
     paths = [Path(p) for p in paths]
+    project_keys = {q.stem for q in default_specs_dir().glob("*.yaml")}
     errors: list[SpecError] = []
     for p in paths:
         try:
@@ -63,7 +67,9 @@ def folder_errors(paths: Iterable[Path], root: Path | None = None) -> list[SpecE
             continue  # the file's own validation reports it
         here = sorted(q.stem for q in p.parent.glob("*.yaml"))
         for i, dep in enumerate(deps):
-            if dep.method in here:
+            # A spec copied alone into a scratch folder names the project's dependency: its gate then reports that
+            # dependency's receipts missing there, as it would for any spec whose dependency has none yet.
+            if dep.method in here or dep.method in project_keys:
                 continue
             try:
                 data, doc, _ = read_located(p, display)
