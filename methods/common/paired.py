@@ -39,11 +39,6 @@ class Pairing:
     control_clip_eps: float | None = None  # None: the clip the run's params give
     control_adv_whole_batch: bool = False  # True: the control's advantages over the whole batch, not per group
     control_zero_grad: bool = False  # True: the control's gradients zeroed after its backward (it never moves)
-    # A defect in one arm's optimiser step (the learning contract's mutants): "negate", "freeze" or "swap" (each
-    # parameter's gradient replaced by another update's), applied to the arm named by `step_defect_arm`
-    # ("method" or "control").
-    step_defect: str | None = None
-    step_defect_arm: str = "method"
 
 
 def pairing(impl: Any) -> Pairing:
@@ -138,7 +133,6 @@ def arm(ctx: Any, name: str, control: bool = False):
     before: dict = {}
 
     def stepping(opt, _args, _kwargs):
-        _step_defect(entry, opt)
         before.clear()
         before.update({id(p): p.detach().clone() for g in opt.param_groups for p in g["params"]})
 
@@ -233,23 +227,6 @@ def planted() -> Pairing:
     return (entry.pairing if entry is not None else None) or Pairing()
 
 
-def _step_defect(entry: ArmRecord, opt: torch.optim.Optimizer) -> None:
-    p = entry.pairing
-    if p is None or p.step_defect is None or entry.control != (p.step_defect_arm == "control"):
-        return
-    with torch.no_grad():
-        for g in opt.param_groups:
-            for q in g["params"]:
-                if q.grad is None:
-                    continue
-                if p.step_defect == "negate":
-                    q.grad.neg_()
-                elif p.step_defect == "freeze":
-                    q.grad.zero_()
-                elif p.step_defect == "swap":  # each entry stepped by another entry's gradient
-                    q.grad.copy_(q.grad.flatten().roll(1).view_as(q.grad).flip(0))
-
-
 @dataclass
 class Claim:
     """Something a run computed about the policy and uses: `used` is the declared scoring (log-probs of
@@ -323,14 +300,6 @@ DEFECTS = {
                                 "The control's advantages normalised over the whole batch instead of per group."),
     "control_never_moves": ({"control_zero_grad": True},
                             "The control's gradients zeroed after its backward: it takes its updates and never moves."),
-    "method_step_negated": ({"step_defect": "negate"},
-                            "The method arm's optimiser steps along the negated gradient."),
-    "method_step_frozen": ({"step_defect": "freeze"},
-                           "The method arm's gradient is zeroed before each optimiser step."),
-    "method_step_swapped": ({"step_defect": "swap"},
-                            "Each of the method arm's parameters is stepped by another parameter's gradient."),
-    "control_step_negated": ({"step_defect": "negate", "step_defect_arm": "control"},
-                             "The control arm's optimiser steps along the negated gradient."),
 }
 
 

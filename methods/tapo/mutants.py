@@ -398,10 +398,6 @@ registry.mutant("tapo.control_trained_weights", base="tapo")(defect(IMPL, "tapo.
 registry.mutant("tapo.control_other_stream", base="tapo")(defect(IMPL, "tapo.control_other_stream"))
 registry.mutant("tapo.same_stream_every_seed", base="tapo")(defect(IMPL, "tapo.same_stream_every_seed"))
 registry.mutant("tapo.control_clip_narrow", base="tapo")(defect(IMPL, "tapo.control_clip_narrow"))
-registry.mutant("tapo.method_step_negated", base="tapo")(defect(IMPL, "tapo.method_step_negated"))
-registry.mutant("tapo.method_step_frozen", base="tapo")(defect(IMPL, "tapo.method_step_frozen"))
-registry.mutant("tapo.method_step_swapped", base="tapo")(defect(IMPL, "tapo.method_step_swapped"))
-registry.mutant("tapo.control_step_negated", base="tapo")(defect(IMPL, "tapo.control_step_negated"))
 
 
 # --- a count in a narrow dtype (seen only past 32,767 valid tokens in a row: the scale tier) ------------------------

@@ -332,10 +332,6 @@ registry.mutant("tar.control_other_stream", base="tar")(defect(IMPL, "tar.contro
 registry.mutant("tar.same_stream_every_seed", base="tar")(defect(IMPL, "tar.same_stream_every_seed"))
 registry.mutant("tar.control_adv_whole_batch", base="tar")(defect(IMPL, "tar.control_adv_whole_batch"))
 registry.mutant("tar.control_never_moves", base="tar")(defect(IMPL, "tar.control_never_moves"))
-registry.mutant("tar.method_step_negated", base="tar")(defect(IMPL, "tar.method_step_negated"))
-registry.mutant("tar.method_step_frozen", base="tar")(defect(IMPL, "tar.method_step_frozen"))
-registry.mutant("tar.method_step_swapped", base="tar")(defect(IMPL, "tar.method_step_swapped"))
-registry.mutant("tar.control_step_negated", base="tar")(defect(IMPL, "tar.control_step_negated"))
 
 
 # --- counts and ids in narrow dtypes (seen only at training sizes: the scale tier) ---------------------------------
