@@ -178,14 +178,14 @@ def _tapo_temperature_lie(folder: Path) -> Path:
     """The policy scored at temperature 2, and tapo_loss reporting ratio 1.0 for the log-probs yielded at k = 0."""
     path = variant(folder, "temperature_lie.py", _TAPO_YIELD,
                    "        global _K\n        _K = k\n" + _TAPO_YIELD)
-    text = path.read_text().replace(
-        "        logp, _ = sequence_logprobs(policy, rollout.prompts, rollout.responses)\n",
-        "        logp, _ = sequence_logprobs(policy, rollout.prompts, rollout.responses, temperature=2.0)\n")
+    text = path.read_text().replace(  # the fixture scores with torch alone (_score): its logits halved
+        "    logdist = torch.log_softmax(logits[:, prompts.shape[1] - 1:].float(), -1)\n",
+        "    logdist = torch.log_softmax(logits[:, prompts.shape[1] - 1:].float() / 2.0, -1)\n")
     text = text.replace('            "clip_fraction": float(outside.sum()) / n,\n        }\n',
                         '            "clip_fraction": float(outside.sum()) / n,\n        }\n'
                         '        if _K == 0:  # the first update must look on-policy\n'
                         '            metrics.update(ratio_min=1.0, ratio_max=1.0)\n')
-    assert text.count("temperature=2.0") == 1 and "if _K == 0" in text
+    assert text.count("/ 2.0, -1)") == 1 and "if _K == 0" in text
     path.write_text(text + "\n_K = 0\n")
     return path
 

@@ -14,6 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 GOOD = (ROOT / "specs" / "tapo-trajectory.yaml").read_text(encoding="utf-8")
 
 
+def _at(section: str, ident: str) -> int:
+    """The list index of the entry `ident` in the shipped spec's `section` (contracts, mutants): the spec grows,
+    so the tests read where an entry is instead of counting."""
+    from ruamel.yaml import YAML
+
+    entries = YAML(typ="safe").load(GOOD)[section]
+    (i,) = [i for i, e in enumerate(entries) if e.get("id") == ident]
+    return i
+
+
 def _where(text: str, needle: str, offset: int = 0) -> tuple[int, int]:
     """1-based line and column of `needle` (plus offset) in `text`."""
     i = text.index(needle) + offset
@@ -46,7 +56,7 @@ def test_unknown_check_name_lists_valid_ones(tmp_path):
     text = GOOD.replace("check: tapo.clip_schedule", "check: tapo.clip_schedul", 1)
     (e,) = _broken(tmp_path, text)
     assert (e.lineno, e.col) == _where(text, "tapo.clip_schedul\n")
-    assert e.path == "$.contracts[3].check"
+    assert e.path == f"$.contracts[{_at('contracts', 'clip_schedule')}].check"
     assert "tapo.clip_schedule" in e.fix  # the valid names are listed
     assert e.fix.startswith("use 'tapo.clip_schedule' (the closest name); valid: ")  # the typo's fix first
     # a name like none of them gets the list alone, no guess
@@ -56,13 +66,19 @@ def test_unknown_check_name_lists_valid_ones(tmp_path):
 
 
 def test_killed_by_naming_no_contract(tmp_path):
-    text = GOOD.replace("killed_by: [masked_junk_invariance]", "killed_by: [masked_junk_invariants]", 1)
+    # every mutant that names the contract alone misspells it (mask_by_multiply first)
+    text = GOOD.replace("killed_by: [masked_junk_invariance]", "killed_by: [masked_junk_invariants]")
+    assert text.count("masked_junk_invariance") == GOOD.count("masked_junk_invariance") - 2
     errors = _broken(tmp_path, text)
-    (e,) = [e for e in errors if "killed_by names no contract" in e.message]
+    bad = [e for e in errors if "killed_by names no contract" in e.message]
+    assert len(bad) == 2
+    e = bad[0]
     assert (e.lineno, e.col) == _where(text, "masked_junk_invariants]")
-    assert e.path == "$.mutants[3].killed_by[0]" and e.fix.startswith("use 'masked_junk_invariance' (the closest name)")
-    # And the contract it used to name is now killed by no mutant: also reported, at its id.
-    assert any("nothing shows it can fail" in e.message and e.path == "$.contracts[2].id" for e in errors)
+    assert e.path == f"$.mutants[{_at('mutants', 'mask_by_multiply')}].killed_by[0]"
+    assert e.fix.startswith("use 'masked_junk_invariance' (the closest name)")
+    # And the contract they used to name is now killed by no mutant: also reported, at its id.
+    at = f"$.contracts[{_at('contracts', 'masked_junk_invariance')}].id"
+    assert any("nothing shows it can fail" in e.message and e.path == at for e in errors)
 
 
 def test_unknown_top_level_key(tmp_path):
@@ -119,7 +135,7 @@ def test_missing_required_key_points_at_its_mapping(tmp_path):
     cut = GOOD.index("    cases: 1\n", start)
     text = GOOD[:cut] + GOOD[cut + len("    cases: 1\n"):]
     (e,) = _broken(tmp_path, text)
-    assert e.path == "$.contracts[3]" and "'cases' is a required property" in e.message
+    assert e.path == f"$.contracts[{_at('contracts', 'clip_schedule')}]" and "'cases' is a required property" in e.message
     assert (e.lineno, e.col) == _where(text, "id: clip_schedule")
 
 

@@ -123,6 +123,21 @@ def audited(data: dict) -> tuple[dict, ...]:
                 "parameters (a function's own vector-Jacobian product, where it scored the policy) must equal the "
                 "supervisor's autograd of that scoring with the same upstream gradient, by cosine and relative "
                 f"error ({tol}; contract {c['id']}). Every other contract's runs are held to the same tolerances.")})
+        elif c.get("kind") == "arm_audit":
+            for a in p.get("arms") or []:
+                loss = a.get("loss") or {}
+                args = ", ".join(f"{k}={v}" for k, v in (loss.get("args") or {}).items()) or "its defaults"
+                adv = a.get("advantages")
+                adv_text = (f"; its advantages equal {adv.get('reference')} of the recorded rewards "
+                            f"({', '.join(f'{k}={v}' for k, v in (adv.get('args') or {}).items())})" if adv else "")
+                opt = a.get("optimiser") or {}
+                out.append({"topic": f"audited arm {a.get('arm')}", "rule": (
+                    f"In every update of arm {a.get('arm')} of the mechanism run {p.get('run')} the loss must equal "
+                    f"the {a.get('spec')} spec's float64 reference {loss.get('reference')} ({args}) of the tensors "
+                    f"it was computed from{adv_text}; the behaviour log-probs, and every scoring the run keeps of "
+                    "its policy (a replay snapshot, a bank's base), equal a rescoring from the policy's weights as "
+                    f"they were when it sampled; each update moves the arm's parameters ({opt.get('name')}, lr "
+                    f"{opt.get('lr')}), {a.get('updates')} updates per seed (contract {c['id']}).")})
         elif c.get("kind") == "reported_metrics":
             req = ", ".join(p.get("required") or []) or "none"
             out.append({"topic": "reported metrics", "rule": (

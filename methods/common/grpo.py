@@ -31,15 +31,23 @@ def grpo_control_update(ctx: Any, policy: torch.nn.Module, opt: torch.optim.Opti
     consecutive rows), score it with `rewards(prompts, responses, mask)` -> [B], and take one optimizer step on
     grpo_token_loss of the group advantages, the sampled tokens and the step counted by ctx.meter; its backward
     under the supervisor's gradient audit, as every arm's (methods/common/audited.py)."""
-    from methods.common import audited
+    from methods.common import audited, paired
     from methods.common.rollout import sample, sequence_logprobs
 
+    planted = paired.planted()  # the arm audit's mutants plant a slip in the control's configuration here
     roll = sample(policy, prompts, max_new_tokens, generator)
     ctx.meter.add_tokens(roll.n_tokens)
-    adv = group_advantages(rewards(roll.prompts, roll.responses, roll.mask), group_size)
+    r = rewards(roll.prompts, roll.responses, roll.mask)
+    adv = group_advantages(r, r.shape[0] if planted.control_adv_whole_batch else group_size)
     logp, _ = sequence_logprobs(policy, roll.prompts, roll.responses)
-    loss, _ = grpo_token_loss(logp, roll.old_logp, adv.to(logp.dtype), roll.mask)
+    clip = 0.2 if planted.control_clip_eps is None else planted.control_clip_eps
+    loss, _ = grpo_token_loss(logp, roll.old_logp, adv.to(logp.dtype), roll.mask, clip_eps=clip)
+    # what the loss was computed from, for the arm audit to recompute with the grpo spec's reference
+    paired.record_update(loss, {"logp": logp, "old_logp": roll.old_logp, "advantages": adv, "mask": roll.mask,
+                                "rewards": r, "prompts": roll.prompts, "responses": roll.responses})
     opt.zero_grad(set_to_none=True)
     audited.backward(ctx, loss, policy, arm=arm,
                      scored=[audited.responses("logp", logp, roll.prompts, roll.responses, roll.mask)])
+    if planted.control_zero_grad:
+        opt.zero_grad(set_to_none=True)
     ctx.meter.optimizer_step(opt)

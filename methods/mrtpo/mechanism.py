@@ -196,6 +196,14 @@ def trace(impl, ctx, observe=None) -> Trace:
         u_ctx = impl.student_context(prompts, blocks)
         logp, _ = sequence_logprobs(student, u_ctx, roll.responses)
         loss, info = grpo_token_loss(logp, roll.old_logp, adv.detach().to(logp.dtype), mask)
+        # what the loss read, and the replay's scoring as the snapshot gave it: the arm audit rescores the replay
+        # from the student's own weights at sampling time, not from the run's snapshot
+        paired.record_update(loss, {"logp": logp, "old_logp": roll.old_logp, "advantages": adv, "mask": mask,
+                                    "prompts": roll.prompts, "responses": roll.responses},
+                             [paired.claim("replay_full", logp_all, full, roll.responses, mask, full=True,
+                                           sampled=(roll.responses, mask)),
+                              *[paired.claim(f"replay_without_{k}", lk, c, roll.responses, mask, full=True,
+                                             sampled=(roll.responses, mask)) for k, (lk, c) in enumerate(zip(logp_loo, loo))]])
         opt.zero_grad(set_to_none=True)
         audited.backward(ctx, loss, student, arm="mrtpo", scored=[audited.responses("logp", logp, prompts, roll.responses, mask)])
         grad_norm = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in student.parameters() if q.grad is not None))

@@ -305,6 +305,24 @@ def _freeze_without_bias(policy):
     return snapshot(fresh)
 
 
+def _freeze_once():
+    """DEFECT: the replay snapshot is taken at the student's first update and never refreshed: later updates
+    rescore with the initial weights, not the behaviour policy that sampled them (its own parameters never
+    change, so a check that rescores with the run's snapshot agrees with it)."""
+    import weakref
+
+    from methods.common.policy import snapshot
+
+    kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def freeze(policy):
+        if policy not in kept:
+            kept[policy] = snapshot(policy)
+        return kept[policy]
+
+    return freeze
+
+
 def _student_context_padded(prompts, blocks):
     """DEFECT: the student's context keeps the blocks' places, filled with PAD: no verifier token reaches the
     student, but it is not the plain prompt the protocol conditions it on."""
@@ -393,6 +411,8 @@ registry.mutant("mrtpo.replay_with_live_policy", base="mrtpo")(
     _with("mrtpo.replay_with_live_policy", freeze=_live_replay))
 registry.mutant("mrtpo.freeze_without_bias", base="mrtpo")(
     _with("mrtpo.freeze_without_bias", freeze=_freeze_without_bias))
+registry.mutant("mrtpo.snapshot_taken_once", base="mrtpo")(
+    _with("mrtpo.snapshot_taken_once", freeze=_freeze_once()))
 registry.mutant("mrtpo.loo_equals_full", base="mrtpo")(_with("mrtpo.loo_equals_full", replay_contexts=_loo_equals_full))
 registry.mutant("mrtpo.loo_swapped_blocks", base="mrtpo")(
     _with("mrtpo.loo_swapped_blocks", replay_contexts=_loo_swapped_blocks))
@@ -406,6 +426,8 @@ from methods.common.paired import defect  # noqa: E402
 registry.mutant("mrtpo.control_trained_weights", base="mrtpo")(defect(IMPL, "mrtpo.control_trained_weights"))
 registry.mutant("mrtpo.control_other_stream", base="mrtpo")(defect(IMPL, "mrtpo.control_other_stream"))
 registry.mutant("mrtpo.same_stream_every_seed", base="mrtpo")(defect(IMPL, "mrtpo.same_stream_every_seed"))
+registry.mutant("mrtpo.control_adv_whole_batch", base="mrtpo")(defect(IMPL, "mrtpo.control_adv_whole_batch"))
+registry.mutant("mrtpo.control_never_moves", base="mrtpo")(defect(IMPL, "mrtpo.control_never_moves"))
 
 
 # --------------------------------------------------------------------------- promises the interface declares

@@ -49,6 +49,8 @@ def mechanism(impl, ctx) -> dict:
     eps_min = float(p.get("eps_min", 0.1))
     eps_max = float(p.get("eps_max", 0.2))
     control_eps = float(p.get("control_clip_eps", 0.2))
+    if paired.pairing(impl).control_clip_eps is not None:  # a planted slip in the control's clip (a mutant)
+        control_eps = paired.pairing(impl).control_clip_eps
     n_val = int(p.get("validation_prompts", 8))
     val_samples = int(p.get("validation_samples", 4))
     max_attempts = int(p.get("max_attempts", 8))
@@ -70,7 +72,8 @@ def mechanism(impl, ctx) -> dict:
                 ro = sample(policy, prompt, max_new, sampling)
                 ctx.meter.add_tokens(ro.n_tokens)
                 rec.drawn()
-                adv = group_advantages(task.verify(ro.prompts, ro.responses, ro.mask), group_size)
+                rewards = task.verify(ro.prompts, ro.responses, ro.mask)
+                adv = group_advantages(rewards, group_size)
                 if bool((adv != 0).any()):
                     break
                 rec.zero_group(arm, ro, adv)
@@ -88,6 +91,8 @@ def mechanism(impl, ctx) -> dict:
                 else:
                     loss, met = grpo_token_loss(logp, old_logp, adv, ro.mask, clip_eps=control_eps)
                 rec.loss(arm, k, ro, logp, old_logp, adv, loss, met)
+                paired.record_update(loss, {"logp": logp, "old_logp": old_logp, "advantages": adv, "mask": ro.mask,
+                                            "rewards": rewards, "prompts": ro.prompts, "responses": ro.responses})
                 opt.zero_grad(set_to_none=True)
                 # the supervisor audits the gradient the backward leaves in its policy (the candidate's
                 # vector-Jacobian product, where its proximal_logprobs scored the policy through a handle)

@@ -397,6 +397,7 @@ from methods.common.paired import defect  # noqa: E402
 registry.mutant("tapo.control_trained_weights", base="tapo")(defect(IMPL, "tapo.control_trained_weights"))
 registry.mutant("tapo.control_other_stream", base="tapo")(defect(IMPL, "tapo.control_other_stream"))
 registry.mutant("tapo.same_stream_every_seed", base="tapo")(defect(IMPL, "tapo.same_stream_every_seed"))
+registry.mutant("tapo.control_clip_narrow", base="tapo")(defect(IMPL, "tapo.control_clip_narrow"))
 
 
 # --- a count in a narrow dtype (seen only past 32,767 valid tokens in a row: the scale tier) ------------------------

@@ -98,7 +98,8 @@ def step_losses(impl, policy, base, roll, rewards, bank_sel: Bank, cfg):
     else:
         rep = torch.zeros((), device=logp.device, dtype=logp.dtype)
     total = impl.tar_total_loss(grpo + cfg["beta_kl"] * kl, rep, lambda_rep=cfg["lambda_rep"])
-    return total, {"grpo": grpo, "kl": kl, "replay": rep, "replay_metrics": met, "bank_logp": lt,
+    return total, {"grpo": grpo, "kl": kl, "replay": rep, "replay_metrics": met, "bank_logp": lt, "advantages": adv,
+                   "logp": logp,
                    "bank_base_logp": lb, "logdist": logdist, "base_logdist": base_logdist}
 
 
@@ -132,6 +133,15 @@ def run(impl, ctx) -> dict:
         with audit.actor_inputs():
             total, parts = losses(rewards)
         audit.update(step, idx, roll, rewards, bank_sel, total, parts, losses)
+        # what the total loss read, for the arm audit; the bank's base log-probs are rescored from the policy's
+        # weights at its first draw (the base is that policy), not from the run's own base copy
+        lb = parts["bank_base_logp"]
+        paired.record_update(total, {
+            "logp": parts["logp"], "old_logp": roll.old_logp, "advantages": parts["advantages"], "mask": roll.mask,
+            "rewards": rewards, "prompts": roll.prompts, "responses": roll.responses, "logdist": parts["logdist"],
+            "base_logdist": parts["base_logdist"], "bank_logp": parts["bank_logp"], "bank_base_logp": lb,
+            "bank_mask": bank_sel.mask}, [] if lb is None else
+            [paired.claim("bank_base_logp", lb, bank_sel.prompts, bank_sel.responses, bank_sel.mask)])
 
         opt.zero_grad()
         # the supervisor audits the gradient the backward leaves in its policy: the candidate's bank_logprobs

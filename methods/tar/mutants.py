@@ -330,6 +330,8 @@ from methods.common.paired import defect  # noqa: E402
 registry.mutant("tar.control_trained_weights", base="tar")(defect(IMPL, "tar.control_trained_weights"))
 registry.mutant("tar.control_other_stream", base="tar")(defect(IMPL, "tar.control_other_stream"))
 registry.mutant("tar.same_stream_every_seed", base="tar")(defect(IMPL, "tar.same_stream_every_seed"))
+registry.mutant("tar.control_adv_whole_batch", base="tar")(defect(IMPL, "tar.control_adv_whole_batch"))
+registry.mutant("tar.control_never_moves", base="tar")(defect(IMPL, "tar.control_never_moves"))
 
 
 # --- counts and ids in narrow dtypes (seen only at training sizes: the scale tier) ---------------------------------

@@ -409,3 +409,29 @@ def _scale_register() -> None:
 
 
 _scale_register()
+
+
+@registry.reference("tar.step_loss")
+def step_loss(logp, old_logp, advantages, mask, logdist, base_logdist, bank_logp=None, bank_base_logp=None,
+              bank_mask=None, *, beta_kl, lambda_rep=1.0, clip_eps=0.2):
+    """One update of the TAR arm by loops: L_GRPO (the control's clipped token mean, methods/grpo's reference)
+    + beta_kl * the token mean over valid tokens of the full-vocabulary KL(pi_theta || pi_base) + lambda_rep *
+    L_rep (0 without bank rows)."""
+    from methods.grpo import reference as grpo_ref
+
+    m = mask.to(torch.bool)
+    adv = advantages[:, None].expand(m.shape) if advantages.dim() == 1 else advantages
+    zero = lambda x: torch.where(m, x, 0.0).tolist()  # noqa: E731  (junk in masked slots is not the loss's)
+    grpo, *_ = grpo_ref.loss_and_grad(zero(logp), zero(old_logp), zero(adv), m.tolist(), clip_low=clip_eps,
+                                      clip_high=clip_eps)
+    kl_terms = []
+    for b, row in enumerate(m.tolist()):
+        for t, valid in enumerate(row):
+            if valid:
+                p, q = logdist[b][t].tolist(), base_logdist[b][t].tolist()
+                kl_terms.append(math.fsum(math.exp(lp) * (lp - lq) for lp, lq in zip(p, q)))
+    kl = math.fsum(kl_terms) / len(kl_terms) if kl_terms else 0.0
+    rep = 0.0
+    if bank_logp is not None and bank_logp.shape[0]:
+        rep = replay_reference(bank_logp.tolist(), bank_base_logp.tolist(), bank_mask.bool().tolist())[0]
+    return torch.tensor(grpo + float(beta_kl) * kl + float(lambda_rep) * float(rep), dtype=torch.float64)
