@@ -175,3 +175,14 @@ def sampling_bool_only():
         return L.dynamic_sampling_mask(correct, group_size)
 
     return IMPL.replace("dapo.sampling_bool_only", dynamic_sampling_mask=keep)
+
+
+# --- a count in a narrow dtype (seen only past 2^15 tokens in a row: the scale tier) ---------------------------------
+
+
+@registry.mutant("dapo.token_count_int16", base="dapo")
+def token_count_int16():
+    """Each response's valid-token count kept in int16 and summed into N: a response past 32,767 tokens wraps
+    negative, and the token mean divides by the wrong N."""
+    return _loss("dapo.token_count_int16",
+                 aggregate_fn=lambda per_token, n_row, n: per_token.sum() / n_row.to(torch.int16).sum())  # DEFECT

@@ -190,3 +190,15 @@ def bounds_fixed():
 def clamp_fixed():
     """log_ratio_clamp is validated, then ignored: the log-ratio is always clamped at 20."""
     return _loss("dr_grpo.clamp_fixed", guard_fn=lambda lr, c: L.clamp_log_ratio(lr, L.LOG_RATIO_CLAMP))
+
+
+# --- a length in a narrow dtype (seen only past 2^15 slots a row: the scale tier) ------------------------------------
+
+
+@registry.mutant("dr_grpo.length_int16", base="dr_grpo")
+def length_int16():
+    """The constant length C_L kept in int16: a padded length past 32,767 wraps negative, and so does the loss."""
+    def aggregate(per_token, n_row, rows, length):
+        return per_token.sum() / (rows * torch.tensor(length).to(torch.int16).to(per_token.dtype))  # DEFECT
+
+    return _loss("dr_grpo.length_int16", aggregate_fn=aggregate)

@@ -179,3 +179,14 @@ def ratio_in_input_dtype():
         return L.geometric_ratio(logp, *args, **kwargs).to(logp.dtype)
 
     return IMPL.replace("gmpo.ratio_in_input_dtype", geometric_ratio=ratio)
+
+
+# --- a length in a narrow dtype (seen only past 2^15 tokens in a row: the scale tier) --------------------------------
+
+
+@registry.mutant("gmpo.row_length_int16", base="gmpo")
+def row_length_int16():
+    """Each response's length |o_i| kept in int16: past 32,767 tokens it wraps negative, is floored at 1, and the
+    mean log-ratio becomes the row's sum."""
+    return _built("gmpo.row_length_int16",
+                  mean_fn=lambda k, n_row: k.sum(dim=-1) / n_row.to(torch.int16).clamp_min(1).to(k.dtype))  # DEFECT

@@ -150,3 +150,13 @@ def adv_in_input_dtype():
         return (scale * rounded.double()).reshape(-1).to(rewards.dtype)
 
     return IMPL.replace("gpg.adv_in_input_dtype", gpg_advantages=advantages)
+
+
+# --- a count in a narrow dtype (seen only past 2^15 tokens in a call: the scale tier) --------------------------------
+
+
+@registry.mutant("gpg.token_count_int16", base="gpg")
+def token_count_int16():
+    """The call's token count N kept in int16: past 32,767 tokens it wraps, and the token mean divides by it."""
+    return _loss("gpg.token_count_int16",
+                 aggregate_fn=lambda per_token, n: per_token.sum() / torch.tensor(n).to(torch.int16))  # DEFECT
