@@ -611,3 +611,234 @@ def _fps(embeddings, correct, k=3, prompt_ids=None, tie=mpf(1e-12)):
 @certifier("tar.fps", "tar.fps_loop")
 def tar_fps(embeddings, correct, k=3, prompt_ids=None):
     return {"value": [mpf(i) for i in _fps(embeddings, correct, k, prompt_ids)]}
+
+
+# --- the framework zoo's papers (methods/{dapo,dr_grpo,cispo,gmpo,gpg}/reference.py) -------------------------------
+
+
+def _clipped_terms(logp, old, adv, mask, clip_low, clip_high, clamp):
+    """Per valid token of the PPO-clipped surrogate: (b, t, f = -min(r A, clip(r) A), d f / d logp), r the clamped
+    ratio; the clipped branch and a binding clamp pass no gradient."""
+    m = mask.bool().tolist()
+    lp, op, a = L(logp), L(old), _rows(adv, m)
+    lo, hi, C = 1 - mpf(clip_low), 1 + mpf(clip_high), mpf(clamp)
+    out = []
+    for b, mr in enumerate(m):
+        for t, v in enumerate(mr):
+            if v:
+                x, av = lp[b][t] - op[b][t], a[b][t]
+                r = mpmath.exp(max(-C, min(C, x)))
+                f = max(-r * av, -min(max(r, lo), hi) * av)
+                g = mpf(0) if abs(x) > C or (av > 0 and r > hi) or (av < 0 and r < lo) else -av * r
+                out.append((b, t, f, g))
+    return m, out
+
+
+def _weighted(logp, m, terms, w):
+    """{value, scale, grad} of sum_tokens w f: the scale is sum w |f|."""
+    grad = _zeros_like(logp)
+    for b, t, _f, g in terms:
+        grad[b][t] = w * g
+    return {"value": w * mpmath.fsum(f for *_x, f, _g in terms), "scale": w * mpmath.fsum(abs(f) for *_x, f, _g in terms),
+            "grad": [grad]}
+
+
+def _dapo(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.28, log_ratio_clamp=20.0, **_):
+    m, terms = _clipped_terms(logp, old_logp, advantages, mask, clip_low, clip_high, log_ratio_clamp)
+    return _weighted(logp, m, terms, mpf(1) / len(terms))
+
+
+@certifier("dapo.loss")
+def dapo_loss(*args, **kw):
+    return _dapo(*args, **kw)["value"]
+
+
+@certifier("dapo.loss_grad")
+def dapo_loss_grad(*args, **kw):
+    return _dapo(*args, **kw)["grad"][0]
+
+
+@certifier("dapo.loss_f64")
+def dapo_loss_f64(*args, **kw):
+    return _dapo(*args, **kw)
+
+
+@certifier("dapo.overlong_penalty")
+def dapo_overlong_penalty(lengths, max_length, cache_length):
+    expected = max_length - cache_length
+    return [mpf(0) if y <= expected else mpf(expected - y) / cache_length if y <= max_length else mpf(-1)
+            for y in lengths.tolist()]
+
+
+@certifier("dapo.dynamic_sampling_mask")
+def dapo_dynamic_sampling_mask(correct, group_size):
+    c = [bool(x) for x in correct.tolist()]
+    out = []
+    for s in range(0, len(c), group_size):
+        out += [mpf(int(0 < sum(c[s:s + group_size]) < group_size))] * group_size
+    return out
+
+
+def _dr_grpo(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, norm_length=None,
+             log_ratio_clamp=20.0, **_):
+    m, terms = _clipped_terms(logp, old_logp, advantages, mask, clip_low, clip_high, log_ratio_clamp)
+    rows = sum(1 for r in m if any(r))
+    return _weighted(logp, m, terms, mpf(1) / (rows * (len(m[0]) if norm_length is None else norm_length)))
+
+
+@certifier("dr_grpo.loss")
+def dr_grpo_loss(*args, **kw):
+    return _dr_grpo(*args, **kw)["value"]
+
+
+@certifier("dr_grpo.loss_grad")
+def dr_grpo_loss_grad(*args, **kw):
+    return _dr_grpo(*args, **kw)["grad"][0]
+
+
+@certifier("dr_grpo.loss_f64")
+def dr_grpo_loss_f64(*args, **kw):
+    return _dr_grpo(*args, **kw)
+
+
+@certifier("dr_grpo.group_advantages")
+def dr_grpo_group_advantages(rewards, group_size, *, mask=None):
+    r = L(rewards)
+    keep = [True] * len(r) if mask is None else [
+        bool(any(row)) if isinstance(row, list) else bool(row) for row in mask.bool().tolist()]
+    out = [mpf(0)] * len(r)
+    for s in range(0, len(r), group_size):
+        idx = [i for i in range(s, s + group_size) if keep[i]]
+        if idx:
+            mean = mpmath.fsum(r[i] for i in idx) / len(idx)
+            for i in idx:
+                out[i] = r[i] - mean
+    return out
+
+
+def _cispo(logp, old_logp, advantages, mask, *, clip_low=None, clip_high=0.2, **_):
+    m = mask.bool().tolist()
+    lp, op, a = L(logp), L(old_logp), _rows(advantages, m)
+    lo, hi = (mpf(0) if clip_low is None else 1 - mpf(clip_low)), 1 + mpf(clip_high)
+    terms = []
+    for b, mr in enumerate(m):
+        for t, v in enumerate(mr):
+            if v:
+                w = min(max(mpmath.exp(lp[b][t] - op[b][t]), lo), hi)
+                terms.append((b, t, -w * a[b][t] * lp[b][t], -w * a[b][t]))
+    return _weighted(logp, m, terms, mpf(1) / len(terms))
+
+
+@certifier("cispo.loss")
+def cispo_loss(*args, **kw):
+    out = _cispo(*args, **kw)
+    return {"value": out["value"], "scale": out["scale"]}
+
+
+@certifier("cispo.loss_grad")
+def cispo_loss_grad(*args, **kw):
+    return _cispo(*args, **kw)["grad"][0]
+
+
+@certifier("cispo.loss_f64")
+def cispo_loss_f64(*args, **kw):
+    return _cispo(*args, **kw)
+
+
+def _gmpo(logp, old_logp, advantages, mask, *, clip_low=0.4, clip_high=0.4, log_ratio_clamp=20.0, **_):
+    """(s per row, {value, scale, grad}): s_i = exp(mean_t sgn min(sgn l, sgn clip(l))), L = -(1/G) sum A_i s_i."""
+    m = mask.bool().tolist()
+    lp, op, a = L(logp), L(old_logp), L(advantages)
+    low, high, C = mpf(clip_low), mpf(clip_high), mpf(log_ratio_clamp)
+    rows = sum(1 for r in m if any(r))
+    s_all, grad, terms = [], _zeros_like(logp), []
+    for b, mr in enumerate(m):
+        idx = [t for t, v in enumerate(mr) if v]
+        if not idx:
+            s_all.append(mpf(1))
+            continue
+        sg = mpmath.sign(a[b])
+        ks, live = [], []
+        for t in idx:
+            x = lp[b][t] - op[b][t]
+            xc = max(-C, min(C, x))
+            c = max(-low, min(high, xc))
+            ks.append(sg * min(sg * xc, sg * c))
+            live.append((t, abs(x) <= C and sg != 0 and sg * xc <= sg * c))
+        s = mpmath.exp(mpmath.fsum(ks) / len(idx))
+        s_all.append(s)
+        terms.append(-a[b] * s / rows)
+        for t, ok in live:
+            grad[b][t] = -a[b] * s / (len(idx) * rows) if ok else mpf(0)
+    return s_all, {"value": mpmath.fsum(terms), "scale": mpmath.fsum(abs(x) for x in terms), "grad": [grad]}
+
+
+@certifier("gmpo.geometric_ratio")
+def gmpo_geometric_ratio(*args, **kw):
+    return _gmpo(*args, **kw)[0]
+
+
+@certifier("gmpo.loss")
+def gmpo_loss(*args, **kw):
+    return _gmpo(*args, **kw)[1]["value"]
+
+
+@certifier("gmpo.loss_grad")
+def gmpo_loss_grad(*args, **kw):
+    return _gmpo(*args, **kw)[1]["grad"][0]
+
+
+@certifier("gmpo.loss_f64")
+def gmpo_loss_f64(*args, **kw):
+    return _gmpo(*args, **kw)[1]
+
+
+def _gpg(logp, advantages, mask, **_):
+    m = mask.bool().tolist()
+    lp, a = L(logp), _rows(advantages, m)
+    terms = [(b, t, -a[b][t] * lp[b][t], -a[b][t]) for b, mr in enumerate(m) for t, v in enumerate(mr) if v]
+    return _weighted(logp, m, terms, mpf(1) / len(terms))
+
+
+@certifier("gpg.loss")
+def gpg_loss(*args, **kw):
+    return _gpg(*args, **kw)["value"]
+
+
+@certifier("gpg.loss_grad", "family.grpo_on_policy_grad")
+def gpg_loss_grad(*args, **kw):
+    """-A / N per valid token: GPG's gradient, and GRPO's at logp == old_logp (every ratio 1, no clip binding)."""
+    return _gpg(*args, **kw)["grad"][0]
+
+
+@certifier("gpg.loss_f64")
+def gpg_loss_f64(*args, **kw):
+    return _gpg(*args, **kw)
+
+
+@certifier("gpg.advantages_grad")
+def gpg_advantages_grad(logp, advantages, mask, **_):
+    return _zeros_like(advantages)
+
+
+@certifier("gpg.advantages")
+def gpg_advantages(rewards, group_size, *, f_norm=1.0):
+    r = L(rewards)
+    B = len(r)
+    groups = [r[s:s + group_size] for s in range(0, B, group_size)]
+    flat = [max(g) == min(g) for g in groups]
+    m_rows = group_size * sum(flat)
+    alpha = mpf(B) / (B - m_rows) if m_rows < B else mpf(1)
+    out = []
+    for g, f in zip(groups, flat):
+        mean = mpmath.fsum(g) / len(g)
+        out += [mpf(0) if f else alpha * (x - mean) / mpf(f_norm) for x in g]
+    return out
+
+
+@certifier("zoo.counts")
+def zoo_counts(*args, **_):
+    """The counts every zoo loss reports: N valid tokens and the non-empty responses of the mask (the last
+    positional argument)."""
+    m = args[-1].bool().tolist()
+    return {"tokens": sum(sum(r) for r in m), "rows": sum(1 for r in m if any(r))}

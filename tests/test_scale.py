@@ -96,6 +96,32 @@ def test_gspo_scale_references_are_the_loops():
         assert close(got["value"], loss(*args), 1e-14) and close(got["grad"][0], grad(*args), 1e-14)
 
 
+@pytest.mark.parametrize("method, impl, cid, kwargs", [
+    ("dapo", "dapo", "loss_reference", {}),
+    ("dapo", "dapo", "loss_reference", {"clip_low": 0.1, "clip_high": 0.4, "log_ratio_clamp": 0.5}),
+    ("dapo", "dapo", "ratio_overflow_guard", {}),
+    ("dr-grpo", "dr_grpo", "loss_reference", {}),
+    ("dr-grpo", "dr_grpo", "loss_reference", {"norm_length": 77, "clip_high": 0.28}),
+    ("dr-grpo", "dr_grpo", "empty_rows", {}),
+    ("cispo", "cispo", "loss_reference", {}),
+    ("cispo", "cispo", "loss_reference", {"clip_low": 0.3, "clip_high": 0.1}),
+    ("gmpo", "gmpo", "loss_reference", {}),
+    ("gmpo", "gmpo", "empty_rows", {"clip_low": 0.1, "clip_high": 0.2}),
+    ("gmpo", "gmpo", "ratio_overflow_guard", {}),
+    ("gpg", "gpg", "loss_reference", {}),
+])
+def test_zoo_scale_references_are_the_loops(method, impl, cid, kwargs):
+    """The framework-zoo losses' scale references (DAPO, Dr. GRPO, CISPO, GMPO, GPG) against their loops."""
+    loss, grad, l64 = (REG.get_reference(f"{impl}.{n}") for n in ("loss", "loss_grad", "loss_f64"))
+    for t in cases(method, cid):
+        args = (t["logp"], t["adv"], t["mask"]) if impl == "gpg" else (t["logp"], t["old_logp"], t["adv"], t["mask"])
+        got = l64(*args, **kwargs, dtype=F64)
+        want = loss(*args, **kwargs)
+        want = want["value"] if isinstance(want, dict) else want
+        assert close(got["value"], want, 1e-14)
+        assert close(got["grad"][0], grad(*args, **kwargs), 1e-14)
+
+
 def test_mrtpo_scale_references_are_the_decimal_references():
     js, js64 = REG.get_reference("mrtpo.js_distance"), REG.get_reference("mrtpo.js_distance_f64")
     for t in cases("mrtpo", "js_reference", n=12):  # every regime: close, peaked, zeros, disjoint, -1e4, one-hot
@@ -135,7 +161,10 @@ def test_tar_scale_references_are_the_loops():
 def test_scale_inputs_reach_the_sizes_the_specs_claim():
     """Rows past 32,767 valid tokens, calls past 2^16, 65k+ responses, the page's vocabulary across the blocks."""
     for method, cid, mask in (("grpo", "scale_token_mean", "mask"), ("tapo-trajectory", "scale_prefix_ratio", "mask"),
-                              ("gspo", "scale_loss", "mask"), ("tar-adaptive-replay", "scale_replay_loss", "mask")):
+                              ("gspo", "scale_loss", "mask"), ("tar-adaptive-replay", "scale_replay_loss", "mask"),
+                              ("dapo", "scale_token_mean", "mask"), ("dr-grpo", "scale_sum_norm", "mask"),
+                              ("cispo", "scale_token_mean", "mask"), ("gmpo", "scale_loss", "mask"),
+                              ("gpg", "scale_token_mean", "mask")):
         drawn, dims = draw(contract(method, cid)["params"]["inputs"], 42, 0)
         per_row = drawn[mask].sum(-1)
         assert int(per_row.max()) > 2**15 and int(per_row.sum()) > 2**16 and dims.get("L", dims.get("T")) > 36000

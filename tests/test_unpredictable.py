@@ -145,7 +145,8 @@ def test_fresh_seeds_mean_fresh_shapes_up_to_the_scale_tiers_sizes():
     # every token-level scale contract reaches 36,001-45,000 slots a row
     longest = {k: v[1] for k, v in sizes.items() if k[2] in ("L", "T")}
     assert longest and all(v >= 45000 for v in longest.values()), longest
-    assert {m for m, _c, _d in sizes} == {"grpo", "gspo", "tapo-trajectory", "tar-adaptive-replay"}
+    assert {m for m, _c, _d in sizes} == {"grpo", "gspo", "tapo-trajectory", "tar-adaptive-replay", "dapo", "dr-grpo",
+                                          "cispo", "gmpo", "gpg"}
 
 
 # Dims that stay fixed, and why: a refusal contract's arguments name positions and values of its inputs; the rest
@@ -163,6 +164,12 @@ FIXED = {
     ("gspo", "input_refusal", "B"): "refusal",
     ("gspo", "input_refusal", "L"): "refusal",
     ("gspo", "one_token_is_grpo", "L"): "one-token responses: the identity holds at L = 1",
+    ("gmpo", "one_token_is_grpo", "L"): "one-token responses: the identity holds at L = 1",
+    **{(m, c, d): "refusal cases name rows and positions" for m, c in (
+        ("dapo", "input_refusal"), ("dr-grpo", "input_refusal"), ("cispo", "input_refusal"), ("gmpo", "input_refusal"),
+        ("gmpo", "ratio_refusal"), ("gpg", "input_refusal"), ("dr-grpo", "advantages_refusal")) for d in ("B", "L")},
+    ("dapo", "data_rules_refusal", "B"): "group_size 5 must not divide B",
+    ("gpg", "advantages_refusal", "B"): "group_size 5 must not divide B",
     ("tapo-trajectory", "zero_advantage_rejection", "B"): "refusal cases name groups",
     ("tapo-trajectory", "zero_advantage_rejection", "L"): "refusal",
     ("tapo-trajectory", "input_validation", "B"): "refusal cases name rows",
@@ -244,6 +251,11 @@ def test_an_environment_triggered_candidate_fails_check_and_scores_zero(tmp_path
     ("grpo", "token_count_int16", "scale_token_mean"),
     ("grpo", "token_count_float16", "scale_seq_mean"),
     ("tapo-trajectory", "count_int16", "scale_prefix_ratio"),
+    ("dapo", "token_count_int16", "scale_token_mean"),
+    ("dr-grpo", "length_int16", "scale_sum_norm"),
+    ("cispo", "token_count_float16", "scale_token_mean"),
+    ("gmpo", "row_length_int16", "scale_loss"),
+    ("gpg", "token_count_int16", "scale_token_mean"),
 ])
 def test_a_count_kept_in_int16_fails_a_scale_contract(tmp_path, method, mutant, contract):
     """A token count kept in int16 (or float16): every math contract holds on it, a scale contract does not."""

@@ -13,7 +13,8 @@ The promises are derived from the `interface:` section alone, mechanically:
                            there with the same answer; per shape form when the argument has several
   mask       F(a 0/1 float), F(a 0/1 integer)
                            an argument whose dtype says a 0/1 mask of any real dtype is accepted: a judged
-                           case passes it as a floating and as an integer 0/1 tensor
+                           case passes it as a floating and as an integer 0/1 tensor (the integer form alone
+                           where the dtype says 'integer 0/1' and names no floating dtype)
   refusal    F raises #i   each `raises` entry: a refusal row on F raises that type, mutating an argument
                            the entry's `when` names (any, when it names none), with one of its message words
   key        F.k           each key of a returned dict: a contract reads it
@@ -114,6 +115,17 @@ def accepts_01_mask(arg: dict) -> bool:
     """An argument whose dtype text accepts a 0/1 tensor of another dtype than bool ('bool (or 0/1 of any real
     dtype)')."""
     return "0/1" in (arg.get("dtype") or "")
+
+
+def mask_forms(arg: dict) -> tuple[str, ...]:
+    """The non-bool 0/1 forms an argument accepts: float and integer, or integer alone where its dtype text names
+    integers and no floating dtype ('bool or integer 0/1': a floating 0/1 tensor is refused, not a promise)."""
+    if not accepts_01_mask(arg):
+        return ()
+    low = (arg.get("dtype") or "").lower()
+    if "integer" in low and not re.search(r"real|float|floating", low):
+        return ("integer",)
+    return ("float", "integer")
 
 
 def parse_default(text: str | None) -> Any:
@@ -513,20 +525,20 @@ def report(data: dict) -> Report:
                     label = f"{an}" if form is None else f"{an}:{form}"
                     add(f"{name}({label} junk)", "junk", name, f"junk in {an}'s masked entries is never read"
                         + ("" if form is None else f" ({form})"), using)
-            if accepts_01_mask(a):
-                for label, casts in (("float", _FLOAT_CASTS), ("integer", _INT_CASTS)):
-                    using = []
-                    for s in judged:
-                        passed = bound(s, fn).get(an)
-                        dts = _input_dtypes(s.contract, passed) if isinstance(passed, str) else set()
-                        if (label == "float" and "float" in dts) or (label == "integer" and "long" in dts):
-                            using.append(s.contract["id"])
-                    for r in accepted:
-                        for m in r.mutations:
-                            if (_arg_of(r.site, fn, str(m.get("arg"))) == an and m.get("cast") in casts
-                                    and "fill" not in m and "value" not in m):
-                                using.append(r.contract["id"])
-                    add(f"{name}({an} 0/1 {label})", "mask", name, f"{an} as a 0/1 {label} tensor", using)
+            for label in mask_forms(a):
+                casts = _FLOAT_CASTS if label == "float" else _INT_CASTS
+                using = []
+                for s in judged:
+                    passed = bound(s, fn).get(an)
+                    dts = _input_dtypes(s.contract, passed) if isinstance(passed, str) else set()
+                    if (label == "float" and "float" in dts) or (label == "integer" and "long" in dts):
+                        using.append(s.contract["id"])
+                for r in accepted:
+                    for m in r.mutations:
+                        if (_arg_of(r.site, fn, str(m.get("arg"))) == an and m.get("cast") in casts
+                                and "fill" not in m and "value" not in m):
+                            using.append(r.contract["id"])
+                add(f"{name}({an} 0/1 {label})", "mask", name, f"{an} as a 0/1 {label} tensor", using)
 
         floats = set().union(*by_name.values()) if by_name else set()
         for dt in [d for d in FLOATS if d in floats]:

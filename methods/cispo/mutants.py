@@ -133,3 +133,13 @@ def adv_not_detached():
         return cispo_loss
 
     return IMPL.replace("cispo.adv_not_detached", cispo_loss=build())
+
+
+# --- a count in a narrow dtype (seen only past 65,504 tokens in a call: the scale tier) ------------------------------
+
+
+@registry.mutant("cispo.token_count_float16", base="cispo")
+def token_count_float16():
+    """The call's token count N kept in float16: past 65,504 tokens it is inf, and the loss 0."""
+    return _loss("cispo.token_count_float16",
+                 aggregate_fn=lambda per_token, n: per_token.sum() / torch.tensor(float(n)).to(torch.float16))  # DEFECT

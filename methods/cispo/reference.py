@@ -47,4 +47,22 @@ def _register() -> None:
         return torch.tensor(run(*args, **kwargs)[1], dtype=torch.float64)
 
 
+    @registry.reference("cispo.loss_f64")
+    def loss_f64(logp, old_logp, advantages, mask, *, clip_low=None, clip_high=0.2, dtype=None):
+        """`loss_and_grad` at training sizes: each term in float64 tensor arithmetic, every sum exact (fsum)."""
+        from methods.common.exact import fsum
+
+        f64, m = torch.float64, mask.to(torch.bool)
+        zero = torch.zeros((), dtype=f64)
+        a = advantages.to(f64)
+        a = torch.where(m, a[:, None].expand(m.shape) if a.dim() == 1 else a, zero)
+        lp = torch.where(m, logp.to(f64), zero)
+        lo, hi = (0.0 if clip_low is None else 1.0 - float(clip_low)), 1.0 + float(clip_high)
+        w = torch.where(m, lp - old_logp.to(f64), zero).clamp(max=700.0).exp().clamp(lo, hi)
+        term = torch.where(m, -w * a * lp, zero)
+        n = int(m.sum())
+        return {"value": torch.tensor(fsum(term) / n, dtype=f64), "scale": fsum(term.abs()) / n,
+                "grad": [torch.where(m, -w * a / n, zero)]}
+
+
 _register()

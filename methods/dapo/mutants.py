@@ -148,3 +148,41 @@ def keeps_solved_groups():
         return out | solved
 
     return IMPL.replace("dapo.keeps_solved_groups", dynamic_sampling_mask=keep)
+
+
+# --- knobs the interface declares, and the forms of correctness it accepts ----------------------------------------
+
+
+@registry.mutant("dapo.bounds_fixed", base="dapo")
+def bounds_fixed():
+    """clip_low and clip_high are validated, then ignored: the loss always clips at [1 - 0.2, 1 + 0.28]."""
+    return _loss("dapo.bounds_fixed",
+                 surrogate_fn=lambda r, a, lo, hi: L.clipped_surrogate(r, a, 1.0 - L.CLIP_LOW, 1.0 + L.CLIP_HIGH))
+
+
+@registry.mutant("dapo.clamp_fixed", base="dapo")
+def clamp_fixed():
+    """log_ratio_clamp is validated, then ignored: the log-ratio is always clamped at 20."""
+    return _loss("dapo.clamp_fixed", guard_fn=lambda lr, c: L.clamp_log_ratio(lr, L.LOG_RATIO_CLAMP))
+
+
+@registry.mutant("dapo.sampling_bool_only", base="dapo")
+def sampling_bool_only():
+    """dynamic_sampling_mask takes bool correctness only: 0/1 integers, which the interface accepts, are refused."""
+    def keep(correct, group_size):
+        if correct.dtype != torch.bool:
+            raise TypeError(f"correct must be bool, got {correct.dtype}")
+        return L.dynamic_sampling_mask(correct, group_size)
+
+    return IMPL.replace("dapo.sampling_bool_only", dynamic_sampling_mask=keep)
+
+
+# --- a count in a narrow dtype (seen only past 2^15 tokens in a row: the scale tier) ---------------------------------
+
+
+@registry.mutant("dapo.token_count_int16", base="dapo")
+def token_count_int16():
+    """Each response's valid-token count kept in int16 and summed into N: a response past 32,767 tokens wraps
+    negative, and the token mean divides by the wrong N."""
+    return _loss("dapo.token_count_int16",
+                 aggregate_fn=lambda per_token, n_row, n: per_token.sum() / n_row.to(torch.int16).sum())  # DEFECT

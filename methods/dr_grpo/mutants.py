@@ -126,3 +126,79 @@ def group_size_unchecked():
         return L.group_advantages(rewards, int(group_size), mask=mask)
 
     return IMPL.replace("dr_grpo.group_size_unchecked", group_advantages=advantages)
+
+
+# --- the mask forms, the precision and the knobs the interface declares --------------------------------------------
+
+
+@registry.mutant("dr_grpo.adv_none_counts_nothing", base="dr_grpo")
+def adv_none_counts_nothing():
+    """mask=None read as 'no row counts' instead of 'every row counts': every advantage is 0."""
+    def advantages(rewards, group_size, *, mask=None):
+        if mask is None:
+            mask = torch.zeros(rewards.shape[0], dtype=torch.bool, device=rewards.device)
+        return L.group_advantages(rewards, group_size, mask=mask)
+
+    return IMPL.replace("dr_grpo.adv_none_counts_nothing", group_advantages=advantages)
+
+
+@registry.mutant("dr_grpo.adv_row_flags_ignored", base="dr_grpo")
+def adv_row_flags_ignored():
+    """A [B] mask of row flags is dropped (only a [B, L] response mask is read): every row counts."""
+    def advantages(rewards, group_size, *, mask=None):
+        return L.group_advantages(rewards, group_size, mask=mask if mask is not None and mask.dim() == 2 else None)
+
+    return IMPL.replace("dr_grpo.adv_row_flags_ignored", group_advantages=advantages)
+
+
+@registry.mutant("dr_grpo.adv_mask_bool_only", base="dr_grpo")
+def adv_mask_bool_only():
+    """group_advantages refuses a mask that is not bool, where the interface accepts 0/1 of any real dtype."""
+    def advantages(rewards, group_size, *, mask=None):
+        if mask is not None and mask.dtype != torch.bool:
+            raise ValueError(f"mask must be bool, got {mask.dtype}")
+        return L.group_advantages(rewards, group_size, mask=mask)
+
+    return IMPL.replace("dr_grpo.adv_mask_bool_only", group_advantages=advantages)
+
+
+@registry.mutant("dr_grpo.adv_in_input_dtype", base="dr_grpo")
+def adv_in_input_dtype():
+    """The group mean taken in the rewards' own dtype instead of float64: a half-precision group sum rounds."""
+    def advantages(rewards, group_size, *, mask=None):
+        keep = torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
+        if mask is not None:
+            keep = mask.to(torch.bool)
+            keep = keep.any(dim=-1) if keep.dim() == 2 else keep
+        zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+        r = torch.where(keep, rewards.detach(), zero).reshape(-1, group_size)
+        k = keep.reshape(-1, group_size)
+        mean = r.sum(dim=1, keepdim=True) / k.sum(dim=1, keepdim=True).clamp_min(1).to(rewards.dtype)  # DEFECT
+        return torch.where(k, r - mean, zero).reshape(-1)
+
+    return IMPL.replace("dr_grpo.adv_in_input_dtype", group_advantages=advantages)
+
+
+@registry.mutant("dr_grpo.bounds_fixed", base="dr_grpo")
+def bounds_fixed():
+    """clip_low and clip_high are validated, then ignored: the loss always clips at [1 - 0.2, 1 + 0.2]."""
+    return _loss("dr_grpo.bounds_fixed",
+                 surrogate_fn=lambda r, a, lo, hi: L.clipped_surrogate(r, a, 1.0 - L.CLIP_LOW, 1.0 + L.CLIP_HIGH))
+
+
+@registry.mutant("dr_grpo.clamp_fixed", base="dr_grpo")
+def clamp_fixed():
+    """log_ratio_clamp is validated, then ignored: the log-ratio is always clamped at 20."""
+    return _loss("dr_grpo.clamp_fixed", guard_fn=lambda lr, c: L.clamp_log_ratio(lr, L.LOG_RATIO_CLAMP))
+
+
+# --- a length in a narrow dtype (seen only past 2^15 slots a row: the scale tier) ------------------------------------
+
+
+@registry.mutant("dr_grpo.length_int16", base="dr_grpo")
+def length_int16():
+    """The constant length C_L kept in int16: a padded length past 32,767 wraps negative, and so does the loss."""
+    def aggregate(per_token, n_row, rows, length):
+        return per_token.sum() / (rows * torch.tensor(length).to(torch.int16).to(per_token.dtype))  # DEFECT
+
+    return _loss("dr_grpo.length_int16", aggregate_fn=aggregate)

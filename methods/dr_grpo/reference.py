@@ -79,4 +79,28 @@ def _register() -> None:
                             dtype=torch.float64)
 
 
+    @registry.reference("dr_grpo.loss_f64")
+    def loss_f64(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, norm_length=None,
+                 log_ratio_clamp=20.0, dtype=None):
+        """`loss_and_grad` at training sizes: each term in float64 tensor arithmetic, every sum exact (fsum); the
+        loss, its scale (the sum of |term| over G C_L) and d loss / d logp, NaN where the branch is ambiguous."""
+        from methods.common.exact import fsum
+
+        f64, m = torch.float64, mask.to(torch.bool)
+        zero = torch.zeros((), dtype=f64)
+        a = advantages.to(f64)
+        a = torch.where(m, a[:, None].expand(m.shape) if a.dim() == 1 else a, zero)
+        x = torch.where(m, logp.to(f64) - old_logp.to(f64), zero)
+        C, lo, hi = float(log_ratio_clamp), 1.0 - float(clip_low), 1.0 + float(clip_high)
+        r = x.clamp(-C, C).exp()
+        term = torch.where(m, torch.maximum(-r * a, -r.clamp(lo, hi) * a), zero)
+        rows = int(m.any(dim=-1).sum())
+        denom = rows * (m.shape[-1] if norm_length is None else int(norm_length))
+        g = torch.where(((a > 0) & (r > hi)) | ((a < 0) & (r < lo)) | (x.abs() > C), zero, -a * r / denom)
+        margin = 1e-9 if dtype in (None, torch.float64) else 1e-5  # float32 puts a ratio ~1e-7 off its float64 value
+        near = m & (((x.abs() - C).abs() <= margin * C) | ((r - lo).abs() <= margin) | ((r - hi).abs() <= margin))
+        return {"value": torch.tensor(fsum(term) / denom, dtype=f64), "scale": fsum(term.abs()) / denom,
+                "grad": [torch.where(near, torch.full_like(g, math.nan), torch.where(m, g, zero))]}
+
+
 _register()

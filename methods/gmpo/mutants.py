@@ -137,3 +137,56 @@ def old_logp_not_detached():
     return _built("gmpo.old_logp_not_detached",
                   ratio_fn=lambda logp, old, m, cdt: torch.where(m, logp.to(cdt) - old.to(cdt),
                                                                  torch.zeros((), dtype=cdt)))
+
+
+# --- the knobs the interface declares and the stand-alone ratio's own rules --------------------------------------
+
+
+@registry.mutant("gmpo.bounds_fixed", base="gmpo")
+def bounds_fixed():
+    """clip_low and clip_high are validated, then ignored: every token is clipped at (-0.4, 0.4) in log space."""
+    return _built("gmpo.bounds_fixed",
+                  clip_fn=lambda lr, sgn, low, high: L.pessimistic_clip(lr, sgn, L.CLIP_LOW, L.CLIP_HIGH))
+
+
+@registry.mutant("gmpo.clamp_fixed", base="gmpo")
+def clamp_fixed():
+    """log_ratio_clamp is validated, then ignored: each token log-ratio is always clamped at 20."""
+    return _built("gmpo.clamp_fixed", guard_fn=lambda lr, c: L.clamp_log_ratio(lr, L.LOG_RATIO_CLAMP))
+
+
+@registry.mutant("gmpo.ratio_unchecked", base="gmpo")
+def ratio_unchecked():
+    """geometric_ratio validates nothing: any bound, clamp, shape, mask value or advantage gives a number."""
+    def ratio(logp, old_logp, advantages, mask, *, clip_low=L.CLIP_LOW, clip_high=L.CLIP_HIGH,
+              log_ratio_clamp=L.LOG_RATIO_CLAMP):
+        m = mask != 0
+        cdt = torch.promote_types(logp.dtype, torch.float32)
+        lr = torch.where(m, logp.to(cdt) - old_logp.detach().to(cdt), torch.zeros((), dtype=cdt))
+        lr = lr.clamp(-float(log_ratio_clamp), float(log_ratio_clamp))
+        a = advantages.detach().to(cdt)
+        sgn = torch.sign(a if a.dim() == 1 else a[:, 0])[:, None]
+        k = L.pessimistic_clip(lr, sgn, float(clip_low), float(clip_high))
+        return L.row_mean(k, m.sum(dim=-1)).exp()
+
+    return IMPL.replace("gmpo.ratio_unchecked", geometric_ratio=ratio)
+
+
+@registry.mutant("gmpo.ratio_in_input_dtype", base="gmpo")
+def ratio_in_input_dtype():
+    """s_i handed back in the input's dtype: a bfloat16/float16 call rounds the ratio."""
+    def ratio(logp, *args, **kwargs):
+        return L.geometric_ratio(logp, *args, **kwargs).to(logp.dtype)
+
+    return IMPL.replace("gmpo.ratio_in_input_dtype", geometric_ratio=ratio)
+
+
+# --- a length in a narrow dtype (seen only past 2^15 tokens in a row: the scale tier) --------------------------------
+
+
+@registry.mutant("gmpo.row_length_int16", base="gmpo")
+def row_length_int16():
+    """Each response's length |o_i| kept in int16: past 32,767 tokens it wraps negative, is floored at 1, and the
+    mean log-ratio becomes the row's sum."""
+    return _built("gmpo.row_length_int16",
+                  mean_fn=lambda k, n_row: k.sum(dim=-1) / n_row.to(torch.int16).clamp_min(1).to(k.dtype))  # DEFECT

@@ -88,4 +88,33 @@ def _register() -> None:
         return torch.tensor([s for s, _, _ in rs], dtype=torch.float64)
 
 
+    @registry.reference("gmpo.loss_f64")
+    def loss_f64(logp, old_logp, advantages, mask, *, clip_low=0.4, clip_high=0.4, log_ratio_clamp=20.0, dtype=None):
+        """`loss_and_grad` at training sizes: each token in float64 tensor arithmetic, each response's mean log-ratio
+        and the loss summed exactly (fsum); the loss, its scale (the mean |A_i s_i|) and d loss / d logp, NaN for a
+        response with a token within the margin of a clip bound or the clamp."""
+        from methods.common.exact import fsum, fsum_rows
+
+        f64, m = torch.float64, mask.to(torch.bool)
+        zero = torch.zeros((), dtype=f64)
+        n_row = m.sum(dim=-1)
+        has = n_row > 0
+        a = torch.where(has, advantages.to(f64), zero)
+        sg = torch.sign(a)[:, None]
+        x = torch.where(m, logp.to(f64) - old_logp.to(f64), zero)
+        C, low, high = float(log_ratio_clamp), float(clip_low), float(clip_high)
+        xc = x.clamp(-C, C)
+        k = torch.where(m, sg * torch.minimum(sg * xc, sg * xc.clamp(-low, high)), zero)
+        s = (fsum_rows(k) / n_row.clamp_min(1).to(f64)).exp()
+        rows = int(has.sum())
+        live = m & (x.abs() <= C) & (sg != 0) & (sg * xc <= sg * xc.clamp(-low, high))
+        g = torch.where(live, (-a * s / (n_row.clamp_min(1).to(f64) * rows))[:, None].expand(m.shape), zero)
+        margin = 1e-9 if dtype in (None, torch.float64) else 1e-5  # float32 puts a log-ratio ~1e-7 off
+        near = m & (((x.abs() - C).abs() <= margin * C) | ((x + low).abs() <= margin) | ((x - high).abs() <= margin))
+        near = m & near.any(dim=-1, keepdim=True)
+        terms = torch.where(has, -a * s / rows, zero)
+        return {"value": torch.tensor(fsum(terms), dtype=f64), "scale": fsum(terms.abs()),
+                "grad": [torch.where(near, torch.full_like(g, math.nan), g)]}
+
+
 _register()

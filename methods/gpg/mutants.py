@@ -136,3 +136,27 @@ def adv_unchecked():
         return L.gpg_loss(logp, torch.nan_to_num(advantages, nan=0.0, posinf=0.0, neginf=0.0), mask)
 
     return IMPL.replace("gpg.adv_unchecked", gpg_loss=gpg_loss)
+
+
+@registry.mutant("gpg.adv_in_input_dtype", base="gpg")
+def adv_in_input_dtype():
+    """The group mean taken in the rewards' own dtype instead of float64: a half-precision group sum rounds."""
+    def advantages(rewards, group_size, *, f_norm=1.0):
+        out = L.gpg_advantages(rewards, group_size, f_norm=f_norm).double().reshape(-1, group_size)
+        g = rewards.detach().reshape(-1, group_size)
+        exact = g.double() - g.double().mean(dim=1, keepdim=True)
+        rounded = g - g.sum(dim=1, keepdim=True) / group_size  # DEFECT: the sum in the rewards' dtype
+        scale = torch.where(exact != 0, out / exact, torch.zeros_like(out))  # alpha / F_norm, 0 for flat groups
+        return (scale * rounded.double()).reshape(-1).to(rewards.dtype)
+
+    return IMPL.replace("gpg.adv_in_input_dtype", gpg_advantages=advantages)
+
+
+# --- a count in a narrow dtype (seen only past 2^15 tokens in a call: the scale tier) --------------------------------
+
+
+@registry.mutant("gpg.token_count_int16", base="gpg")
+def token_count_int16():
+    """The call's token count N kept in int16: past 32,767 tokens it wraps, and the token mean divides by it."""
+    return _loss("gpg.token_count_int16",
+                 aggregate_fn=lambda per_token, n: per_token.sum() / torch.tensor(n).to(torch.int16))  # DEFECT

@@ -71,4 +71,19 @@ def _register() -> None:
         return g
 
 
+    @registry.reference("gpg.loss_f64")
+    def loss_f64(logp, advantages, mask, dtype=None):
+        """`loss_and_grad` at training sizes: each term in float64 tensor arithmetic, every sum exact (fsum)."""
+        from methods.common.exact import fsum
+
+        f64, m = torch.float64, mask.to(torch.bool)
+        zero = torch.zeros((), dtype=f64)
+        a = advantages.to(f64)
+        a = torch.where(m, a[:, None].expand(m.shape) if a.dim() == 1 else a, zero)
+        term = torch.where(m, -a * logp.to(f64), zero)
+        n = int(m.sum())
+        return {"value": torch.tensor(fsum(term) / n, dtype=f64), "scale": fsum(term.abs()) / n,
+                "grad": [torch.where(m, -a / n, zero)]}
+
+
 _register()
