@@ -160,6 +160,26 @@ def test_a_broken_stage_one_is_not_rescued_by_later_stages(evaluator, tmp_path):
     assert three.artifacts["receipt_id"] == one.artifacts["receipt_id"]  # nothing more was run for it
 
 
+def test_a_broken_candidate_stops_at_its_first_broken_contract_cheapest_first(evaluator, tmp_path):
+    """OpenEvolve without a cascade asks for every contract at once: a candidate that breaks a cheap one costs that
+    one, not the mechanism runs, and its receipt requests only what ran and says why the rest did not."""
+    ev, store, _ = evaluator
+    bad = variant(tmp_path, "optimistic_all.py", "surrogate = torch.minimum(", "surrogate = torch.maximum(")
+    res = ev.evaluate(str(bad))
+    assert res.metrics["combined_score"] == 0.0 and "loss_forward" in res.artifacts["failures"]
+    pred = receipts_in(store)[res.artifacts["receipt_id"]]["predicate"]
+    ran = list(dict.fromkeys(r["contract"] for r in pred["results"]))
+    spec = json.loads(invoke("show", METHOD, "--json").stdout)["spec"]
+    held = [c for c in spec["contracts"] if c["applies_to"] == "any"]
+    stop = pred["isolation"]["stopped_early"]
+    assert stop["broken"] == "loss_forward" == ran[-1] and "mechanism" in stop["not_run"]
+    assert sorted(ran + stop["not_run"]) == sorted(c["id"] for c in held)
+    # the receipt never reads as a run that left contracts out
+    assert sorted(pred["request"]["only"]) == sorted(pred["request"]["contracts"]) == sorted(ran)
+    kinds = {c["id"]: c["kind"] for c in held}
+    assert all(kinds[c] != "mechanism" for c in ran)
+
+
 # --- verdicts come from the receipt files -------------------------------------------------------------------------
 
 

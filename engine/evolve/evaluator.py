@@ -340,9 +340,16 @@ class Evaluator:
         conf = sandbox.confine(ident, target, hidden, str(dev), pool=self._pool if self.sandbox else self._bare())
         session = CandidateSession(runner, init, conf, deadline, framework=target.form == "framework")
         lost: list[str] = []
+        ran: list[dict] = []
+        stopped: str | None = None
         try:
             session.probe()
-            for c in plan.contracts:
+            # Cheap contracts first, and none after the first that breaks: the score is 0 whatever else holds, and
+            # a broken candidate (half of what an LLM writes) then costs the price of its cheapest failure.
+            for c in sorted(plan.contracts, key=S.cost_rank):
+                if stopped is not None:
+                    break
+                ran.append(c)
                 calls = [{"contract": c, "seed": s, "dtype": d, "record_mechanism": True}
                          for s in plan.seeds for d in c["dtypes"]]
                 if lost:  # a hanging candidate costs one deadline, not one per contract
@@ -354,9 +361,18 @@ class Evaluator:
                 runner.results += unit.results
                 lost += [r["message"][len("no measurement: "):] for r in unit.results
                          if r["status"] == "error" and str(r.get("message")).startswith("no measurement: ")][:1]
+                if any(r["status"] != "passed" for r in unit.results):  # it breaks a cell: the score is 0
+                    stopped = c["id"]
         finally:
             session.close()  # the candidate and all it started are gone before its receipt is built and signed
+        skipped = [c["id"] for c in plan.contracts if c not in ran]
+        if skipped:  # the receipt requests what ran, and says why the rest did not
+            kept = runner.plan  # the candidate's plan (engine.run.runner.for_candidate), which the receipt reads
+            kept.contracts = [c for c in kept.contracts if c["id"] in {r["id"] for r in ran}]  # the spec's order
+            kept.only = [c["id"] for c in kept.contracts]
         runner.isolation = session.record()
+        if skipped:
+            runner.isolation["stopped_early"] = {"broken": stopped, "not_run": skipped}
         if session.load_failure:
             runner.errors.append(f"the candidate could not be run: {session.load_failure}")
         runner.errors += [f"isolation: {n}" for n in session.notes]

@@ -38,6 +38,17 @@ def _in_stage(contract: dict, stage: int) -> bool:
     return True
 
 
+def cost_rank(contract: dict) -> int:
+    """Cheap contracts first: stage 1's value and gradient checks, then the rest of the math tier, then the large
+    cases of the scale tier, the mechanism runs (trained policies) last. Sorting by it is stable: the spec's order
+    decides within a rank."""
+    if contract["kind"] == MECHANISM:
+        return 3
+    if contract.get("tier", "math") == "scale":
+        return 2
+    return 0 if contract["kind"] in STAGE1_KINDS else 1
+
+
 def seeds_for(spec_data: dict, stage: int, seeds: list[int] | None = None) -> list[int]:
     """The seeds a stage runs: `seeds` (default the budget's), only the first for stage 1."""
     seeds = list(seeds or spec_data["budget"]["seeds"])
