@@ -85,7 +85,7 @@ def _tapo_ratios(logp, old, mask):
     return out
 
 
-@certifier("tapo.prefix_ratio")
+@certifier("tapo.prefix_ratio", "tapo.prefix_ratio_f64")
 def tapo_prefix_ratio(logp, old, mask):
     return _tapo_ratios(logp, old, mask)
 
@@ -102,7 +102,7 @@ def _tapo_walk(logp, old, adv, mask, eps_min, eps_max, horizon):
                 yield b, j, r, av, _tapo_eps(T, t, eps_min, eps_max)
 
 
-@certifier("tapo.loss")
+@certifier("tapo.loss", "tapo.loss_f64")
 def tapo_loss(logp, old, adv, mask, eps_min, eps_max, horizon=None, group_size=None, dtype=None):
     n = int(mask.bool().sum())
     grad = _zeros_like(logp)
@@ -166,7 +166,7 @@ def _grpo(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=None, ref
     counts = [sum(r) for r in m]
     n, rows = sum(counts), sum(1 for c in counts if c)
     length = len(m[0]) if norm_length is None else norm_length
-    value, grad = mpf(0), _zeros_like(logp)
+    value, scale, grad = mpf(0), mpf(0), _zeros_like(logp)
     for b, mr in enumerate(m):
         for t, v in enumerate(mr):
             if not v:
@@ -186,13 +186,20 @@ def _grpo(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=None, ref
                 term += mpf(beta) * (mpmath.exp(d) - d - 1)
                 g += mpf(beta) * (1 - mpmath.exp(d))
             value += w * term
+            scale += w * abs(term)
             grad[b][t] = w * g
-    return value, grad
+    return value, grad, scale
 
 
 @certifier("grpo.loss")
 def grpo_loss(logp, old_logp, advantages, mask, **kw):
     return _grpo(logp, old_logp, advantages, mask, **kw)[0]
+
+
+@certifier("grpo.loss_f64")
+def grpo_loss_f64(logp, old_logp, advantages, mask, dtype=None, **kw):
+    value, grad, scale = _grpo(logp, old_logp, advantages, mask, **kw)
+    return {"value": value, "scale": scale, "grad": [grad]}
 
 
 @certifier("grpo.loss_grad")
@@ -215,7 +222,7 @@ def zero_grads(logp, old_logp, advantages, mask, **_):
     return [_zeros_like(old_logp), _zeros_like(advantages)]
 
 
-@certifier("grpo.loss_metrics")
+@certifier("grpo.loss_metrics", "grpo.loss_metrics_f64")
 def grpo_metrics(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None, ref_logp=None,
                  beta=0.0, log_ratio_clamp=20.0, **_):
     m = mask.bool().tolist()
@@ -247,7 +254,7 @@ def grpo_metrics(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.
             "kl": mpmath.fsum(kl) / n if beta else mpf(0)}
 
 
-@certifier("grpo.group_advantages")
+@certifier("grpo.group_advantages", "grpo.control_advantages")
 def grpo_group_advantages(rewards, group_size, eps=1e-6, *, mask=None):
     r = L(rewards)
     B = len(r)
@@ -321,7 +328,7 @@ def _gspo(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, fo
     lo, hi, C = 1 - mpf(clip_low), 1 + mpf(clip_high), mpf(log_ratio_clamp)
     rows_data = _gspo_rows(logp, old_logp, mask, log_ratio_clamp)
     rows = sum(1 for r in rows_data if r is not None)
-    value, grad = mpf(0), _zeros_like(logp)
+    value, scale, grad = mpf(0), mpf(0), _zeros_like(logp)
     for b, row in enumerate(rows_data):
         if row is None:
             continue
@@ -331,14 +338,21 @@ def _gspo(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, fo
         for t in idx:
             av = a[b][t]
             value += max(-s * av, -c * av) / (n * rows)
+            scale += abs(max(-s * av, -c * av)) / (n * rows)
             clipped = (av > 0 and s > hi) or (av < 0 and s < lo)
             grad[b][t] = mpf(0) if (x > C or clipped) else -av * s / (n * rows)
-    return value, grad
+    return value, grad, scale
 
 
 @certifier("gspo.loss")
 def gspo_loss(*args, **kw):
     return _gspo(*args, **kw)[0]
+
+
+@certifier("gspo.loss_f64")
+def gspo_loss_f64(logp, old_logp, advantages, mask, dtype=None, **kw):
+    value, grad, scale = _gspo(logp, old_logp, advantages, mask, **kw)
+    return {"value": value, "scale": scale, "grad": [grad]}
 
 
 @certifier("gspo.loss_grad")
@@ -379,6 +393,12 @@ def gspo_sequence_ratio_grad(logp, old_logp, mask, *, log_ratio_clamp=10.0):
     return g
 
 
+@certifier("gspo.sequence_ratio_f64")
+def gspo_sequence_ratio_f64(logp, old_logp, mask, *, log_ratio_clamp=10.0, dtype=None):
+    return {"value": gspo_sequence_ratio(logp, old_logp, mask, log_ratio_clamp=log_ratio_clamp),
+            "grad": [gspo_sequence_ratio_grad(logp, old_logp, mask, log_ratio_clamp=log_ratio_clamp)]}
+
+
 @certifier("family.tapo_ratio_at_end")
 def family_tapo_ratio_at_end(logp, old_logp, mask, **_):
     return [None if r is None else mpmath.exp(r[1]) for r in _gspo_rows(logp, old_logp, mask, mpmath.inf)]
@@ -402,7 +422,7 @@ def _js(la, lb):
     return mpmath.sqrt(min(mpf(1), max(mpf(0), total / 2 / mpmath.log(2))))
 
 
-@certifier("mrtpo.js_distance")
+@certifier("mrtpo.js_distance", "mrtpo.js_distance_f64")
 def mrtpo_js(logp_a, logp_b, chunk_elems=None):
     V = logp_a.shape[-1]
     a, b = L(logp_a.reshape(-1, V)), L(logp_b.reshape(-1, V))
@@ -442,7 +462,7 @@ def _weights(all_rows, loo_rows, mask, beta, empty):
     return out
 
 
-@certifier("mrtpo.credit_weights")
+@certifier("mrtpo.credit_weights", "mrtpo.credit_weights_f64")
 def mrtpo_weights(logp_all, logp_loo, mask, beta, empty_block=None, chunk_elems=None):
     loo = [None if x is None else L(x) for x in logp_loo]
     empty = None if empty_block is None else empty_block.bool().tolist()
@@ -463,7 +483,7 @@ def _log_softmax_rows(x, mask):
     return out
 
 
-@certifier("mrtpo.credit_weights_from_logits")
+@certifier("mrtpo.credit_weights_from_logits", "mrtpo.credit_weights_from_logits_f64")
 def mrtpo_weights_from_logits(logits_all, logits_loo, mask, beta, empty_block=None, chunk_elems=None,
                               block_elems=None):
     m = mask.bool().tolist()
@@ -479,7 +499,7 @@ def _std(values):
     return mpmath.sqrt(mpmath.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
-@certifier("mrtpo.advantages")
+@certifier("mrtpo.advantages", "mrtpo.advantages_f64")
 def mrtpo_advantages(reward_advantages, weights, mask, eps=1e-6):
     radv, w, m = L(reward_advantages), L(weights), mask.bool().tolist()
     K, B = len(radv), len(radv[0])
@@ -493,7 +513,8 @@ def mrtpo_advantages(reward_advantages, weights, mask, eps=1e-6):
     std = _std(list(St.values()))
     value = [[St[b, t] / (std + mpf(eps)) if (b, t) in St else mpf(0) for t in range(len(m[b]))] for b in range(B)]
     top = max([abs(v) for row in value for v in row] or [mpf(0)])
-    return {"value": value, "scale": max(mpf(1), top), "scalars": {"s": s}}
+    return {"value": value, "scale": max(mpf(1), top),
+            "scalars": {"s": s, "std": std, "second_moment_U": mu, "second_moment_D": md}}
 
 
 @certifier("mrtpo.gdpo_uniform")
@@ -545,17 +566,23 @@ def _replay(lt, lb, mask):
     return (loss / B if B else mpf(0)), grad, gates, weights
 
 
-@certifier("tar.replay")
+@certifier("tar.replay", "tar.replay_f64")
 def tar_replay(logp_theta, logp_base, mask):
     loss, grad, _g, _w = _replay(logp_theta, logp_base, mask)
     return {"value": loss, "grad": [grad], "scale": abs(loss)}
 
 
-@certifier("tar.replay_metrics")
+@certifier("tar.replay_metrics", "tar.replay_metrics_f64")
 def tar_replay_metrics(logp_theta, logp_base, mask):
     loss, _grad, gates, weights = _replay(logp_theta, logp_base, mask)
+    m = mask.bool().tolist()
+    t, bse = L(logp_theta), L(logp_base)
+    valid = [[j for j, v in enumerate(row) if v] for row in m]
+    mean_delta = [mpmath.fsum(bse[b][j] - t[b][j] for j in vs) / len(vs) if vs else mpf(0) for b, vs in enumerate(valid)]
+    weight_sum = [mpmath.fsum(weights[b][j] for j in vs) for b, vs in enumerate(valid)]
     return loss, {"gates": gates, "token_weights": weights,
-                  "active_fraction": mpf(sum(g > 0 for g in gates)) / len(gates) if gates else mpf(0)}
+                  "active_fraction": mpf(sum(g > 0 for g in gates)) / len(gates) if gates else mpf(0),
+                  "mean_delta": mean_delta, "weight_sum": weight_sum}
 
 
 @certifier("tar.replay_support")
@@ -608,7 +635,7 @@ def _fps(embeddings, correct, k=3, prompt_ids=None, tie=mpf(1e-12)):
     return out
 
 
-@certifier("tar.fps", "tar.fps_loop")
+@certifier("tar.fps", "tar.fps_loop", "tar.fps_f64")
 def tar_fps(embeddings, correct, k=3, prompt_ids=None):
     return {"value": [mpf(i) for i in _fps(embeddings, correct, k, prompt_ids)]}
 
@@ -842,3 +869,27 @@ def zoo_counts(*args, **_):
     positional argument)."""
     m = args[-1].bool().tolist()
     return {"tokens": sum(sum(r) for r in m), "rows": sum(1 for r in m if any(r))}
+
+
+@certifier("gspo.loss_counts", "tapo.loss_counts")
+def loss_counts(logp, old_logp, advantages, mask, *_, **__):
+    """The counts tapo_loss and gspo_loss report: N valid tokens and the non-empty responses (the fourth argument)."""
+    return zoo_counts(mask)
+
+
+# --- the GRPO control arm every method page compares against (methods/common/grpo.py, one symmetric clip) --------
+
+
+@certifier("grpo.control_loss")
+def grpo_control_loss(logp, old_logp, advantages, mask, clip_eps=0.2):
+    return _grpo(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps)[0]
+
+
+@certifier("grpo.control_loss_grad")
+def grpo_control_loss_grad(logp, old_logp, advantages, mask, clip_eps=0.2):
+    return _grpo(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps)[1]
+
+
+@certifier("grpo.control_loss_metrics")
+def grpo_control_loss_metrics(logp, old_logp, advantages, mask, clip_eps=0.2):
+    return grpo_metrics(logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps)

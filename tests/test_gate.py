@@ -162,7 +162,7 @@ def test_a_candidate_needs_a_fresh_seed_receipt(layout):
     assert not _req(_gate(root, specs, receipts), "fresh_seeds")["met"]
     G.write(root, receipts, specs / "toy.yaml", seeds=(3952690999, 17), seed_source="fresh")
     r = _gate(root, specs, receipts)
-    assert _req(r, "fresh_seeds")["met"] and "fresh seeds 3952690999,17" in _req(r, "fresh_seeds")["detail"]
+    assert _req(r, "fresh_seeds")["met"] and "fresh seeds 3952690999,17" in _req(r, "fresh_seeds")["detail"], _req(r, "fresh_seeds")
     assert r["promotable"], r["reasons"]
     # a failure on a drawn seed is a failure: the device requirement closes, whatever else passed
     G.write(root, receipts, specs / "toy.yaml", seeds=(555,), seed_source="fresh", fail={("double-value", 555,

@@ -70,6 +70,7 @@ def of(data: dict) -> tuple[list, dict[str, Any]]:
             mutation.get("complete") is True, mutation.get("killed"), mutation.get("survived"),
             mutation.get("timeout"), mutation.get("equivalent"), mutation.get("mutants"),
             [str(x.get("id")) for x in mutation.get("survivors") or [] if isinstance(x, dict)]],
+        _str(req.get("seed_source")),  # the gate's fresh_seeds requirement reads it
     ]
     parts = {
         "static": static,
@@ -122,11 +123,11 @@ def decode_part(name: str, value: Any) -> Any:
     try:
         if name == "static":
             (method, device, device_name, spec_name, spec_state, spec_impl, seeds, budget_seeds, git, impl, errors,
-             mutation) = value
+             mutation, seed_source) = value
             template = {
                 "method": method, "device": device, "device_name": device_name, "spec_name": spec_name,
                 "spec_state": spec_state, "spec_implementation": spec_impl, "seeds": tuple(seeds),
-                "budget_seeds": tuple(budget_seeds),
+                "budget_seeds": tuple(budget_seeds), "seed_source": seed_source,
                 "implementation": Implementation(unit=impl[0], name=impl[1], target=impl[2], files=tuple(impl[3]),
                                                  files_named=impl[4] is True),
                 "errors": tuple(errors),
