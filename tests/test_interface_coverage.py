@@ -84,7 +84,8 @@ def test_a_declared_default_no_judged_case_leaves_out_is_a_gap():
 
 
 def test_a_declared_value_no_case_uses_is_a_gap():
-    data = _drop(_data("grpo"), "seq_mean_reference", "masked_junk", "kl_reference")
+    # scale_seq_mean runs the per-response mean at training sizes: it too uses the value
+    data = _drop(_data("grpo"), "seq_mean_reference", "masked_junk", "kl_reference", "scale_seq_mean")
     assert "grpo_loss(agg='seq-mean-token-mean')" in _gaps(data)
     data = _drop(_data("gspo"), "token_form_reference", "masked_junk", "forms_agree")
     assert "gspo_loss(form='token')" in _gaps(data)
@@ -94,6 +95,7 @@ def test_a_shape_form_no_case_passes_is_a_gap():
     data = _data("grpo")
     cycle = _contract(data, "advantages_masked_junk")["params"]["inputs"]["tensors"]["mask"]["cycle"]
     cycle.pop()  # the [B] row flags
+    data = _drop(data, "scale_advantages")  # the other case that passes [B] row flags, at training sizes
     assert "group_advantages(mask:[B])" in _gaps(data)
 
 

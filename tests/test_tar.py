@@ -436,7 +436,7 @@ def test_spec_validates_and_names_every_check(spec):
     checks = {c["check"] for c in by_id.values() if not c["check"].startswith("kind:")}
     assert checks == {c for c in registry.load().checks if c.startswith("tar.")}
     assert len(checks) <= 7 and all(c.get("why") for c in by_id.values() if c["kind"] in ("bespoke", "mechanism"))
-    assert all(c.get("tier") in ("math", "budget") for c in by_id.values())
+    assert all(c.get("tier") in ("math", "budget", "scale") for c in by_id.values())
     killers = {cid for m in spec.data["mutants"] for cid in m["killed_by"]}
     assert killers == {c["id"] for c in spec.data["contracts"]}
     assert {m["mutant"] for m in spec.data["mutants"]} == {m for m in registry.load().mutants if m.startswith("tar.")}

@@ -152,6 +152,9 @@ def test_fresh_seeds_mean_fresh_shapes_up_to_the_scale_tiers_sizes():
 # Dims that stay fixed, and why: a refusal contract's arguments name positions and values of its inputs; the rest
 # is a property of the maths.
 FIXED = {
+    ("gspo", "ratio_refusal", "B"): "refusal cases name rows and positions",
+    ("gspo", "ratio_refusal", "L"): "refusal cases name rows and positions",
+    ("mrtpo", "js_chunked_reference", "N"): "not a shape: the chunk sizes 3 and 1 are drawn as N - 1 and N - 3",
     ("grpo", "input_refusal", "B"): "refusal cases name rows",
     ("grpo", "input_refusal", "L"): "refusal cases name positions",
     ("grpo", "advantages_refusal", "B"): "group_size 5 must not divide B",

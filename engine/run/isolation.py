@@ -60,7 +60,7 @@ from typing import Any, Callable
 from engine.errors import UsageError
 
 STARTUP_S = 180.0  # importing torch and the methods on a loaded 2-core machine, then loading the candidate
-DEFAULT_MEMORY_MB = 4096
+from engine.run.candidate_limits import DEFAULT_MEMORY_MB  # noqa: E402,F401 (the interface states it too)
 
 # The worker's environment: only what Python, torch and CUDA need to run; never anything that looks like a secret.
 _KEEP = re.compile(r"^(PATH|HOME|LANG|LANGUAGE|LC_[A-Z]+|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|PYTHONHASHSEED|VIRTUAL_ENV|"

@@ -194,6 +194,11 @@ def _build(parser, E, resolve, max_depth: int, positions: bool) -> tuple[dict, A
                 top[1] = key
                 top[3] = ev.start_mark if positions else None
                 continue
+            if not ev.value and not ev.style:
+                # an empty value (`id:` and nothing after it): where it "starts" is a reader's choice, and
+                # libyaml's and ruamel's differ (before or after trailing blanks), so the reference reader places it (both
+                # modes decline it: located and plain_data take the same texts)
+                raise _Decline("an empty value")
             value = _scalar(ev.value, not ev.style, resolve)  # libyaml gives a plain scalar the style ''
             where, start = None, (ev.start_mark if positions else None)
         else:

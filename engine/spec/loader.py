@@ -649,10 +649,10 @@ def reference_errors(data: dict, doc: Any, display: str, file_stem: str | None) 
 
     reference_problems(data, functions, lambda path, message, fix: err(path, message, fix))
     # A registered check's `exercises:` names interface functions and keys; `depends_on` names other specs.
-    from engine.spec import coverage, depends
+    from engine.spec import coverage, depends_entries
 
     coverage.reference_problems(data, lambda path, message, fix: err(path, message, fix))
-    depends.reference_problems(data, lambda path, message, fix: err(path, message, fix))
+    depends_entries.reference_problems(data, lambda path, message, fix: err(path, message, fix))
 
     score = (data.get("evolve") or {}).get("score")  # [evolve] the candidate ranking contracts evolve-evaluator uses
     if score is not None:

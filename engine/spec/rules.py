@@ -137,7 +137,7 @@ def registered_only(data: dict) -> tuple[dict, ...]:
 
 def limits(data: dict) -> dict:
     """What every check of a candidate runs under: the budget's seeds and limits, the engine's candidate limits."""
-    from engine.run.isolation import DEFAULT_MEMORY_MB
+    from engine.run.candidate_limits import DEFAULT_MEMORY_MB
 
     b = data.get("budget") or {}
     return {"seeds": list(b.get("seeds") or []), "max_seeds": b.get("max_seeds"),
