@@ -69,7 +69,7 @@ def show(
     from engine.spec import depends
 
     deps = [{"method": x.method, "why": x.why} for x in depends.declared(d)]
-    dependents = depends.dependents(spec.key, specs_dir, _paths.project_root())
+    dependents = depends.dependents(spec.key, specs_dir, _paths.project_root(), SealedSpecs(sealed).validate_file)
     # every contract says whom it binds: any implementation (the paper's rule), or the registered one only
     d = {**d, "contracts": [{**c, "applies_to": applies_to(c)} for c in d["contracts"]]}
     if json_out:

@@ -23,15 +23,19 @@ from engine.spec import depends
 
 
 def requirements(spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str, policy, req, fix,
-                 counted, device, mutants, command, assessed_of) -> list[dict]:
+                 counted, device, mutants, command, assessed_of, validate=None) -> list[dict]:
     """One requirement per dependency of `spec` (dependencies first); the helpers are engine.gate.verdict's
-    (passed in, so the requirement is judged exactly as the dependency's own gate would judge its receipts)."""
-    keys = depends.closure(spec.key, specs_dir, root)
+    (passed in, so the requirement is judged exactly as the dependency's own gate would judge its receipts).
+    `validate(path, root)` validates a spec file as the caller validated `spec` (a reading verb: from the user's
+    sealed cache, engine.store.sealed.validate_spec); by default engine.spec.memo.validate_file."""
+    if validate is None:
+        from engine.spec.memo import validate_file as validate
+    keys = depends.closure(spec.key, specs_dir, root, read=lambda path: depends.keys_of(path, root, validate))
     own = [d.method for d in depends.declared(spec.data)]
     keys += [k for k in own if k not in keys]  # a declared dependency with no spec in the folder is reported too
     dep_flags = _without_impl(flags)
     return [_one(key, spec.key, root, specs_dir, dep_flags, policy, req, fix, counted, device, mutants, command,
-                 assessed_of) for key in keys]
+                 assessed_of, validate) for key in keys]
 
 
 def _without_impl(flags: str) -> str:
@@ -46,8 +50,7 @@ def _without_impl(flags: str) -> str:
 
 
 def _one(key: str, dependent: str, root: Path, specs_dir: Path, flags: str, policy, req, fix, counted, device,
-         mutants, command, assessed_of) -> dict:
-    from engine.spec.loader import validate_file
+         mutants, command, assessed_of, validate) -> dict:
     from engine.spec.registry import implementation_file
 
     rid = f"depends:{key}"
@@ -56,7 +59,7 @@ def _one(key: str, dependent: str, root: Path, specs_dir: Path, flags: str, poli
     if not path.is_file():
         return req(rid, False, f"{dependent} depends on {key}, which has no spec in {_shown(specs_dir, root)}",
                    fix(note=f"add specs/{key}.yaml or remove {key} from depends_on in {dependent}'s spec"), **base)
-    dep, errors = validate_file(path, root)
+    dep, errors = validate(path, root)
     if dep is None:
         return req(rid, False, f"the spec of {key} does not validate: {errors[0].line()}",
                    fix(note=f"fix it (contracts validate {_shown(path, root)}), then check {key}"), **base)

@@ -576,7 +576,8 @@ def _counted(assessed: list[Assessed], spec_name: str, unit: str, policy, impl_f
 def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags: str = "",
              assessed: list[Assessed] | None = None, cache=None, implementation: str = "default", policy=None,
              store: str | None = None, shown: Optional[Callable[[str], str]] = None,
-             assessed_of: Optional[Callable[[str], list[Assessed]]] = None) -> dict:
+             assessed_of: Optional[Callable[[str], list[Assessed]]] = None,
+             validate: Optional[Callable] = None) -> dict:
     """The gate verdict for one valid spec (see GATE_SCHEMA); never imports torch.
 
     `flags` are appended to every suggested command (e.g. ' --receipts DIR')
@@ -589,7 +590,9 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
     (engine.store.trust) counts only receipts signed by a key it trusts for their
     device kind; `store` is how the receipts folder is named in the output, and `shown` how a receipt file
     (its name inside the store, `<method>/<file>`) is: the CLI names it by its path (docs/cli.md, "Paths").
-    `assessed_of(key)` gives a dependency's assessed receipts (a read model that has them already).
+    `assessed_of(key)` gives a dependency's assessed receipts (a read model that has them already), and
+    `validate(path, root)` validates a dependency's spec as `spec` was validated (a reading verb's sealed cache,
+    engine.store.sealed.validate_spec; by default engine.spec.memo.validate_file).
     """
     shown = shown or (lambda rel: rel)
     key = spec.key
@@ -631,7 +634,8 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
 
     requirements += dependencies.requirements(
         spec, receipts_dir, root, specs_dir, flags, policy, _req, fix, _counted, _device, _mutants, _Command,
-        assessed_of or (lambda key: assess_receipts(receipts_dir, root, specs_dir, key, cache=cache, policy=policy)[0]))
+        assessed_of or (lambda key: assess_receipts(receipts_dir, root, specs_dir, key, cache=cache, policy=policy)[0]),
+        validate)
     promotable = all(r["met"] for r in requirements)
 
     reasons = [f"{r['id']}: {r['detail']} -> {r['fix']}" for r in requirements if not r["met"]]

@@ -11,43 +11,11 @@ others) is a spec error naming the file and line of the entry that closes it. To
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from engine.errors import SpecError
-
-
-@dataclass(frozen=True)
-class Dependency:
-    method: str
-    why: str = ""
-
-
-def declared(data: dict) -> list[Dependency]:
-    """The dependencies a validated spec declares, in its order."""
-    out = []
-    for d in data.get("depends_on") or []:
-        out.append(Dependency(d, "") if isinstance(d, str) else Dependency(d["method"], d.get("why", "")))
-    return out
-
-
-def reference_problems(data: dict, err: Callable[[list, str, str], None]) -> None:
-    """File-level checks of `depends_on` (called from engine/spec/loader.py): not itself, each once. Whether each
-    names a spec of the folder is `folder_errors`' (a spec copied alone into a scratch folder stays checkable)."""
-    seen = []
-    for i, dep in enumerate(declared(data)):
-        where = _where(data, i)
-        if dep.method == data["method"]:
-            err(where, f"{data['method']} depends on itself", "remove the entry: a method's own receipts are its "
-                "own evidence")
-        elif dep.method in seen:
-            err(where, f"{dep.method} is listed twice", "list each dependency once")
-        seen.append(dep.method)
-
-
-def _where(data: dict, i: int) -> list:
-    return ["depends_on", i] if isinstance((data.get("depends_on") or [])[i], str) else ["depends_on", i, "method"]
+from engine.spec.depends_entries import Dependency, _where, declared, reference_problems  # noqa: F401 (re-exported)
 
 
 def folder_errors(paths: Iterable[Path], root: Path | None = None) -> list[SpecError]:
@@ -55,10 +23,10 @@ def folder_errors(paths: Iterable[Path], root: Path | None = None) -> list[SpecE
     (file:line of the entry)."""
     from engine.spec.loader import json_path, locate, read_located
 
-    from engine.paths import default_specs_dir
-
     paths = [Path(p) for p in paths]
-    project_keys = {q.stem for q in default_specs_dir().glob("*.yaml")}
+    # the checkout's specs/ (engine/paths.project_root; importing engine.paths here would close an import cycle
+    # through the loader)
+    project_keys = {q.stem for q in (Path(__file__).resolve().parents[2] / "specs").glob("*.yaml")}
     errors: list[SpecError] = []
     for p in paths:
         try:
@@ -108,6 +76,18 @@ def graph(paths: Iterable[Path], root: Path | None = None) -> dict[str, list[str
             deps = []
         out[Path(p).stem] = [d.method for d in deps]
     return out
+
+
+def keys_of(path: Path, root: Path | None = None, validate: Callable | None = None) -> list[str]:
+    """The keys one spec file depends on: from its validation by `validate(path, root)` (a reading verb's sealed
+    cache, engine.store.sealed.validate_spec) when it is valid, else as `graph` reads them from the file (its own
+    validation reports what is wrong with it)."""
+    path = Path(path)
+    if validate is not None:
+        spec, _ = validate(path, root)
+        if spec is not None:
+            return [d.method for d in declared(spec.data)]
+    return graph([path], root)[path.stem]
 
 
 def cycle_errors(paths: Iterable[Path], root: Path | None = None) -> list[SpecError]:
@@ -187,14 +167,25 @@ def ordered(paths: Iterable[Path], root: Path | None = None) -> list[Path]:
     return out
 
 
-def closure(key: str, specs_dir: Path, root: Path | None = None) -> list[str]:
-    """Every spec `key` depends on, directly or through others, dependencies first (without `key`)."""
-    paths = sorted(Path(specs_dir).glob("*.yaml"))
-    g = graph(paths, root)
+def closure(key: str, specs_dir: Path, root: Path | None = None,
+            read: Callable[[Path], list[str]] | None = None) -> list[str]:
+    """Every spec `key` depends on, directly or through others, dependencies first (without `key`). Only the specs
+    on the way are read: by `read(path)` (the keys a spec file depends on) when given, else from the file (as
+    `graph` reads it)."""
+    by_key = {p.stem: p for p in sorted(Path(specs_dir).glob("*.yaml"))}
+    read = read or (lambda p: keys_of(p, root))
+    deps: dict[str, list[str]] = {}  # `graph`'s answer for the specs the walk reaches, each read once
     out: list[str] = []
 
+    def deps_of(k: str) -> list[str]:
+        if k not in by_key:
+            return []
+        if k not in deps:
+            deps[k] = list(read(by_key[k]))
+        return deps[k]
+
     def walk(k: str, stack: tuple[str, ...]) -> None:
-        for dep in g.get(k, []):
+        for dep in deps_of(k):
             if dep in stack or dep == key:
                 continue  # a cycle is reported by validation; the gate does not loop on it
             walk(dep, stack + (dep,))
@@ -205,7 +196,7 @@ def closure(key: str, specs_dir: Path, root: Path | None = None) -> list[str]:
     return out
 
 
-def dependents(key: str, specs_dir: Path, root: Path | None = None) -> list[str]:
-    """The specs that depend on `key` directly."""
+def dependents(key: str, specs_dir: Path, root: Path | None = None, validate: Callable | None = None) -> list[str]:
+    """The specs that depend on `key` directly (each read by `keys_of`, with `validate` when given)."""
     paths = sorted(Path(specs_dir).glob("*.yaml"))
-    return sorted(k for k, deps in graph(paths, root).items() if key in deps)
+    return sorted(p.stem for p in paths if key in keys_of(p, root, validate))

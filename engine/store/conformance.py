@@ -198,17 +198,33 @@ def contracts_of(pred: dict, spec: str, target: str) -> list[ContractCell]:
     return out
 
 
-def _newest(receipts: list) -> Any:
-    """The receipt a cell reads: the newest full run (every contract), else the newest narrowed one."""
-    full = [a for a in receipts if not ((a.predicate or {}).get("request") or {}).get("only")]
-    pool = full or receipts
-    return max(pool, key=lambda a: a.created_at or "") if pool else None
+def _facts(a) -> dict:
+    """The coverage facts of an assessed receipt (engine.store.coverage.facts): what the store's reading path keeps
+    of its predicate (read from the receipt index's summary, or made from the predicate read from its bytes)."""
+    from engine.store.coverage import facts
+
+    return facts(a.predicate)
+
+
+def _target(a) -> str | None:
+    """The --impl target an assessed receipt measured; None for the spec's registered implementation."""
+    rec = a.receipt
+    if rec is not None:
+        return rec.implementation.target if rec.implementation.is_candidate else None
+    impl = (a.predicate or {}).get("implementation") or {}
+    return impl.get("target") if impl.get("kind") == "external" else None
+
+
+def _by_preference(receipts: list) -> list:
+    """The receipts a cell may read, in the order it prefers them: full runs (every contract) newest first, then
+    narrowed ones newest first."""
+    return sorted(receipts, key=lambda a: (not _facts(a).get("only"), a.created_at or ""), reverse=True)
 
 
 def build(zoo_path: Path, specs_dir: Path, receipts_dir: Path, root: Path, policy=None) -> Matrix:
     """The matrix of the zoo table's variants against the specs they claim, from the store's fresh receipts."""
     from engine.spec.loader import display_path, spec_files
-    from engine.store.verify import assess_receipts
+    from engine.store.verify import assess, assess_receipts
 
     zoo = load_zoo(zoo_path)
     have = {p.stem for p in spec_files(specs_dir)} if Path(specs_dir).is_dir() else set()
@@ -219,13 +235,26 @@ def build(zoo_path: Path, specs_dir: Path, receipts_dir: Path, root: Path, polic
             found: dict[str, list] = {}
             if Path(receipts_dir).is_dir():
                 assessed, _ = assess_receipts(receipts_dir, root, specs_dir, spec, policy=policy)
-                for a in assessed:
-                    impl = (a.predicate or {}).get("implementation") or {}
-                    if a.state in ("fresh", "stale") and impl.get("kind") == "external" and impl.get("target"):
-                        if (a.predicate or {}).get("request", {}).get("case") is None:
-                            found.setdefault(impl["target"], []).append(a)
+                for a in assessed:  # read from their summaries: the predicate is its coverage facts
+                    target = _target(a) if a.state in ("fresh", "stale") else None
+                    if target and _facts(a).get("case") is None:
+                        found.setdefault(target, []).append(a)
             by_spec[spec] = found
         return by_spec[spec]
+
+    def predicate_of(spec: str, a) -> dict | None:
+        """The whole predicate of the receipt a cell reads (its results' failing cases): the assessed one read
+        from the summary keeps only its coverage facts, so the file is assessed again, alone; None when it is no
+        longer fresh."""
+        from engine.store.coverage import FACTS_KIND
+
+        if isinstance(a.predicate, dict) and a.predicate.get("kind") != FACTS_KIND:
+            return a.predicate
+        again = assess(Path(receipts_dir) / a.file, root, specs_dir, display=a.file, folder_method=spec,
+                       policy=policy)
+        if again.state != "fresh" or not isinstance(again.predicate, dict):
+            return None
+        return again.predicate
 
     frameworks, cells, specs = {}, [], []
     for name, fw in zoo["frameworks"].items():
@@ -241,14 +270,14 @@ def build(zoo_path: Path, specs_dir: Path, receipts_dir: Path, root: Path, polic
             for spec in claims:
                 if spec not in specs:
                     specs.append(spec)
-                cells.append(_cell(base, spec, fw, have, receipts_for))
+                cells.append(_cell(base, spec, fw, have, receipts_for, predicate_of))
     order = [s for s in zoo.get("columns") or [] if s in specs]
     specs = order + [s for s in specs if s not in order]
     return Matrix(frameworks=frameworks, specs=specs, cells=cells, defects=_defects(zoo, cells),
                   zoo=display_path(Path(zoo_path), root), store=display_path(Path(receipts_dir), root))
 
 
-def _cell(base: dict, spec: str, fw: dict, have: set, receipts_for) -> Cell:
+def _cell(base: dict, spec: str, fw: dict, have: set, receipts_for, predicate_of) -> Cell:
     if fw.get("blocked"):
         return Cell(spec=spec, status=BLOCKED, why=str(fw["blocked"]), **base)
     if spec not in have:
@@ -256,13 +285,16 @@ def _cell(base: dict, spec: str, fw: dict, have: set, receipts_for) -> Cell:
     receipts = receipts_for(spec).get(base["target"], [])
     fresh = [a for a in receipts if a.state == "fresh"]
     command = f"contracts check {spec} --impl {base['target']}"
-    if not fresh:
+    a, pred = None, None
+    for a in _by_preference(fresh):
+        pred = predicate_of(spec, a)
+        if pred is not None:
+            break
+    if pred is None:
         status = STALE if receipts else NO_RECEIPT
         why = (f"{len(receipts)} receipt(s) of other files only; rerun: {command}" if receipts
                else f"run: {command}")
         return Cell(spec=spec, status=status, why=why, **base)
-    a = _newest(fresh)
-    pred = a.predicate or {}
     contracts = contracts_of(pred, spec, base["target"])
     request = pred.get("request") or {}
     return Cell(spec=spec, status=cell_status(contracts) if contracts else NOT_APPLICABLE, receipt=a.file,

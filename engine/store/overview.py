@@ -157,8 +157,19 @@ class Overview:
 
         result = evaluate(spec, self.receipts_dir, self.root, self.specs_dir, self.flags if flags is None else flags,
                           assessed=self.assessed(spec.key), implementation=unit, policy=self.policy,
-                          store=self.store, shown=self.shown, assessed_of=self.assessed)
+                          store=self.store, shown=self.shown, assessed_of=self.assessed, validate=self._validate)
         return Verdict.from_result(result)
+
+    def _validate(self, path: Path, root: Optional[Path] = None):
+        """A spec's validation as the reading verbs validate the specs they show: from the user's sealed cache
+        when this read model has one (engine.store.sealed.validate_spec), else engine.spec.memo's."""
+        if self.sealed is not None:
+            from engine.store.sealed import validate_spec
+
+            return validate_spec(path, root, self.sealed)
+        from engine.spec.memo import validate_file
+
+        return validate_file(path, root)
 
     def units(self, spec) -> list[UnitRow]:
         """The registered implementation's row first (always), then one per --impl candidate with receipts."""
