@@ -40,8 +40,8 @@ SCALED = diff(RATIO_RETURN, RATIO_RETURN.replace("return prefix", "return 1.01 *
 REFACTOR = diff("    inv_sqrt_T = T.rsqrt()\n    long = T > 1",
                 "    inv_sqrt_T = torch.rsqrt(T)  # same value, the functional form\n    long = T > 1",
                 "Use the functional rsqrt.")
-OPTIMISTIC = diff("    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)",
-                  "    surrogate = torch.maximum(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)",
+OPTIMISTIC = diff("    surrogate = torch.minimum(live * adv, torch.clamp(live, lo, hi) * adv)",
+                  "    surrogate = torch.maximum(live * adv, torch.clamp(live, lo, hi) * adv)",
                   "Take the optimistic branch of the surrogate.")
 RENAME = diff("    n = int(m.sum())\n    if n == 0:", "    n = int(m.sum().item())\n    if n == 0:",
               "Read the token count with .item().")

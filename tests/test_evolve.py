@@ -37,16 +37,20 @@ def load_evaluator(path: Path):
 
 def cell_counts() -> tuple[int, int, int]:
     """Seed x dtype cells stages 1, 2 and 3 need, counted from the spec as `contracts show` prints it: stage 1 is the
-    seven value/gradient contracts on one seed (kinds reference_agreement, gradient_structure, ratio_overflow, a
-    bespoke value check), stage 2 every contract but the mechanism, stage 3 all of them; none of them a contract
-    about how the registered implementation is built (applies_to: registered), which a candidate never runs."""
+    eight value/gradient contracts on one seed (kinds reference_agreement, gradient_structure, ratio_overflow,
+    closed_form, a bespoke value check), stage 2 every contract but the mechanism, stage 3 all of them; none of them
+    a contract about how the registered implementation is built (applies_to: registered), which a candidate never
+    runs."""
     spec = json.loads(invoke("show", METHOD, "--json").stdout)["spec"]
     seeds = len(spec["budget"]["seeds"])
     dtypes = {c["id"]: len(c["dtypes"]) for c in spec["contracts"] if c["applies_to"] == "any"}
-    one = sum(dtypes[c] for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward",
-                                  "loss_edges", "overflow_gradient", "precision_agreement"))
+    one = sum(dtypes[c] for c in STAGE_ONE)
     two = seeds * sum(n for c, n in dtypes.items() if c != "mechanism")
     return one, two, seeds * sum(dtypes.values())
+
+
+STAGE_ONE = ("prefix_ratio_forward", "eq15_local_gradient", "clip_closed_form", "clip_schedule", "loss_forward",
+             "loss_edges", "overflow_gradient", "precision_agreement")
 
 
 def receipts_in(store: Path) -> dict[str, dict]:
@@ -117,10 +121,12 @@ def test_each_stage_needs_the_stages_before_it_and_stage_three_reuses_their_rece
     by_id = receipts_in(store)
     ran = [sorted({r["contract"] for r in by_id[x.artifacts["receipt_id"]]["predicate"]["results"]})
            for x in (one, two, three)]
-    assert ran[0] == ["clip_schedule", "eq15_local_gradient", "loss_forward", "precision_agreement",
-                      "prefix_ratio_forward"]
-    assert "mechanism" not in ran[1] and len(ran[1]) == len(json.loads(invoke("show", METHOD, "--json").stdout)[
-        "spec"]["contracts"]) - 1
+    assert ran[0] == sorted(STAGE_ONE)
+    # stage 2: every contract a candidate is held to but the mechanism run (paired_control, arm_audit, gradient_audit
+    # and reported_metrics_agree are kinds of their own); never fused_matches_composed (applies_to: registered)
+    shown = json.loads(invoke("show", METHOD, "--json").stdout)["spec"]["contracts"]
+    assert "mechanism" not in ran[1] and "fused_matches_composed" not in ran[1]
+    assert ran[1] == sorted(c["id"] for c in shown if c["applies_to"] == "any" and c["id"] != "mechanism")
     assert ran[2] == ["mechanism"]  # stage 3 ran only what stages 1 and 2 had not: their receipts count
     assert set(three.artifacts["receipts"].split(", ")) == {x.artifacts["receipt_id"] for x in (one, two, three)}
     assert by_id[one.artifacts["receipt_id"]]["predicate"]["request"]["seeds"] == [42]
@@ -229,8 +235,14 @@ def test_a_misbehaving_candidate_scores_zero_and_the_next_one_runs_in_a_fresh_wo
     r = ev.stage(1, str(bad))
     assert r.metrics["combined_score"] == 0.0
     assert says in r.artifacts["failures"], r.artifacts["failures"]
-    assert "not run: an earlier call of this candidate lost its worker" in r.artifacts["failures"] or kind in (
+    # the first cell that loses the candidate's process costs one deadline: the unit's other cells are not run, and
+    # the candidate's run stops at that contract, the cheapest first (isolation.stopped_early)
+    assert "not run: an earlier call of this unit lost its candidate process" in r.artifacts["failures"] or kind in (
         "sys_exit",)  # sys.exit inside a check is caught there: the worker lives on
+    pred = receipts_in(tmp_path / "store")[r.artifacts["receipt_id"]]["predicate"]
+    ran = list(dict.fromkeys(x["contract"] for x in pred["results"]))
+    assert ran == ["prefix_ratio_forward"] and pred["isolation"]["stopped_early"]["broken"] == "prefix_ratio_forward"
+    assert "not run: an earlier call of this candidate lost its worker" not in r.artifacts["failures"]
     good = ev.stage(1, str(variant(tmp_path, "after.py")))
     assert good.metrics["combined_score"] == 0.5, good.artifacts
 
@@ -266,8 +278,9 @@ def test_warm_and_cold_workers_measure_the_same(evaluator, tmp_path, monkeypatch
     # `check --impl` forks its workers from a warm server too; a fresh `python` each is what it falls back to
     monkeypatch.setattr(warm, "warm_or_cold", isolation._Worker)
     cold = tmp_path / "cold"
-    only = [x for c in ("prefix_ratio_forward", "eq15_local_gradient", "clip_schedule", "loss_forward",
-                        "precision_agreement") for x in ("--only", c)]
+    ran = receipts_in(store)[warm_id]["predicate"]["request"]["contracts"]  # stage 1's: the value/gradient ones
+    assert sorted(ran) == sorted(STAGE_ONE)
+    only = [x for c in ran for x in ("--only", c)]
     r = invoke("check", METHOD, "--impl", str(good), "--seeds", str(seed), "--no-mutants", "--receipts", str(cold),
                "--json", "--no-sandbox", *only)
     assert r.exit_code == 0, r.output

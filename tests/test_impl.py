@@ -164,9 +164,14 @@ def test_a_correct_candidate_passes_and_its_receipt_binds_the_file(tmp_path):
     assert "fused_matches_composed" not in p["request"]["contracts"]
     assert not any(internal & set(m["killed_by"]) for m in p["mutants"] + p["candidate_mutants"])
     assert all(m["killed"] for m in p["mutants"]) and p["unproven_contracts"] == []
-    # the single-function mutants ran in the candidate too: its tapo_loss swapped for each broken one
-    assert p["candidate_mutants"] and all(
-        m["killed"] and m["replaced"] in ("tapo_loss", "proximal_logprobs") for m in p["candidate_mutants"])
+    # the single-function mutants ran in the candidate too: one of its interface functions swapped for each
+    # broken one (tapo_loss, proximal_logprobs, and since ratio_mask_bool_only and clip_default_float32 also
+    # trajectory_ratio and length_aware_clip), and every one of them killed
+    interface = json.loads(invoke("show", METHOD, "--json").stdout)["spec"]["interface"]
+    functions = [f["name"] for f in interface["functions"]]
+    assert functions == ["trajectory_ratio", "length_aware_clip", "tapo_loss", "proximal_logprobs"]
+    assert p["candidate_mutants"] and all(m["killed"] and m["replaced"] in functions for m in p["candidate_mutants"])
+    assert {m["replaced"] for m in p["candidate_mutants"]} == set(functions)
     assert any(s["contract"] == "mechanism" for s in p["mechanism"])
 
 

@@ -360,8 +360,11 @@ def test_gate_without_the_requirement_keeps_its_shape(toy, tmp_path):
     (toy / "toy-mutate.yaml").write_text(TOY_SPEC.replace(",\n             mutation_score: 0.9}", "}"),
                                          encoding="utf-8")
     out = _gate(toy, tmp_path / "receipts")
-    assert [r["id"] for r in out["requirements"]] == ["review", "device:cpu", "mutants_killed", "formal_comparison",
-                                                      "signed"]
+    assert [r["id"] for r in out["requirements"]] == ["review", "device:cpu", "fresh_seeds", "mutants_killed",
+                                                      "formal_comparison", "signed"]
+    # the registered implementation is not held to fresh seeds unless the spec asks
+    (fresh,) = [r for r in out["requirements"] if r["id"] == "fresh_seeds"]
+    assert fresh["met"] is True and fresh["detail"].startswith("not required for the registered"), fresh
 
 
 # --- the CLI ---------------------------------------------------------------------------------------------------
