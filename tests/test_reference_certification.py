@@ -277,7 +277,12 @@ def certify(key: str, cid: str, seeds: list[int] | None = None) -> list[str]:
     impl = reg.get_implementation(spec.data["implementation"])
     rs = roles(c)
     problems: list[str] = []
-    seeds = seeds or list(spec.data["budget"]["seeds"])
+    # The scale tier's cases are training-sized (up to 12 x 45,000 tokens, or rows of the page's 151,936-entry
+    # vocabulary) and a 60-digit evaluation of one seed's cases takes a minute or more: those references are
+    # certified on the first budget seed's cases (fresh shapes of the same regimes as the others'; tests/test_scale.py
+    # holds each to its certified small-size reference on further inputs).
+    budget = list(spec.data["budget"]["seeds"])
+    seeds = seeds or (budget[:1] if c.get("tier") == "scale" else budget)
     with mpmath.workdps(DPS):
         for dtype in c["dtypes"]:
             errs: dict[str, float] = {}
