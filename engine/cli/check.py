@@ -198,7 +198,7 @@ def check(
 
         run_impl_check(plans[0], impl, device, threads, receipts_dir, _STOP, json_out, impl_timeout, impl_memory_mb,
                        flags=_flags(specs, receipts) + (" --no-sandbox" if no_sandbox else ""), sign_key=sign_key,
-                       no_sandbox=no_sandbox)
+                       no_sandbox=no_sandbox, load_provider=lambda: _load_policy(policy, lora_rank))
     if jobs != 1 or executor != "local" or address:
         _check_cells(plans, device, executor, jobs, address, receipts_dir, json_out, policy, threads,
                      flags=_flags(specs, receipts), all_summary=all_, sign_key=sign_key)  # exits

@@ -20,8 +20,9 @@ from engine.spec.loader import display_path
 
 def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipts_dir: Path, stop, json_out: bool,
                    timeout_s: Optional[float], memory_mb: Optional[int], flags: str = "",
-                   sign_key=None, no_sandbox: bool = False) -> None:
-    """Check `plan` against the --impl target, write the receipt, exit like `check` (0/1/3/130)."""
+                   sign_key=None, no_sandbox: bool = False, load_provider=lambda: None) -> None:
+    """Check `plan` against the --impl target, write the receipt, exit like `check` (0/1/3/130). `load_provider()`
+    is the `--policy` stand-in: the supervisor holds it; the candidate meets it only as a handle."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -51,6 +52,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
         if sandbox.require(no_sandbox) else None
     budget = spec.data["budget"]
     deadline = timeout_s or float(budget.get("per_contract_timeout_seconds") or 60)
+    provider = load_provider()  # after the store and the sandbox are known to work: loading takes seconds
     created = utc_now()
     total = sum(len(plan.seeds) * len(c["dtypes"]) for c in plan.contracts)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -64,7 +66,7 @@ def run_impl_check(plan, impl: str, device: str, threads: Optional[int], receipt
             progress.update(task, advance=1 if r["phase"] == "baseline" else 0,
                             description=f"{spec.key} --impl {ident['target']}: {label} {r['status']}")
 
-        runner = make_runner(plan, dev, ident, on_result=on_result, should_stop=lambda: stop.stopped)
+        runner = make_runner(plan, dev, ident, on_result=on_result, should_stop=lambda: stop.stopped, policy=provider)
         try:
             run_candidate(runner, target, ident, names, str(dev), threads, deadline,
                           DEFAULT_MEMORY_MB if memory_mb is None else memory_mb,

@@ -59,6 +59,8 @@ MAX_PAYLOAD = 1 << 33  # what one frame may carry (8 GiB): past it, the candidat
 MAX_CALLBACK = 1 << 28  # what one call back to the checks' objects may carry (256 MiB of arguments)
 MAX_CALLBACK_OUT = 1 << 30  # what one call back's answer may hold (1 GiB)
 MAX_CALLBACKS = 100_000  # call backs during one call
+MAX_STATES = 8  # a policy's recurrent states (a KV cache) kept for the candidate to pass back: the latest ones
+STATE_KIND = "PolicyState"  # the kind its handle carries: an opaque token, neither callable nor copyable
 MAX_COPIES = 2  # deep copies of the checks' objects a candidate may ask for during one call (a snapshot needs one)
 _SCALARS = (type(None), bool, int, float, str, complex, torch.dtype, torch.device)
 
@@ -302,6 +304,26 @@ def _to_device_of(target: Any, value: tuple, tensors: list) -> tuple:
     return sub(value)
 
 
+class _Stale:
+    """A handle passed as a call back's argument that is not a live policy state."""
+
+    def __init__(self, was_state: bool):
+        self.was_state = was_state
+
+
+def _refuse_stale_states(obj: Any, depth: int = 0) -> None:
+    if isinstance(obj, _Stale):
+        raise (RuntimeError(f"that policy state is gone: only the latest {MAX_STATES} are kept, for the check call "
+                            "that made them") if obj.was_state else
+               TypeError("only a policy's own state crosses back as an argument, not a handle to the checks' objects"))
+    if type(obj) in (tuple, list) and depth < 40:
+        for x in obj:
+            _refuse_stale_states(x, depth + 1)
+    elif type(obj) is dict and depth < 40:
+        for x in obj.values():
+            _refuse_stale_states(x, depth + 1)
+
+
 class CandidateMeter:
     """`with remote_fn.metered() as meter:` the calls (and their vector-Jacobian calls) made meanwhile run under
     the call loop's allocation meter in the candidate's process; read `peak_bytes`, `ops` and `seconds` as the
@@ -405,6 +427,7 @@ class Connection:
         self.handles: list = []  # the checks' objects the candidate may call back (until the next reset)
         self.copies: set[int] = set()  # indices in `handles` of the deep copies the candidate asked for
         self.copies_in_call = 0  # deep copies made during the current request
+        self.states: list[int] = []  # indices in `handles` of the live policy states, oldest first
         self.meter: CandidateMeter | None = None  # while set, calls run under the call loop's meter
         self.metered_calls = 0  # meter readings received
         self.metered_entries = 0  # contracts that ran calls under the call loop's meter
@@ -535,7 +558,7 @@ class Connection:
         if served[0] > MAX_CALLBACKS:
             raise WorkerLost(f"the candidate's process called back more than {MAX_CALLBACKS} times in one call")
         try:
-            value, tensors = unpack(data, device="cpu")
+            value, tensors = unpack(data, device="cpu", returned=self._state_argument)
         except Exception as why:  # noqa: BLE001 - whatever it sent, it is not a call's arguments
             raise WorkerLost(f"the candidate's process called back with a malformed payload ({why})") from None
         if type(value) is not tuple or len(value) != 2 or type(value[0]) is not tuple or type(value[1]) is not dict \
@@ -555,9 +578,12 @@ class Connection:
             target = self.handles[index] if 0 <= index < len(self.handles) else None
             if target is None:
                 raise RuntimeError("that object of the checks is gone: a handle lasts for the call it came with")
+            if not isinstance(target, torch.nn.Module):
+                raise TypeError("a policy's state is not callable: pass it back as the policy's `state` argument")
+            _refuse_stale_states(value)
             value = _to_device_of(target, value, tensors)
             with torch.set_grad_enabled(torch.is_grad_enabled() and head.get("grad_mode") is True):
-                out = target(*value[0], **value[1])
+                out = self._crossing_state(target(*value[0], **value[1]))
             outs = _walk(out, [])
             size = sum(t.numel() * t.element_size() for t in outs)
             if size > MAX_CALLBACK_OUT:
@@ -586,6 +612,8 @@ class Connection:
         if target is None:
             raise RuntimeError("that object of the checks is gone: a handle lasts for the call it came with")
         kind = type(target).__name__
+        if not isinstance(target, torch.nn.Module):
+            raise TypeError(f"a policy's state is an opaque token: it does not {_printable(do, 40)!r}")
         if do == "deepcopy" and not args:
             self.copies_in_call += 1
             if self.copies_in_call > MAX_COPIES:
@@ -601,6 +629,25 @@ class Connection:
             getattr(target, do)(args[0])
             return None
         raise TypeError(f"a handle to the checks' {kind} does not {_printable(do, 40)!r} with these arguments")
+
+    def _crossing_state(self, out: Any) -> Any:
+        """A policy's answer as it crosses: (logits, hidden, state) keeps its tensors, and a state that is not one (a
+        Hugging Face model's KV cache) stays here, the candidate getting an opaque handle to pass back as `state`.
+        Only the latest MAX_STATES live: an older one is gone, as its handle then says."""
+        if type(out) is not tuple or len(out) != 3 or out[2] is None or isinstance(out[2], torch.Tensor):
+            return out
+        self.handles.append(out[2])
+        self.states.append(len(self.handles) - 1)
+        while len(self.states) > MAX_STATES:
+            self.handles[self.states.pop(0)] = None
+        return (out[0], out[1], HandleRef(self.states[-1], STATE_KIND, {}))
+
+    def _state_argument(self, index: int, kind: str) -> Any:
+        """A handle in a call back's arguments: a policy state this process kept, or `_Stale`: the call is refused
+        (the candidate hears why) rather than the checks' object being read as one of its arguments."""
+        if kind == STATE_KIND and index in self.states and self.handles[index] is not None:
+            return self.handles[index]
+        return _Stale(index in self.states or kind == STATE_KIND)
 
     def lose(self, why: str) -> None:
         if self.lost is None:
@@ -751,6 +798,7 @@ class Connection:
             # at the same index.
             self.handles[:] = [None] * len(self.handles)
             self.copies.clear()
+            self.states.clear()
             if self.lost is None:
                 try:
                     self._send({"op": "reset"})

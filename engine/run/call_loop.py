@@ -263,6 +263,8 @@ def pack(obj) -> bytes:
             return {"D": [[k if type(k) in (str, int) else _bad_key(k), enc(v, depth + 1)] for k, v in x.items()]}
         if type(x) is HandleRef:
             return {"H": [x.index, str(x.kind), enc(x.attrs, depth + 1)]}
+        if type(x) is Handle:  # a candidate passing back what the supervisor gave it (a policy's state): by number
+            return {"H": [object.__getattribute__(x, "_index"), str(object.__getattribute__(x, "_kind")), {"D": []}]}
         if type(x) is Record:
             return {"R": [str(x.kind), enc(x.fields, depth + 1)]}
         raise Refused(f"a {type(x).__name__} does not cross")
@@ -639,7 +641,7 @@ def serve(chan: Channel, init: dict) -> int:
         """Call the supervisor's object `index` (a handle's __call__): its answer's graded outputs become inputs
         of the current call here, so the vector-Jacobian call returns their gradients too."""
         head, data = exchange({"op": "callback", "h": index, "grad_mode": torch.is_grad_enabled()}, args, kwargs)
-        out, tensors = unpack(data)
+        out, tensors = unpack(data, handle)  # a handle in an answer: a policy's state, to pass back as `state`
         for i in head.get("grad") or []:
             tensors[i].requires_grad_(True)
             active[0].append(tensors[i])

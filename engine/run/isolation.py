@@ -688,7 +688,7 @@ def _adapted_identity(cand: "CandidateRun", ident: dict, target, outside=None) -
     return adapter
 
 
-def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
+def make_runner(plan, device, ident: dict, on_result=None, should_stop=None, policy=None):
     """An engine.run.runner.Runner whose receipt names the candidate: its identity in the predicate, its files as
     `impl:` subjects, its replaced-function mutants (a surviving one fails the run like any mutant). `plan` is
     narrowed to what a candidate is held to (engine.run.runner.for_candidate): no registered-only contract runs."""
@@ -724,7 +724,7 @@ def make_runner(plan, device, ident: dict, on_result=None, should_stop=None):
                 "survived": sum(not m["killed"] for m in self.candidate_mutants)}
             return pred
 
-    return CandidateRunner(plan, device, on_result=on_result, should_stop=should_stop)
+    return CandidateRunner(plan, device, on_result=on_result, should_stop=should_stop, policy=policy)
 
 
 def check_options(impl: str | None, all_: bool, jobs: int, executor: str, address: str | None,
@@ -738,8 +738,6 @@ def check_options(impl: str | None, all_: bool, jobs: int, executor: str, addres
         raise UsageError("--impl checks one implementation of one method; name the method instead of --all")
     if jobs != 1 or executor != "local" or address:
         raise UsageError("--impl runs in its own isolated workers; leave out --jobs, --executor and --address")
-    if policy is not None:
-        raise UsageError("--impl and --policy cannot be combined yet; check the implementation with the tiny policies")
 
 
 __all__ = ["CandidateRun", "CandidateSession", "Confinement", "Supervised", "Unit", "check_options", "make_runner", "run_candidate",
