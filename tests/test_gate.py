@@ -630,3 +630,42 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def _write_on_policy(root, receipts, specs, kind, used_by=("mechanism",), **kw) -> Path:
+    """A genuine receipt whose mechanism runs trained `kind` (`--policy hf:DIR`), as engine.run.runner records it."""
+    from engine.store import receipts as R
+
+    pred = G.predicate(specs / "toy.yaml", comparisons=G.ahead(), **kw)
+    if kind is not None:
+        pred["policy"] = {"kind": kind, "checkpoint": {"name": "tiny"}, "used_by": list(used_by)}
+    subject = [{"name": n, "digest": {"sha256": R.sha256_file(p)}}
+               for n, p in (("src/toy.py", root / "src" / "toy.py"), ("specs/toy.yaml", specs / "toy.yaml"))]
+    return R.write_receipt(receipts, R.statement(subject, pred))
+
+
+def test_a_page_whose_evidence_is_a_real_model_needs_a_passing_run_on_one(layout):
+    """requires.policy: the tiny policies' receipts do not meet it; one whose mechanism trained an hf policy and
+    passed every budget seed does; a failed seed, or a run in which the contract did not use the policy, does not."""
+    root, specs, receipts = layout
+    _set_requires(specs, "    formal_comparison: true\n",
+                  "    formal_comparison: true\n    policy: {kind: hf, contracts: [mechanism]}\n")
+    _write_on_policy(root, receipts, specs, None)
+    req = _req(_gate(root, specs, receipts), "policy:hf")
+    assert not req["met"] and "no fresh cpu receipt whose mechanism trained a hf policy" in req["detail"]
+    assert req["argv"] is None and "--only mechanism --policy hf:DIR" in req["note"]
+    _write_on_policy(root, receipts, specs, "hf", used_by=())  # --policy given, the mechanism not selected
+    req = _req(_gate(root, specs, receipts), "policy:hf")
+    assert not req["met"] and "mechanism did not train the hf policy" in req["detail"]
+    _write_on_policy(root, receipts, specs, "hf", fail=[("mechanism", 2, "float32")])
+    req = _req(_gate(root, specs, receipts), "policy:hf")
+    assert not req["met"] and "mechanism seed 2 failed" in req["detail"]
+    good = _write_on_policy(root, receipts, specs, "hf")
+    result = _gate(root, specs, receipts)
+    req = _req(result, "policy:hf")
+    assert req["met"] and req["receipts"] and json.loads(good.read_text())["predicate"]["receipt_id"] in req["receipts"]
+    assert req["contracts"] == ["mechanism"] and req["kind"] == "hf"
+    # the sealed index the reading verbs use gives the same verdict
+    res = _invoke("gate", "toy", "--specs", str(specs), "--receipts", str(receipts), "--json")
+    doc = json.loads(res.stdout)
+    assert _req(doc, "policy:hf")["met"] is True

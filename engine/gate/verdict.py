@@ -28,6 +28,9 @@ would produce it:
                       a policy, whatever the spec says, only receipts whose DSSE
                       signature verifies against a key trusted for their device
                       kind count for any requirement; the rest are listed with why.
+  policy:<kind>       only when requires.policy is set (the page's evidence is a real model): a
+                      fresh receipt on a required device in which the named contracts trained
+                      that kind of policy (--policy hf:DIR) and passed: engine/gate/policy_evidence.py.
   mutation_score      only when requires.mutation_score is set: the newest fresh,
                       complete `contracts mutate` receipt on a required device has
                       a score (killed / (mutants - timeout - equivalent)) at least
@@ -629,6 +632,10 @@ def evaluate(spec: Spec, receipts_dir: Path, root: Path, specs_dir: Path, flags:
             own_fresh = _counted(assessed, spec_name, "default", policy, impl_file)[2]
             measured = [a for a in own_fresh if a.device in devices]
         requirements.append(_mutation(spec, measured, devices, cmd, of_contracts=implementation != "default"))
+    if requires.get("policy") is not None:  # the page's evidence is a real model: shown on one (policy_evidence)
+        from engine.gate import policy_evidence
+
+        requirements.append(policy_evidence.requirement(spec, relevant, devices, cmd, _req, fix, _short))
     # the specs this method's evidence rests on (depends_on: the control arm's grpo): each holds on this tree
     from engine.gate import dependencies
 

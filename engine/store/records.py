@@ -127,6 +127,14 @@ def unit_of(predicate: Any) -> str:
     return f"{IMPL_UNIT_PREFIX}{impl.get('digest')}"
 
 
+def policy_of(pred: dict) -> tuple[Optional[str], tuple[str, ...]]:
+    """(kind, used_by) of the receipt's `policy` (None, () for the methods' tiny policies)."""
+    pol = pred.get("policy")
+    if not isinstance(pol, dict):
+        return None, ()
+    return _str(pol.get("kind")), _strs(pol.get("used_by"))
+
+
 @dataclass(frozen=True)
 class Receipt:
     """One schema-valid receipt, as every reader sees it. `predicate` keeps the parsed predicate for what shows a
@@ -154,6 +162,10 @@ class Receipt:
     subject: tuple[tuple[str, str], ...]  # (name, sha256) of every bound file
     signed_by: tuple[str, ...] = ()
     seed_source: Optional[str] = None  # budget | given | fresh (drawn at run time); None before it was recorded
+    # the `--policy` the mechanism runs trained ("hf" for a checkpoint; None: the tiny policies) and the contracts
+    # that used it: the gate's policy requirement reads them
+    policy_kind: Optional[str] = None
+    policy_used_by: tuple[str, ...] = ()
     predicate: Mapping = field(default_factory=dict, repr=False, compare=False)
     # subject as a mapping, shared by every record of a sealed index that binds the same files
     # (engine/store/summary.py): the gate asks it once per receipt, and a subject list is hundreds of files
@@ -210,6 +222,7 @@ class Receipt:
             subject=tuple((s["name"], s["digest"]["sha256"]) for s in data["subject"]),
             signed_by=tuple(signed_by),
             seed_source=_str(req.get("seed_source")),
+            policy_kind=policy_of(pred)[0], policy_used_by=policy_of(pred)[1],
             predicate=pred,
         )
 

@@ -42,7 +42,7 @@ from typing import Any
 from engine.store.summary import PARTS, decode_part
 
 KIND = "index"
-VERSION = 1
+VERSION = 2  # 2: the receipt's policy (kind, used_by) in its static part
 MAX_INDEX_BYTES = 512 << 20  # an index of 10,000 receipts with nothing shared is about 100 MB
 MAX_TAIL_BYTES = 64 << 10  # a signatures block: at most 16 key ids and signatures of printable ASCII
 RACY_NS = 3_000_000_000  # a file changed this recently may change again within the same clock tick

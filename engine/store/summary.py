@@ -33,7 +33,7 @@ from typing import Any
 from engine.store import bounded
 from engine.store.coverage import facts
 from engine.store.records import (Comparison, Git, Implementation, MechanismRun, Mutation, MutantVerdict, Receipt,
-                                  Result, _int, _str, _strs, unit_of)
+                                  Result, _int, _str, _strs, policy_of, unit_of)
 
 PARTS = ("static", "results", "mutants", "proven", "mechanism", "subject", "coverage")
 
@@ -71,6 +71,7 @@ def of(data: dict) -> tuple[list, dict[str, Any]]:
             mutation.get("timeout"), mutation.get("equivalent"), mutation.get("mutants"),
             [str(x.get("id")) for x in mutation.get("survivors") or [] if isinstance(x, dict)]],
         _str(req.get("seed_source")),  # the gate's fresh_seeds requirement reads it
+        [policy_of(pred)[0], list(policy_of(pred)[1])],  # and its policy requirement these
     ]
     parts = {
         "static": static,
@@ -123,11 +124,12 @@ def decode_part(name: str, value: Any) -> Any:
     try:
         if name == "static":
             (method, device, device_name, spec_name, spec_state, spec_impl, seeds, budget_seeds, git, impl, errors,
-             mutation, seed_source) = value
+             mutation, seed_source, (policy_kind, used_by)) = value
             template = {
                 "method": method, "device": device, "device_name": device_name, "spec_name": spec_name,
                 "spec_state": spec_state, "spec_implementation": spec_impl, "seeds": tuple(seeds),
                 "budget_seeds": tuple(budget_seeds), "seed_source": seed_source,
+                "policy_kind": policy_kind, "policy_used_by": tuple(used_by),
                 "implementation": Implementation(unit=impl[0], name=impl[1], target=impl[2], files=tuple(impl[3]),
                                                  files_named=impl[4] is True),
                 "errors": tuple(errors),
