@@ -18,13 +18,15 @@ from pathlib import Path
 
 from benchmarks.harness import ROOT, Row
 
-ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "boundary", "audit", "tui", "store")
+ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "boundary", "audit", "hf", "tui",
+        "store")
 # The TUI rows generate 10,000 receipts and let the first start index them (about 130 ms of CPU per
 # receipt, mostly the receipt schema check): far longer than every other row together, so they run only
 # when named, `--only tui`, and the default run stays under five minutes on a 2-core machine.
 # The store rows read a store of 10,000 receipts (2.5 GB, generated once in $BENCH_STORE_DIR: most of an hour), so
 # they run only when named too, `--only store`.
-DEFAULT_ROWS = tuple(r for r in ROWS if r not in ("tui", "store"))
+# The hf rows need the [hf] extra (transformers, peft): they run only when named, `--only hf`.
+DEFAULT_ROWS = tuple(r for r in ROWS if r not in ("tui", "store", "hf"))
 
 
 def machine(device: str) -> dict:
@@ -95,6 +97,10 @@ def measure(name: str, device: str, quick: bool) -> list[Row]:
         from benchmarks import audit_bench
 
         return audit_bench.run(device, **({"repeats": 1} if quick else {}))
+    if name == "hf":
+        from benchmarks import hf_impl_bench
+
+        return hf_impl_bench.run(device, **({"repeats": 1} if quick else {}))
     if name == "store":
         from benchmarks import cli_time
 
