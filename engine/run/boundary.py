@@ -51,7 +51,7 @@ import torch
 
 from engine.run import unimplemented
 from engine.run.call_loop import HandleRef, Malformed, Record, Refused, pack, unpack
-from engine.run.isolation import WorkerLost, exit_text, kill_group, worker_env
+from engine.run.isolation import WorkerLost, exit_text, kill_group, log_tail, worker_env
 
 LOOP = Path(__file__).with_name("call_loop.py")
 MAX_HEADER = 1 << 16
@@ -59,6 +59,11 @@ MAX_PAYLOAD = 1 << 33  # what one frame may carry (8 GiB): past it, the candidat
 MAX_CALLBACK = 1 << 28  # what one call back to the checks' objects may carry (256 MiB of arguments)
 MAX_CALLBACK_OUT = 1 << 30  # what one call back's answer may hold (1 GiB)
 MAX_CALLBACKS = 100_000  # call backs during one call
+MAX_CALLBACK_TOKENS = 1 << 20  # integers (token ids) one call back may hand a policy: its forward's activations scale so
+MAX_CALL_GROWTH = 4 << 30  # what the checks' process may grow by while serving one call's call backs (saved
+# activations included): measured, since a graph's size is not known before the forward that builds it
+ANSWER_FACTOR = 8  # an answer frame may hold this many times the bytes that crossed for its call, ...
+ANSWER_SLACK = 64 << 20  # ... plus this: a schedule built from an integer, metrics, a scalar loss
 MAX_STATES = 8  # a policy's recurrent states (a KV cache) kept for the candidate to pass back: the latest ones
 STATE_KIND = "PolicyState"  # the kind its handle carries: an opaque token, neither callable nor copyable
 MAX_COPIES = 2  # deep copies of the checks' objects a candidate may ask for during one call (a snapshot needs one)
@@ -304,6 +309,23 @@ def _to_device_of(target: Any, value: tuple, tensors: list) -> tuple:
     return sub(value)
 
 
+def _memory_now(target: Any) -> int | None:
+    """What the checks hold where `target` computes: allocated GPU memory for a module on a GPU, else resident."""
+    first = next(iter(target.parameters()), None) if isinstance(target, torch.nn.Module) else None
+    if first is not None and first.is_cuda:
+        return torch.cuda.memory_allocated(first.device)
+    return _resident_bytes()
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory, from /proc (None where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _Stale:
     """A handle passed as a call back's argument that is not a live policy state."""
 
@@ -428,6 +450,9 @@ class Connection:
         self.copies: set[int] = set()  # indices in `handles` of the deep copies the candidate asked for
         self.copies_in_call = 0  # deep copies made during the current request
         self.states: list[int] = []  # indices in `handles` of the live policy states, oldest first
+        self.crossed: dict[str, int] = {}  # call id -> bytes that crossed for it (arguments and call backs' answers)
+        self._answer_cid: str | None = None  # the call whose answer the current request waits for
+        self._grew_from: int | None = None  # the checks' resident bytes when the current request began
         self.meter: CandidateMeter | None = None  # while set, calls run under the call loop's meter
         self.metered_calls = 0  # meter readings received
         self.metered_entries = 0  # contracts that ran calls under the call loop's meter
@@ -489,6 +514,12 @@ class Connection:
         n = head.get("n", 0)
         if head.get("op") == "callback" and n > MAX_CALLBACK:  # judged before its bytes are read
             raise WorkerLost(f"the candidate's process called back with more than {MAX_CALLBACK >> 20} MiB")
+        cid = self._answer_cid
+        if head.get("op") != "callback" and cid is not None:  # an answer: no larger than its call justifies
+            bound = min(MAX_PAYLOAD, ANSWER_FACTOR * self.crossed.get(cid, 0) + ANSWER_SLACK)
+            if n > bound:
+                raise WorkerLost(f"the candidate's process answered with {n / 2**20:.0f} MiB where the call's inputs "
+                                 f"justify at most {bound / 2**20:.0f} MiB (refused from its header, unread)")
         del self._buf[:i + 1]
         self._fill(n, end)
         data = bytes(self._buf[:n])
@@ -505,12 +536,7 @@ class Connection:
         return f"the candidate's process {how}" + (f" (last output: {tail})" if tail else "")
 
     def tail(self) -> str:
-        try:
-            self.log.seek(0)
-            lines = [ln for ln in self.log.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-        except (OSError, ValueError):
-            return ""
-        return _printable(lines[-1].strip() if lines else "", 300)
+        return log_tail(self.log)
 
     def request(self, head: dict, data: bytes = b"", timeout: float | None = None,
                 graded: list | None = None) -> tuple[dict, bytes]:
@@ -526,6 +552,8 @@ class Connection:
             if self.deadline is not None:
                 end = self.deadline if end is None else min(end, self.deadline)
             try:
+                self._answer_cid = head.get("id") if isinstance(head.get("id"), str) else None
+                self._grew_from = None
                 self._send(head, data, end)
                 served = [0, 0]  # call backs, bytes of their outputs kept for this call's gradient
                 while True:
@@ -581,20 +609,35 @@ class Connection:
             if not isinstance(target, torch.nn.Module):
                 raise TypeError("a policy's state is not callable: pass it back as the policy's `state` argument")
             _refuse_stale_states(value)
+            ids = sum(t.numel() for t in tensors if not (t.is_floating_point() or t.is_complex()))
+            if ids > MAX_CALLBACK_TOKENS:
+                raise ValueError(f"a call back may pass at most {MAX_CALLBACK_TOKENS} token ids to the checks' "
+                                 f"{type(target).__name__}, not {ids}: score the batch in pieces")
+            if end is not None and time.monotonic() > end:
+                raise WorkerLost("deadline")
             value = _to_device_of(target, value, tensors)
+            if self._grew_from is None:  # the first call back of this request: where growth is counted from
+                self._grew_from = _memory_now(target)
             with torch.set_grad_enabled(torch.is_grad_enabled() and head.get("grad_mode") is True):
                 out = self._crossing_state(target(*value[0], **value[1]))
             outs = _walk(out, [])
             size = sum(t.numel() * t.element_size() for t in outs)
             if size > MAX_CALLBACK_OUT:
                 raise ValueError(f"the answer would hold more than {MAX_CALLBACK_OUT >> 20} MiB")
+            grew = self._growth(target)
             grad = [i for i, t in enumerate(outs) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
             payload = pack(out)
+        except WorkerLost:  # past the deadline: the candidate is out of time, not refused
+            raise
         except Exception as exc:  # noqa: BLE001 - the checks' object refused the candidate's arguments
             self._send({"op": "raised", "type": _builtin_name(exc), "message": _printable(exc, 2000)}, end=end)
             return
         if end is not None and time.monotonic() > end:
             raise WorkerLost("deadline")
+        if grew is not None:
+            raise WorkerLost(grew)
+        if self._answer_cid is not None:  # what came back joins what the call's answer may be sized by
+            self.crossed[self._answer_cid] = self.crossed.get(self._answer_cid, 0) + len(payload) + len(data)
         if graded is not None:
             served[1] += sum(outs[i].numel() * outs[i].element_size() for i in grad)
             if served[1] > MAX_PAYLOAD:  # the graphs kept for one call's gradient are bounded too
@@ -630,6 +673,16 @@ class Connection:
             return None
         raise TypeError(f"a handle to the checks' {kind} does not {_printable(do, 40)!r} with these arguments")
 
+    def _growth(self, target: Any) -> str | None:
+        """Why serving this request's call backs has grown the checks' process too far (more than MAX_CALL_GROWTH
+        since its first call back), or None: the saved activations of the graphs kept for the call's gradient
+        count, which no size of the answers shows."""
+        now = _memory_now(target)
+        if now is None or self._grew_from is None or now - self._grew_from <= MAX_CALL_GROWTH:
+            return None
+        return (f"the candidate's call backs grew the checks by {(now - self._grew_from) / 2**30:.1f} GiB in one "
+                f"call (at most {MAX_CALL_GROWTH >> 30} GiB, saved activations included)")
+
     def _crossing_state(self, out: Any) -> Any:
         """A policy's answer as it crosses: (logits, hidden, state) keeps its tensors, and a state that is not one (a
         Hugging Face model's KV cache) stays here, the candidate getting an opaque handle to pass back as `state`.
@@ -660,9 +713,11 @@ class Connection:
 
     # -- the candidate ----------------------------------------------------------------------------
 
-    def load(self, init: dict, startup_s: float) -> dict:
-        """Send the candidate's init; the `loaded` or `load_error` answer."""
-        return self._init(init, startup_s)[0]
+    def load(self, init: dict, startup_s: float, load_s: float | None = None) -> dict:
+        """Send the candidate's init; the `loaded` or `load_error` answer. `startup_s` bounds the whole start
+        (the interpreter importing torch, then the candidate); `load_s`, once torch is imported, the candidate's
+        own import: it is the candidate's time, held to the call deadline (--impl-timeout)."""
+        return self._init(init, startup_s, load_s)[0]
 
     def wait_ready(self, timeout: float) -> bool:
         """Block until the process has imported torch (a spare's imports), or it died, or `timeout` passed."""
@@ -681,8 +736,9 @@ class Connection:
             self.ready = True
             return True
 
-    def _init(self, init: dict, startup_s: float) -> tuple[dict, bytes]:
+    def _init(self, init: dict, startup_s: float, load_s: float | None = None) -> tuple[dict, bytes]:
         end = time.monotonic() + startup_s
+        loading = False
         with self._lock:
             try:
                 if not self.ready:
@@ -690,10 +746,15 @@ class Connection:
                     if head.get("op") != "ready":
                         raise WorkerLost("the candidate's process did not start the call loop")
                     self.ready = True
+                if load_s is not None:
+                    end, loading = min(end, time.monotonic() + load_s), True
                 self._send(dict(init, op="init"))
                 return self._recv(end)
             except WorkerLost as exc:
-                why = str(exc) if str(exc) != "deadline" else f"no answer within {startup_s:g} s"
+                why = str(exc)
+                if why == "deadline":
+                    why = (f"the candidate did not finish loading within {load_s:g} s (the call deadline, "
+                           "--impl-timeout, covers its import)" if loading else f"no answer within {startup_s:g} s")
                 self.lose(why)
                 raise WorkerLost(why) from None
 
@@ -707,6 +768,7 @@ class Connection:
             raise
         need = [i for i, t in enumerate(leaves) if grad_mode and t.requires_grad]
         cid = str(next(self._ids))
+        self.crossed[cid] = sum(t.numel() * t.element_size() for t in leaves)
         head = {"op": "call", "id": cid, "fn": fn, "grad": need, "grad_mode": grad_mode}
         if self.meter is not None:
             head["meter"] = True
@@ -799,6 +861,7 @@ class Connection:
             self.handles[:] = [None] * len(self.handles)
             self.copies.clear()
             self.states.clear()
+            self.crossed.clear()
             if self.lost is None:
                 try:
                     self._send({"op": "reset"})

@@ -510,8 +510,35 @@ def _limit_memory(extra_mb) -> str | None:
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    # soft and hard alike: a candidate may lower its limits, never raise them back
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     return None
+
+
+FILE_LIMIT = 64 << 20  # the largest file the candidate may write: its stdout and stderr are files of the checks
+OPEN_FILES = 256  # descriptors: torch's imports hold a few dozen
+
+
+def _hard_limits() -> None:
+    """Limits the candidate cannot raise (soft = hard), set before its code runs, whatever the device: the size of
+    any file it writes (its stdout and stderr go to a file of the checks: a flood past this kills it with SIGXFSZ
+    rather than filling the host's disk), open descriptors, no core dumps. Threads and processes are not capped by
+    RLIMIT_NPROC, which counts every process of the user on the host, not this one's; the sandbox's PID namespace
+    and the run's deadline bound them."""
+    try:
+        import resource
+    except ImportError:
+        return
+    for name, want in (("RLIMIT_FSIZE", FILE_LIMIT), ("RLIMIT_NOFILE", OPEN_FILES), ("RLIMIT_CORE", 0)):
+        which = getattr(resource, name, None)
+        if which is None:
+            continue
+        soft, hard = resource.getrlimit(which)
+        cap = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(which, (cap, cap))
+        except (ValueError, OSError):
+            pass
 
 
 def _load_object(target: dict):
@@ -555,6 +582,7 @@ def load(chan: Channel, init: dict):
         pass
     if init.get("threads"):
         torch.set_num_threads(int(init["threads"]))
+    _hard_limits()
     note = _limit_memory(init.get("memory_mb")) if str(init.get("device", "cpu")).startswith("cpu") else None
     try:
         from collections.abc import Mapping

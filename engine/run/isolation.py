@@ -149,13 +149,7 @@ class _Worker:
 
     def tail(self) -> str:
         """The last line the worker (or the candidate) wrote to stdout/stderr, printable characters only."""
-        try:
-            self.log.seek(0)
-            lines = [ln for ln in self.log.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-        except OSError:
-            return ""
-        last = lines[-1].strip() if lines else ""
-        return "".join(ch for ch in last if ch.isprintable())[:300]
+        return log_tail(self.log)
 
     def close(self, kill: bool = False) -> None:
         if not kill and self.proc.poll() is None:
@@ -390,7 +384,7 @@ class Supervised:
         conn, inside, cwd, env = self.confinement.callee()
         init = {"target": inside, "names": self.init["names"], "device": self.init["device"],
                 "threads": self.init["threads"], "memory_mb": self.init["memory_mb"], "cwd": cwd, "env": env}
-        _load_report(lambda: conn.load(init, self.startup_s), "op", lambda: conn.close(kill=True), self.init,
+        _load_report(lambda: conn.load(init, self.startup_s, self.timeout_s), "op", lambda: conn.close(kill=True), self.init,
                      "the candidate's process", self.notes)
         self.conn = conn
         self.impl = conn.implementation(self.init["name"], self.init["names"], _returns_objects(self.init))
@@ -782,9 +776,27 @@ def _require_loaded(msg: dict, key: str, close: Callable[[], None], init: dict, 
                          f"needs {', '.join(init['names'])} (see contracts interface {init['method']})")
 
 
+LOG_TAIL = 8 << 10  # what is read of a candidate's stdout and stderr: its last lines, never the whole file
+
+
+def log_tail(log) -> str:
+    """The last non-blank line of a process's output file, printable characters only, read from its last LOG_TAIL
+    bytes (a candidate that printed gigabytes costs the checks 8 KiB)."""
+    try:
+        size = log.seek(0, os.SEEK_END)
+        log.seek(max(0, size - LOG_TAIL))
+        lines = [ln for ln in log.read(LOG_TAIL).decode("utf-8", "replace").splitlines() if ln.strip()]
+    except (OSError, ValueError):
+        return ""
+    last = lines[-1].strip() if lines else ""
+    return "".join(ch for ch in last if ch.isprintable())[:300]
+
+
 def exit_text(code: int) -> str:
     """How a process ended, for a one-line failure: 'exited with code 3', 'was killed by SIGKILL'."""
     if code < 0:
+        if -code == getattr(signal, "SIGXFSZ", None):
+            return "was killed by SIGXFSZ (it wrote past the file size limit, stdout and stderr included)"
         try:
             return f"was killed by {signal.Signals(-code).name}"
         except ValueError:

@@ -117,6 +117,30 @@ def _read_version() -> str | None:
     return text[-1] if text else None
 
 
+TMP_BYTES = 256 << 20  # the candidate's private /tmp (RAM): bounded, so no write there grows the host's memory
+MASK_BYTES = 64 << 10  # a tmpfs that masks a hidden folder: nothing belongs there
+
+
+def sizes_tmpfs() -> bool:
+    """Whether this bubblewrap bounds a tmpfs (`--size`, bubblewrap 0.7 and later)."""
+    return _once("size", _reads_size)
+
+
+def _reads_size() -> bool:
+    exe = bwrap()
+    if not exe:
+        return False
+    try:
+        text = subprocess.run([exe, "--help"], capture_output=True, timeout=10).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in text
+
+
+def _tmpfs(path: str, size: int) -> list[str]:
+    return (["--size", str(size)] if sizes_tmpfs() else []) + ["--tmpfs", path]
+
+
 def require(no_sandbox: bool) -> bool:
     """True when candidate code is to run sandboxed; EnvironmentProblem (exit 4) when it cannot be and the caller
     did not say --no-sandbox."""
@@ -134,7 +158,9 @@ def record(sandboxed: bool, checks_in: str) -> dict:
     if not sandboxed:
         return {"sandbox": "none", "candidate": True, "checks_in": checks_in}
     return {"sandbox": TOOL, "candidate": True, "version": version(), "network": False, "pid_namespace": True,
-            "python": "isolated", "checks_in": checks_in}
+            "python": "isolated", "checks_in": checks_in,
+            # the private /tmp's bound in bytes (null: this bubblewrap cannot bound it)
+            "tmp_bytes": TMP_BYTES if sizes_tmpfs() else None}
 
 
 # A receipt of the registered implementation (or of source mutants): no candidate code ran.
@@ -363,7 +389,7 @@ def command(stage: str, hidden: list[str], device: str = "cpu", framework: str |
     args = [bwrap() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--clearenv", "--hostname", HOSTNAME, *_system_binds(),
             # first: a checkout or interpreter that lives under /tmp is bound over the private /tmp, not hidden by it
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]
+            "--proc", "/proc", "--dev", "/dev", *_tmpfs("/tmp", TMP_BYTES), "--dir", HOME]
     if loop is not None:  # the candidate's own process: the interpreter and its packages, never the checkout
         view, python = _loop_view()
         # the loop is PID 1 itself: no bubblewrap process inside whose /proc/N/cmdline lists every bind
@@ -379,7 +405,7 @@ def command(stage: str, hidden: list[str], device: str = "cpu", framework: str |
         if not any(hp == Path(t) or Path(t) in hp.parents for t in trees):
             continue
         if hp.is_dir():
-            args += ["--tmpfs", h]
+            args += _tmpfs(h, MASK_BYTES)
         elif hp.exists():
             args += ["--ro-bind", "/dev/null", h]
     args += ["--ro-bind", stage, INSIDE, "--chdir", INSIDE]
@@ -612,12 +638,9 @@ class Sandbox:
         self._server.forget()
 
     def tail(self) -> str:
-        try:
-            self._server.log.seek(0)
-            lines = [ln for ln in self._server.log.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-        except (OSError, ValueError):
-            return ""
-        return "".join(ch for ch in (lines[-1] if lines else "") if ch.isprintable())[:300]
+        from engine.run.isolation import log_tail
+
+        return log_tail(self._server.log)
 
 
 class Pool:

@@ -1,0 +1,258 @@
+"""Limits that hold against a hostile candidate: each class of attack planted, and the bounded cost shown.
+
+The candidate's process gets hard rlimits it cannot raise, a size-bounded /tmp (in the sandbox), a bounded read
+of its output, answers no larger than their call justifies (judged from the header), call backs bounded in what
+they pass and in what they make the checks hold, and the call deadline over its import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from engine.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = '''
+import os
+import resource
+import sys
+import time
+
+import torch
+
+
+def raise_memory(x):
+    """Try to lift the address-space cap and reserve past it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        lifted = True
+    except (ValueError, OSError):
+        lifted = False
+    try:
+        big = torch.empty(8 << 30, dtype=torch.uint8)  # 8 GiB past a 2 GiB cap
+        reserved = big.numel()
+    except (RuntimeError, MemoryError):
+        reserved = 0
+    return torch.tensor([soft == hard, lifted, reserved > 0])
+
+
+def raise_files(x):
+    out = []
+    for name in ("RLIMIT_FSIZE", "RLIMIT_NOFILE"):
+        which = getattr(resource, name)
+        soft, hard = resource.getrlimit(which)
+        try:
+            resource.setrlimit(which, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            out.append(True)
+        except (ValueError, OSError):
+            out.append(False)
+    return torch.tensor(out)
+
+
+def flood(x):
+    """Print far more than any report needs: 256 MiB."""
+    line = "x" * (1 << 20)
+    for _ in range(256):
+        print(line, flush=True)
+    return x
+
+
+def huge(x):
+    """An answer of 256 MiB to a call that passed 4 bytes."""
+    return torch.zeros(1 << 26)
+
+
+def amplify(policy, n):
+    """Call the checks' policy with far more token ids than any score needs."""
+    return policy(torch.zeros(int(n), dtype=torch.long))
+
+
+def keep_graphs(policy, n):
+    """Many call backs, each under the token bound, each output kept with grad: the checks hold every graph."""
+    kept = [policy(torch.zeros(1 << 16, dtype=torch.long)) for _ in range(int(n))]
+    return sum(k.sum() for k in kept)
+'''
+NAMES = ["raise_memory", "raise_files", "flood", "huge", "amplify", "keep_graphs"]
+
+
+class Wide(torch.nn.Module):
+    """A policy whose forward saves a wide activation per token (1 KiB of floats), like a real model's."""
+
+    vocab_size = 4
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(4, 256)
+
+    def forward(self, tokens):
+        return torch.tanh(self.emb(tokens)).mean(-1)
+
+
+@pytest.fixture
+def probe(tmp_path):
+    from engine.run import boundary
+
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    conn = boundary.plain()
+    msg = conn.load({"target": {"form": "file", "path": str(path)}, "names": NAMES, "device": "cpu", "threads": 1,
+                     "memory_mb": 2048, "cwd": str(tmp_path)}, 180)
+    assert msg["op"] == "loaded" and not msg["missing"], msg
+    conn.deadline_s = 120.0
+    yield boundary.implementation(conn, "probe", NAMES), conn
+    conn.close(kill=True)
+
+
+def test_the_address_space_cap_is_hard_the_candidate_cannot_raise_it_or_reserve_past_it(probe):
+    impl, _ = probe
+    hard, lifted, reserved = impl.raise_memory(torch.zeros(1)).tolist()
+    assert hard and not lifted and not reserved
+
+
+def test_file_size_and_open_file_limits_are_hard(probe):
+    impl, _ = probe
+    assert impl.raise_files(torch.zeros(1)).tolist() == [False, False]
+
+
+def test_a_stdout_flood_is_cut_at_the_file_limit_and_read_only_at_its_tail(probe):
+    from engine.run import call_loop
+    from engine.run.isolation import LOG_TAIL, log_tail
+
+    impl, conn = probe
+    rss = _resident()
+    with pytest.raises(BaseException):  # noqa: B017 - killed by SIGXFSZ, or its write refused (EFBIG): either way
+        impl.flood(torch.zeros(1))
+    size = os.fstat(conn.log.fileno()).st_size
+    assert size <= call_loop.FILE_LIMIT  # 64 MiB of the 256 it printed reached the checks' file
+    reads = []
+
+    class Counted:  # the log file, with each read's size noted
+        def seek(self, *a):
+            return conn.log.seek(*a)
+
+        def read(self, n=-1):
+            reads.append(n)
+            return conn.log.read(n)
+
+    assert log_tail(Counted()) == "x" * 300  # the last line, cut to 300 printable characters
+    assert reads and all(0 <= n <= LOG_TAIL for n in reads)  # never the whole file
+    assert _resident() - rss < 64 << 20
+
+
+def test_an_answer_larger_than_its_call_justifies_is_refused_from_its_header(probe):
+    from engine.run.boundary import CandidateLost
+
+    impl, conn = probe
+    rss = _resident()
+    with pytest.raises(CandidateLost, match="refused from its header"):
+        impl.huge(torch.zeros(1))
+    assert _resident() - rss < 128 << 20  # the 256 MiB were never read
+
+
+def test_a_call_back_with_more_token_ids_than_the_bound_is_refused_before_the_forward(probe):
+    from engine.run import boundary
+
+    impl, conn = probe
+    policy = Wide()
+    assert impl.amplify(policy, 1000).shape == (1000,)
+    with pytest.raises(ValueError, match="at most 1048576 token ids"):
+        impl.amplify(policy, boundary.MAX_CALLBACK_TOKENS + 1)
+
+
+def test_call_backs_that_make_the_checks_hold_too_much_lose_the_candidate(probe, monkeypatch):
+    """Each call back is small, but the graphs kept for the call's gradient (saved activations) add up: past
+    MAX_CALL_GROWTH (lowered here to 64 MiB) the candidate is lost, whatever its answers' sizes say."""
+    from engine.run import boundary
+
+    impl, conn = probe
+    monkeypatch.setattr(boundary, "MAX_CALL_GROWTH", 64 << 20)
+    policy = Wide()
+    with torch.enable_grad():
+        with pytest.raises(boundary.CandidateLost, match="grew the checks by"):
+            impl.keep_graphs(policy, 64)  # 64 x 65536 tokens x 1 KiB saved: 4 GiB unbounded
+
+
+def test_a_sleep_at_import_is_held_to_the_call_deadline(tmp_path):
+    from engine.run import boundary
+    from engine.run.isolation import WorkerLost
+
+    path = tmp_path / "slow.py"
+    path.write_text("import time\ntime.sleep(300)\n")
+    conn = boundary.plain()
+    try:
+        assert conn.wait_ready(180)  # torch imported: what is left is the candidate's own import
+        t0 = time.monotonic()
+        with pytest.raises(WorkerLost, match="did not finish loading within 3 s"):
+            conn.load({"target": {"form": "file", "path": str(path)}, "names": ["f"], "device": "cpu",
+                       "threads": 1, "memory_mb": 0, "cwd": str(tmp_path)}, 180, load_s=3)
+        assert time.monotonic() - t0 < 20
+    finally:
+        conn.close(kill=True)
+    assert conn.proc.poll() is not None  # nothing left running
+
+
+def test_impl_timeout_covers_the_candidates_import_end_to_end(tmp_path):
+    """`check --impl` with --impl-timeout 5 on a file that sleeps at import: an error within seconds, not the
+    180 s start-up allowance."""
+    cand = tmp_path / "sleepy.py"
+    cand.write_text(_after_future((ROOT / "tests" / "fixtures" / "my_tapo.py").read_text(),
+                                  "import time\ntime.sleep(120)\n"))
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, ["check", "tapo-trajectory", "--impl", str(cand), "--only", "clip_schedule",
+                                 "--no-mutants", "--impl-timeout", "5", "--receipts", str(tmp_path / "r"),
+                                 "--no-sandbox"])
+    assert time.monotonic() - t0 < 60, r.output
+    assert r.exit_code != 0 and "within 5 s" in r.output
+
+
+def test_the_sandboxs_tmp_is_bounded(tmp_path):
+    """A candidate that fills /tmp at import: past the bound its writes fail (ENOSPC) and the host's memory does
+    not grow with them; the candidate asserts the bound itself and would fail to load without it."""
+    from engine.run import sandbox
+
+    if sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    if not sandbox.sizes_tmpfs():
+        pytest.skip("this bubblewrap cannot bound a tmpfs (--size needs 0.7)")
+    fill = (
+        "import errno\n"
+        "_written = 0\n"
+        "try:\n"
+        "    with open('/tmp/fill', 'wb') as _f:\n"
+        "        for _ in range(1024):\n"
+        "            _f.write(b'x' * (1 << 20))\n"
+        "            _written += 1 << 20\n"
+        "except OSError as _e:\n"
+        "    assert _e.errno in (errno.ENOSPC, errno.EFBIG), _e\n"
+        f"assert _written <= {sandbox.TMP_BYTES}, _written\n"
+    )
+    cand = tmp_path / "filler.py"
+    cand.write_text(_after_future((ROOT / "tests" / "fixtures" / "my_tapo.py").read_text(), fill))
+    r = CliRunner().invoke(app, ["check", "tapo-trajectory", "--impl", str(cand), "--only", "clip_schedule",
+                                 "--no-mutants", "--seeds", "42", "--receipts", str(tmp_path / "r"), "--json"])
+    assert r.exit_code == 0, r.output
+    (run,) = json.loads(r.stdout)["runs"]
+    (path,) = (tmp_path / "r" / "tapo-trajectory").glob("*.json")
+    iso = json.loads(path.read_text())["predicate"]["isolation"]
+    assert iso["tmp_bytes"] == sandbox.TMP_BYTES and run["status"] in ("passed", "partial")
+
+
+def _resident() -> int:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _after_future(text: str, code: str) -> str:
+    """`code` run at import, placed after the module's `from __future__` line (which must come first)."""
+    marker = "from __future__ import annotations\n"
+    assert marker in text
+    return text.replace(marker, marker + code, 1)
