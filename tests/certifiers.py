@@ -365,7 +365,7 @@ def gspo_loss_grads(logp, old_logp, advantages, mask, **kw):
     return [_gspo(logp, old_logp, advantages, mask, **kw)[1], _zeros_like(old_logp), _zeros_like(advantages)]
 
 
-@certifier("gspo.loss_metrics")
+@certifier("gspo.loss_metrics", "gspo.loss_metrics_exact")
 def gspo_metrics(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, log_ratio_clamp=10.0, **_):
     lo, hi, C = 1 - mpf(clip_low), 1 + mpf(clip_high), mpf(log_ratio_clamp)
     rows = [r for r in _gspo_rows(logp, old_logp, mask, log_ratio_clamp) if r is not None]

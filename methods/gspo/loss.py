@@ -70,8 +70,15 @@ def token_mean_per_row(per_token: torch.Tensor, n_row: torch.Tensor) -> torch.Te
     return per_token.sum(dim=-1) / n_row.clamp_min(1).to(per_token.dtype)
 
 
+def outside_bounds(s, log_s, lo, hi, clamp):
+    """The rows the metrics count (strictly): s_i below 1 - clip_low, above 1 + clip_high, and a mean log-ratio
+    above the clamp. A row exactly on a bound lies inside it: the clip there changes neither value nor gradient."""
+    return s < lo, s > hi, log_s > clamp
+
+
 def build_gspo(log_ratio_fn=sequence_log_ratio, clamp_fn=clamp_log_ratio, token_ratio_fn=token_log_ratio,
-               surrogate_fn=clipped_surrogate, row_fn=token_mean_per_row, mean_fn=response_mean):
+               surrogate_fn=clipped_surrogate, row_fn=token_mean_per_row, mean_fn=response_mean,
+               outside_fn=outside_bounds):
     """(sequence_ratio, gspo_loss) assembled from their parts; the method uses the defaults, a mutant swaps one."""
 
     def sequence_ratio(logp, old_logp, mask, *, log_ratio_clamp: float = LOG_RATIO_CLAMP):
@@ -130,8 +137,9 @@ def build_gspo(log_ratio_fn=sequence_log_ratio, clamp_fn=clamp_log_ratio, token_
             ld = log_s.detach()
             s = ld.clamp(max=C).exp()
             big = torch.where(has, zero, torch.tensor(math.inf, dtype=cdt, device=s.device))
-            stats = torch.stack([(s + big).amin(), (s - big).amax(), ((s < lo) & has).sum().to(cdt),
-                                 ((s > hi) & has).sum().to(cdt), ((ld > C) & has).sum().to(cdt)]).tolist()
+            below, above, clamped = outside_fn(s, ld, lo, hi, C)
+            stats = torch.stack([(s + big).amin(), (s - big).amax(), (below & has).sum().to(cdt),
+                                 (above & has).sum().to(cdt), (clamped & has).sum().to(cdt)]).tolist()
         metrics = {"tokens": int(n_row.sum()), "rows": rows, "seq_ratio_min": stats[0], "seq_ratio_max": stats[1],
                    "clip_fraction": (stats[2] + stats[3]) / rows, "clip_low_fraction": stats[2] / rows,
                    "clip_high_fraction": stats[3] / rows, "clamped_rows": int(stats[4])}

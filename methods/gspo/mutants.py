@@ -198,3 +198,11 @@ def mask_bool_only():
 
     return IMPL.replace("gspo.mask_bool_only", sequence_ratio=bool_only(L.sequence_ratio),
                         gspo_loss=bool_only(L.gspo_loss))
+
+
+@registry.mutant("gspo.ties_counted_outside", base="gspo")
+def ties_counted_outside():
+    """A row exactly on a clip bound, or whose mean log-ratio equals the clamp, counted as clipped or clamped
+    (<= and >= where the interface says below, above, exceeds)."""
+    return _built("gspo.ties_counted_outside",
+                  outside_fn=lambda s, log_s, lo, hi, clamp: (s <= lo, s >= hi, log_s >= clamp))

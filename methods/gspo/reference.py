@@ -56,9 +56,11 @@ def loss_and_grad(logp, old, adv, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=
     return math.fsum(loss_terms), grad, near, math.fsum(abs_terms)
 
 
-def metrics(logp, old, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=10.0, margin=1e-6) -> dict:
+def metrics(logp, old, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=10.0, margin=1e-6, exact=False) -> dict:
     """The loss's metrics from the same loop, over non-empty responses; a count is NaN (undefined) where some s_i
-    lies within `margin` (relative) of the boundary that decides it."""
+    lies within `margin` (relative) of the boundary that decides it. With `exact` (inputs whose log-ratios, means
+    and bounds are exact in every dtype tried: dyadic values), a row exactly on a boundary is decided as the
+    interface says, strictly (below 1 - clip_low, above 1 + clip_high, a mean that exceeds the clamp)."""
     lo, hi = 1.0 - clip_low, 1.0 + clip_high
     nan = math.nan
     seqs, below, above, clamped, tie_clip, tie_clamp = [], 0, 0, 0, False, False
@@ -67,11 +69,11 @@ def metrics(logp, old, mask, *, clip_low=3e-4, clip_high=4e-4, clamp=10.0, margi
         if not d:
             continue
         x = math.fsum(d) / len(d)
-        tie_clamp = tie_clamp or abs(x - clamp) <= margin * clamp
+        tie_clamp = not exact and (tie_clamp or abs(x - clamp) <= margin * clamp)
         clamped += x > clamp
         s = math.exp(min(x, clamp))
         seqs.append(s)
-        tie_clip = tie_clip or abs(s - lo) <= margin or abs(s - hi) <= margin
+        tie_clip = not exact and (tie_clip or abs(s - lo) <= margin or abs(s - hi) <= margin)
         below += s < lo
         above += s > hi
     rows = len(seqs)
@@ -110,6 +112,12 @@ def _register() -> None:
         """The metrics gspo_loss returns beside the loss (the same in both forms)."""
         lp, op, _, m = lists(logp, old_logp, advantages, mask)
         return metrics(lp, op, m, clip_low=clip_low, clip_high=clip_high, clamp=log_ratio_clamp)
+
+    @registry.reference("gspo.loss_metrics_exact")
+    def metrics_exact(logp, old_logp, advantages, mask, *, clip_low=3e-4, clip_high=4e-4, log_ratio_clamp=10.0, **_):
+        """The metrics on inputs built to sit exactly on a bound or the clamp: every count decided, none NaN."""
+        lp, op, _, m = lists(logp, old_logp, advantages, mask)
+        return metrics(lp, op, m, clip_low=clip_low, clip_high=clip_high, clamp=log_ratio_clamp, exact=True)
 
     @registry.reference("gspo.loss_grad")
     def loss_grad_tensor(*args, **kwargs):
