@@ -80,8 +80,16 @@ def keep_graphs(policy, n):
     """Many call backs, each under the token bound, each output kept with grad: the checks hold every graph."""
     kept = [policy(torch.zeros(1 << 16, dtype=torch.long)) for _ in range(int(n))]
     return sum(k.sum() for k in kept)
+
+
+def hidden_scratch(x, mib):
+    """Scratch the allocation meter cannot see: bytes from a bytearray, written through torch.frombuffer."""
+    buf = bytearray(max(1, int(mib) << 20))
+    view = torch.frombuffer(buf, dtype=torch.uint8)
+    view.fill_(1)
+    return x.sum() + float(view[-1])
 '''
-NAMES = ["raise_memory", "raise_files", "flood", "huge", "amplify", "keep_graphs"]
+NAMES = ["raise_memory", "raise_files", "flood", "huge", "amplify", "keep_graphs", "hidden_scratch"]
 
 
 class Wide(torch.nn.Module):
@@ -181,6 +189,39 @@ def test_call_backs_that_make_the_checks_hold_too_much_lose_the_candidate(probe,
             impl.keep_graphs(policy, 64)  # 64 x 65536 tokens x 1 KiB saved: 4 GiB unbounded
 
 
+def test_a_metered_call_is_also_measured_from_outside_by_the_kernels_high_water_mark(probe):
+    """The call loop's meter counts torch storage, so scratch in a bytearray reads 0 there; the supervisor's own
+    reading of the process (VmHWM, reset before the call) sees it, less the frames' transport."""
+    impl, conn = probe
+    x = torch.zeros(1 << 20)
+    readings = {}
+    for mib in (1, 512):
+        with impl.hidden_scratch.metered() as meter:
+            impl.hidden_scratch(x, mib)
+        readings[mib] = (meter.peak_bytes, meter.outside_peak_bytes)
+    assert readings[512][0] < 1 << 20  # the candidate's own meter: nothing
+    assert readings[512][1] is not None and readings[512][1] >= 384 << 20  # the kernel's: most of the 512 MiB
+    assert readings[1][1] is not None and readings[1][1] < 64 << 20
+
+
+def test_a_budget_whose_scratch_hides_from_the_in_process_meter_fails_on_the_outside_reading(tmp_path):
+    """MRTPO js_distance with ten [N, V] units of scratch in a bytearray: the call loop's meter reads almost
+    nothing, the kernel's high-water mark does, and js_memory fails on it."""
+    text = (ROOT / "tests" / "fixtures" / "my_mrtpo.py").read_text()
+    old = "def js_distance(logp_a, logp_b, chunk_elems=1048576):\n"
+    assert old in text
+    cand = tmp_path / "scratchy.py"
+    cand.write_text(text.replace(old, old + "    _scratch = torch.frombuffer(bytearray(10 * logp_a.numel() * 4), "
+                                           "dtype=torch.uint8)\n    _scratch.fill_(1)\n"))
+    r = CliRunner().invoke(app, ["check", "mrtpo", "--impl", str(cand), "--only", "js_memory", "--no-mutants",
+                                 "--seeds", "42", "--receipts", str(tmp_path / "r")])
+    assert r.exit_code == 1, r.output
+    (path,) = (tmp_path / "r" / "mrtpo").glob("*.json")
+    pred = json.loads(path.read_text())["predicate"]
+    m = next(x for x in pred["results"] if x["status"] == "failed")["measurements"]
+    assert m["outside_peak_memory_ratio"] > 1.0 and m["peak_memory_ratio"] == m["outside_peak_memory_ratio"]
+
+
 def test_a_sleep_at_import_is_held_to_the_call_deadline(tmp_path):
     from engine.run import boundary
     from engine.run.isolation import WorkerLost
@@ -256,3 +297,36 @@ def _after_future(text: str, code: str) -> str:
     marker = "from __future__ import annotations\n"
     assert marker in text
     return text.replace(marker, marker + code, 1)
+
+
+def test_a_policy_can_refuse_receipts_resting_on_the_candidates_own_readings(tmp_path):
+    """`require: [measured_in_supervisor]`: an --impl receipt with a budget contract (its operations and time are
+    the candidate process's own readings) is not counted, and the gate and verify say why; the same check without
+    that contract counts. `checks_in_supervisor` holds for every --impl receipt of the five methods."""
+    pipeline = tmp_path / "pipeline"
+    pipeline.mkdir()
+    key = pipeline / "runner"
+    assert CliRunner().invoke(app, ["keys", "generate", str(key)]).exit_code == 0
+    policy = pipeline / "strict.yaml"
+    policy.write_text("keys:\n  - public_key: runner.pub\n    devices: [cpu]\n"
+                      "require: [sandboxed, checks_in_supervisor, measured_in_supervisor]\n")
+    store = tmp_path / "store"
+    fixture = ROOT / "tests" / "fixtures" / "my_mrtpo.py"
+
+    def check(only: str) -> str:
+        r = CliRunner().invoke(app, ["check", "mrtpo", "--impl", str(fixture), "--only", only, "--no-mutants",
+                                     "--seeds", "42", "--receipts", str(store), "--sign-key", str(key), "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["runs"][0]["receipt_id"]
+
+    metered = check("js_vectorised")
+    plain = check("beta_schedule")
+    g = CliRunner().invoke(app, ["gate", "mrtpo", "--impl", str(fixture), "--receipts", str(store), "--trust",
+                                 str(policy), "--json"])
+    doc = json.loads(g.stdout)
+    assert doc["receipts"]["fresh"] == [plain]
+    (refused,) = doc["receipts"]["untrusted"]
+    assert refused["receipt_id"] == metered and refused["why"] == "checked in candidate"
+    assert "requires measured_in_supervisor and js_vectorised rest on readings" in refused["message"]
+    v = CliRunner().invoke(app, ["verify", "mrtpo", "--receipts", str(store), "--trust", str(policy), "--strict"])
+    assert v.exit_code == 1 and "1 checked in candidate" in v.output, v.output

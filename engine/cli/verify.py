@@ -79,9 +79,11 @@ def verify(
                  for r in report.receipts}
     judged = [r for r in report.receipts if r.trust is not None and r.state in ("fresh", "stale")]
     trust_counts = {w: sum(r.trust == w for r in judged) for w in ("trusted", "unsigned", "untrusted key",
-                                                                    "bad signature", "unsandboxed")}
+                                                                    "bad signature", "unsandboxed",
+                                                                    "checked in candidate")}
     bad = counts["tampered"] + counts["invalid"] + (counts["stale"] if strict else 0) + trust_counts["bad signature"] \
-        + ((trust_counts["unsigned"] + trust_counts["untrusted key"] + trust_counts["unsandboxed"]) if strict else 0)
+        + ((trust_counts["unsigned"] + trust_counts["untrusted key"] + trust_counts["unsandboxed"]
+            + trust_counts["checked in candidate"]) if strict else 0)
     ok = not bad and not report.ledger.problems
     if json_out:
         ledger = {**report.ledger.as_dict(), "file": shown(report.ledger.file)}

@@ -346,6 +346,47 @@ def _refuse_stale_states(obj: Any, depth: int = 0) -> None:
             _refuse_stale_states(x, depth + 1)
 
 
+TRANSPORT_COPIES = 3  # copies of a frame's bytes the call loop may hold at once while reading or writing it
+TRANSPORT_SLACK = 64 << 20  # the interpreter's and allocator's own movement (a first metered call imports)
+
+
+def _status_bytes(pid: int, key: str) -> int | None:
+    """A `VmXXX:` line of /proc/PID/status in bytes (None where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(key.encode() + b":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _reset_peak(pid: int) -> int | None:
+    """Reset the process's peak resident memory to its current one (/proc/PID/clear_refs, 5); that baseline, or
+    None where the kernel does not let this process do it."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _status_bytes(pid, "VmRSS")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    out += [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+    except OSError:
+        pass
+    return out
+
+
 class CandidateMeter:
     """`with remote_fn.metered() as meter:` the calls (and their vector-Jacobian calls) made meanwhile run under
     the call loop's allocation meter in the candidate's process; read `peak_bytes`, `ops` and `seconds` as the
@@ -357,14 +398,29 @@ class CandidateMeter:
     def __init__(self, conn: "Connection"):
         self.conn = conn
         self.reports: dict[str, dict] = {}
+        self.crossed = 0  # bytes of the frames the candidate's process read or wrote meanwhile (transport)
+        self.outside_peak_bytes: int | None = None  # the kernel's reading, less the transport (None: none taken)
+        self._pid: int | None = None
+        self._baseline: int | None = None
 
     def __enter__(self) -> "CandidateMeter":
         self.conn.meter = self
         self.conn.metered_entries += 1  # the result is marked measured_in: candidate whether or not a reading came
+        # The supervisor's own reading, from outside: the candidate process's peak resident memory as the kernel
+        # keeps it, its high-water mark reset here (before any frame of the call is sent)
+        self._pid = self.conn.candidate_pid()
+        self._baseline = _reset_peak(self._pid) if self._pid is not None else None
         return self
 
     def __exit__(self, *exc) -> None:
         self.conn.meter = None
+        if self._pid is not None and self._baseline is not None:
+            hwm = _status_bytes(self._pid, "VmHWM")
+            if hwm is not None:
+                # what moving the frames costs the call loop (a frame, its slices and the tensors' own bytes)
+                # is not the function's: bounded by TRANSPORT_COPIES copies of every byte that crossed
+                self.outside_peak_bytes = max(0, hwm - self._baseline - TRANSPORT_COPIES * self.crossed
+                                              - TRANSPORT_SLACK)
 
     def note(self, cid: str, head: dict) -> None:
         got = head.get("metered")
@@ -554,10 +610,14 @@ class Connection:
             try:
                 self._answer_cid = head.get("id") if isinstance(head.get("id"), str) else None
                 self._grew_from = None
+                if self.meter is not None:
+                    self.meter.crossed += len(data)
                 self._send(head, data, end)
                 served = [0, 0]  # call backs, bytes of their outputs kept for this call's gradient
                 while True:
                     got = self._recv(end)
+                    if self.meter is not None:
+                        self.meter.crossed += len(got[1])
                     if got[0].get("op") != "callback":
                         return got
                     self._serve_callback(got[0], got[1], graded, end, served)
@@ -636,6 +696,8 @@ class Connection:
             raise WorkerLost("deadline")
         if grew is not None:
             raise WorkerLost(grew)
+        if self.meter is not None:
+            self.meter.crossed += len(payload)
         if self._answer_cid is not None:  # what came back joins what the call's answer may be sized by
             self.crossed[self._answer_cid] = self.crossed.get(self._answer_cid, 0) + len(payload) + len(data)
         if graded is not None:
@@ -672,6 +734,17 @@ class Connection:
             getattr(target, do)(args[0])
             return None
         raise TypeError(f"a handle to the checks' {kind} does not {_printable(do, 40)!r} with these arguments")
+
+    def candidate_pid(self) -> int | None:
+        """The host PID of the process running the call loop: this Popen's own, or, in a sandbox, the python
+        process bubblewrap started (the deepest descendant; found once)."""
+        if getattr(self, "_candidate_pid", None) is None and self.proc.poll() is None:
+            tree, i = [self.proc.pid], 0
+            while i < len(tree) and len(tree) < 64:
+                tree += _children(tree[i])
+                i += 1
+            self._candidate_pid = tree[-1]
+        return getattr(self, "_candidate_pid", None)
 
     def _growth(self, target: Any) -> str | None:
         """Why serving this request's call backs has grown the checks' process too far (more than MAX_CALL_GROWTH

@@ -7,7 +7,10 @@ the checkout: whoever writes candidate code can write both):
       - public_key: runner.pub      # a path relative to this file, or an inline PEM
         devices: [cpu, cuda]        # device kinds this key may attest
     require: [sandboxed]            # optional: a receipt that ran candidate code counts only if it ran in
-                                    # a sandbox (predicate.isolation.sandbox: bubblewrap)
+                                    # a sandbox (predicate.isolation.sandbox: bubblewrap); also
+                                    # checks_in_supervisor (no contract ran beside the candidate) and
+                                    # measured_in_supervisor (no result rests on a reading the candidate's
+                                    # process took of itself: its budget contracts' ops and time)
 
     reviewers:                      # optional: keys whose signed reviews count (engine.gate.review)
       - public_key: alice.pub
@@ -34,7 +37,8 @@ DEVICE_KINDS = ("cpu", "cuda")
 MAX_POLICY_BYTES = 1 << 20
 TRUSTED, UNSIGNED, UNTRUSTED, BAD_SIGNATURE = "trusted", "unsigned", "untrusted key", "bad signature"
 UNSANDBOXED = "unsandboxed"
-REQUIREMENTS = ("sandboxed",)
+CANDIDATE_SIDE = "checked in candidate"  # a receipt a policy refuses for where its checks or measurements were
+REQUIREMENTS = ("sandboxed", "checks_in_supervisor", "measured_in_supervisor")
 
 
 def _isolation(payload: bytes) -> dict | None:
@@ -83,7 +87,29 @@ class TrustPolicy:
                 return UNSANDBOXED, (f"unsandboxed: {self.file} requires sandboxed and this receipt's candidate ran "
                                      f"with sandbox {(iso or {}).get('sandbox', 'unrecorded')}; run it again without "
                                      "--no-sandbox")
+        if self.require & {"checks_in_supervisor", "measured_in_supervisor"}:
+            why = self._candidate_side(_isolation(payload))
+            if why:
+                return CANDIDATE_SIDE, why
         return TRUSTED, f"signed by trusted key {kid[:16]}"
+
+    def _candidate_side(self, iso: dict | None) -> str:
+        """Why a candidate receipt is refused for where its checks ran or what its candidate measured of itself
+        ('' when it is not): a receipt of the registered implementation ran no candidate code."""
+        if iso is not None and iso.get("candidate") is False:
+            return ""
+        iso = iso or {}
+        if "checks_in_supervisor" in self.require and iso.get("checks_in") != "supervisor":
+            beside = [str(c.get("contract")) for c in iso.get("checks_in_candidate") or [] if isinstance(c, dict)]
+            return (f"checked in candidate: {self.file} requires checks_in_supervisor and this receipt's checks ran "
+                    f"in {iso.get('checks_in', 'an unrecorded place')}"
+                    + (f" ({', '.join(beside[:4])} beside the candidate)" if beside else ""))
+        metered = [str(c.get("contract")) for c in iso.get("measured_in_candidate") or [] if isinstance(c, dict)]
+        if "measured_in_supervisor" in self.require and metered:
+            return (f"checked in candidate: {self.file} requires measured_in_supervisor and {', '.join(metered[:4])} "
+                    "rest on readings the candidate's process took of itself (operations, time); run the check "
+                    "without them (--only the other contracts) to count here")
+        return ""
 
     def as_dict(self) -> dict:
         out = {"file": self.file, "sha256": self.sha256,
