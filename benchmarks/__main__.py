@@ -18,8 +18,8 @@ from pathlib import Path
 
 from benchmarks.harness import ROOT, Row
 
-ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "boundary", "audit", "hf", "tui",
-        "store")
+ROWS = ("tapo", "family", "mrtpo", "tar", "cli", "check", "evolve", "sandbox", "boundary", "stage1", "audit", "hf",
+        "tui", "store")
 # The TUI rows generate 10,000 receipts and let the first start index them (about 130 ms of CPU per
 # receipt, mostly the receipt schema check): far longer than every other row together, so they run only
 # when named, `--only tui`, and the default run stays under five minutes on a 2-core machine.
@@ -97,6 +97,10 @@ def measure(name: str, device: str, quick: bool) -> list[Row]:
         from benchmarks import audit_bench
 
         return audit_bench.run(device, **({"repeats": 1} if quick else {}))
+    if name == "stage1":
+        from benchmarks import stage1_profile
+
+        return stage1_profile.run(device, **({"repeats": 1} if quick else {}))
     if name == "hf":
         from benchmarks import hf_impl_bench
 

@@ -287,9 +287,32 @@ def _own_distributions() -> set[str]:
     return {d.lower().replace("_", "-") for top in ("engine", "methods", "tui") for d in by_package.get(top, [])}
 
 
+_ENTRIES: dict = {}  # site folder -> (its and its __pycache__'s identity, the entries found then)
+
+
 def _own_entries(site: Path) -> tuple[set[str], set[str]]:
     """(top-level entries of `site`, entries of its __pycache__) that belong to this project's distribution: its
-    dist-info, an editable install's .pth and finder (and their bytecode), its packages if installed there."""
+    dist-info, an editable install's .pth and finder (and their bytecode), its packages if installed there.
+    Reading every distribution's metadata takes about half a second, once per sandbox started: kept per folder
+    while neither it nor its __pycache__ changes (an install or removal changes the folder's entries)."""
+    key = []
+    for d in (site, site / "__pycache__"):
+        try:
+            st = os.stat(d)
+            key.append((st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
+        except OSError:
+            key.append(None)
+    with _PROBE_LOCK:
+        hit = _ENTRIES.get(str(site))
+    if hit is not None and hit[0] == key:
+        return set(hit[1]), set(hit[2])
+    top, cached = _read_own_entries(site)
+    with _PROBE_LOCK:
+        _ENTRIES[str(site)] = (key, frozenset(top), frozenset(cached))
+    return top, cached
+
+
+def _read_own_entries(site: Path) -> tuple[set[str], set[str]]:
     try:
         from importlib import metadata
 
