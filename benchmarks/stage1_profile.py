@@ -5,7 +5,7 @@ Buckets (cumulative time of the functions that do each, from cProfile, in the su
 
 * references: the float64 and exact-arithmetic loops the checks compare with (`engine.kinds.calls.reference`);
 * round trips: waiting on the candidate's process, call backs served included (`Connection.request`), and how
-  many (calls, vector-Jacobian calls, the rest);
+  many (calls; the rest are vector-Jacobian requests, some of them a whole Jacobian's rows at once);
 * sandbox start: building and starting the candidate's sandbox (`sandbox.LoopBox`/`Pool.take`), its spare
   started ahead not counted;
 * close: ending the candidate's process and its sandbox;
@@ -71,7 +71,7 @@ def run(device: str = "cpu", repeats: int = 5) -> list[Row]:
         profiled = time.perf_counter() - t0
     stats = pstats.Stats(prof)
     split = {k: _cumulative(stats, *v) for k, v in BUCKETS.items()}
-    vjp = _cumulative(stats, "engine/run/boundary.py", "vjp")[1]
+    whole = _cumulative(stats, "engine/run/boundary.py", "vjp_rows")[1]
     calls = _cumulative(stats, "engine/run/boundary.py", "call")[1]
     rest = profiled - sum(t for t, _ in split.values())
     parts = "; ".join(f"{k} {t:.2f} s ({t / profiled:.0%})" for k, (t, _n) in split.items())
@@ -81,6 +81,7 @@ def run(device: str = "cpu", repeats: int = 5) -> list[Row]:
         against="(absolute)", value=med, unit="s", target="(shown)", ok=None,
         spread=spread(min(times), max(times), len(times), " s"),
         note=(f"one profiled stage 1 of {profiled:.2f} s: {parts}; the rest {rest:.2f} s ({rest / profiled:.0%}). "
-              f"{split['round trips'][1]} round trips: {calls} calls, {vjp} vector-Jacobian calls"),
+              f"{split['round trips'][1]} round trips: {calls} calls, the rest vector-Jacobian requests ({whole} of "
+              "them a Jacobian's rows fetched whole)"),
         details={"times_s": times, "profiled_s": profiled, "round_trips": split["round trips"][1], "calls": calls,
-                 "vjp_calls": vjp, **{k.replace(" ", "_") + "_s": t for k, (t, _n) in split.items()}})]
+                 "jacobians_fetched_whole": whole, **{k.replace(" ", "_") + "_s": t for k, (t, _n) in split.items()}})]

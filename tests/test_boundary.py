@@ -277,6 +277,31 @@ def test_a_gradient_is_the_candidates_vector_jacobian_product(impl):
     torch.testing.assert_close(w.grad, 8.0 * w.detach(), rtol=0, atol=1e-12)
 
 
+def test_a_jacobian_taken_row_by_row_crosses_once_and_equals_the_row_by_row_products(remote, impl, monkeypatch):
+    """torch.autograd.functional.jacobian asks for one basis vector per backward: after the first rows of an output
+    the rest come in one request, each the same vector-Jacobian product the candidate gives alone; a cotangent
+    that is not a basis vector is asked for as it is."""
+    _, conn = remote
+    sent = []
+    real = conn.request
+    monkeypatch.setattr(conn, "request", lambda head, *a, **k: sent.append(head.get("op")) or real(head, *a, **k))
+    x = torch.randn(3, 5, dtype=torch.float64)
+
+    def f(v):
+        return impl.square(v, scale=3.0)[0]
+
+    jac = torch.autograd.functional.jacobian(f, x)
+    want = torch.autograd.functional.jacobian(lambda v: v * v * 3.0, x)
+    assert torch.equal(jac, want)  # bit for bit: the same products, fetched together or not
+    assert sent.count("call") == 1 and sent.count("vjp") <= 3, sent  # 15 rows: two alone, then all in one
+    sent.clear()
+    v = x.clone().requires_grad_(True)
+    y = f(v)
+    g = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, v, g)
+    assert torch.allclose(got, 6.0 * x * g) and sent == ["call", "vjp"]
+
+
 def test_a_refusal_crosses_as_its_type_with_the_candidates_line(impl):
     with pytest.raises(ValueError, match="non-negative") as got:
         impl.refuse(-torch.ones(2))

@@ -41,7 +41,9 @@ class Budget(Kind):
                "ops_over_limit_cases": "cases whose call dispatched more than max_ops operations (0 without it)",
                "outside_peak_memory_ratio": "--impl only: the candidate process's peak resident memory during the "
                "call as the kernel reports it to the supervisor, less the frames' transport, / the unit; "
-               "peak_memory_ratio is never below it"}
+               "peak_memory_ratio is never below it",
+               "outside_cpu_ns_per_element": "--impl only: the candidate process's CPU time during the call (every "
+               "thread, the frames' handling included) as the kernel counts it, per input element, best repeat"}
 
     def measure(self, impl, ctx, params):
         """Under `contracts check --impl` the function runs in the candidate's process, and its memory, operations
@@ -59,7 +61,7 @@ class Budget(Kind):
         wrt = list(params.get("grad_wrt") or [])
         cuda = ctx.device.type == "cuda"
         unit = params.get("unit")
-        peak_ratio, ns, size, n, outside_ratio = 0.0, 0.0, 0, 0, 0.0
+        peak_ratio, ns, size, n, outside_ratio, outside_ns = 0.0, 0.0, 0, 0, 0.0, 0.0
         ops: list[int] = []
         for case, drawn, _ in calls.cases(ctx, params):
             n += 1
@@ -71,7 +73,7 @@ class Budget(Kind):
             nbytes = sum(v.numel() * v.element_size() for v in tensors)
             denom = t[unit["input"]].numel() * DTYPE_BYTES[unit["dtype"]] if unit else nbytes
             elements = sum(v.numel() for v in tensors)
-            best, case_peak, case_outside = float("inf"), 0, 0
+            best, case_peak, case_outside, case_cpu = float("inf"), 0, 0, float("inf")
             for _ in range(int(params.get("repeats", 3))):
                 if cuda:
                     torch.cuda.synchronize(ctx.device)
@@ -92,6 +94,9 @@ class Budget(Kind):
                 elsewhere = getattr(meter, "measured_in", None) == "candidate"
                 best = min(best, meter.seconds if elsewhere else took)
                 peak = meter.peak_bytes
+                cpu = getattr(meter, "outside_cpu_seconds", None)
+                if cpu is not None:
+                    case_cpu = min(case_cpu, cpu)
                 outside = getattr(meter, "outside_peak_bytes", None)  # the supervisor's reading of that process
                 if outside is not None:
                     case_outside = max(case_outside, outside)
@@ -104,6 +109,8 @@ class Budget(Kind):
                 case_ops, over = max_ops + 1, over + 1  # alike whether it was stopped here or counted elsewhere
             ops.append(case_ops)
             outside_ratio = max(outside_ratio, case_outside / max(denom, 1))
+            if case_cpu != float("inf"):
+                outside_ns = max(outside_ns, case_cpu * 1e9 / max(elements, 1))
             m = {"peak_memory_ratio": case_peak / max(denom, 1), "ops": case_ops,
                  "ns_per_element": best * 1e9 / max(elements, 1)}
             calls.log_case(ctx, case, t, m)
@@ -113,4 +120,5 @@ class Budget(Kind):
                "ns_per_element": ns, "input_bytes": size, "cases": n, "ops_over_limit_cases": over}
         if callable(getattr(getattr(impl, params["function"], None), "metered", None)):  # across the boundary
             out["outside_peak_memory_ratio"] = outside_ratio  # the kernel's reading, taken by the supervisor
+            out["outside_cpu_ns_per_element"] = outside_ns  # its CPU time (all threads; ticks of 10 ms)
         return out

@@ -247,11 +247,55 @@ def _pack(obj: Any) -> bytes:
         raise NotCrossable(str(why)) from None
 
 
+ROWS_AFTER = 2  # the basis vector of an output asked for this many times: the whole Jacobian is fetched at once
+MAX_ROW_ELEMENTS = 1 << 24  # a Jacobian fetched whole: at most this many entries (output x input elements)
+
+
 class _Link:
-    """One call's graph on the other side: what `_Cross.backward` asks about."""
+    """One call's graph on the other side: what `_Cross.backward` asks about. A Jacobian taken row by row (one
+    basis vector of an output per backward, as torch.autograd.functional.jacobian does) crosses once: after
+    ROWS_AFTER such rows, every row of that output is asked for in one request (the call loop runs the same
+    vector-Jacobian product for each), and the rest are read from it."""
 
     def __init__(self, conn: "Connection", cid: str, fn: str, outputs: list[torch.Tensor]):
         self.conn, self.cid, self.fn, self.outputs = conn, cid, fn, outputs
+        self.basis_asked: dict[int, int] = {}  # output index -> one-hot backwards seen
+        self.rows: dict[int, list] = {}  # output index -> per input: [output numel, *input shape] or None
+
+    def vjp(self, grads: list, inputs: list) -> list:
+        """The candidate's vector-Jacobian product for `grads` (one per output, None where none)."""
+        hot = _one_hot(grads)
+        if hot is None or self.conn.meter is not None:  # a budget's meter counts each backward as it is
+            return self.conn.vjp(self.cid, self.fn, grads)
+        j, k = hot
+        if j not in self.rows:
+            self.basis_asked[j] = self.basis_asked.get(j, 0) + 1
+            n = grads[j].numel()
+            if self.basis_asked[j] < ROWS_AFTER or n * sum(math.prod(s) for s, _, _ in inputs) > MAX_ROW_ELEMENTS:
+                return self.conn.vjp(self.cid, self.fn, grads)
+            self.rows[j] = self.conn.vjp_rows(self.cid, self.fn, j, grads[j], len(inputs))
+        return [None if r is None else r[k] for r in self.rows[j]]
+
+
+def _one_hot(grads: list) -> tuple[int, int] | None:
+    """(output index, flat position) when `grads` is one basis vector: a single 1.0 in one output, every other
+    entry exactly 0 or absent; else None."""
+    found = None
+    for j, g in enumerate(grads):
+        if g is None:
+            continue
+        if not (g.is_floating_point() and g.numel()):
+            return None
+        nz = torch.count_nonzero(g)
+        if nz == 0:
+            continue
+        if nz != 1 or found is not None:
+            return None
+        k = int(torch.argmax((g != 0).reshape(-1).to(torch.uint8)))
+        if float(g.reshape(-1)[k]) != 1.0:
+            return None
+        found = (j, k)
+    return found
 
 
 class _Cross(torch.autograd.Function):
@@ -269,7 +313,7 @@ class _Cross(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
         link = ctx.link
-        got = link.conn.vjp(link.cid, link.fn, [None if g is None else g.detach() for g in grads])
+        got = link.vjp([None if g is None else g.detach() for g in grads], ctx.inputs)
         if not isinstance(got, list) or len(got) != len(ctx.inputs):
             raise ReturnRefused(f"{link.fn}: the candidate's vector-Jacobian product is not one gradient per input")
         out = []
@@ -362,6 +406,16 @@ def _status_bytes(pid: int, key: str) -> int | None:
     return None
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of the process so far (/proc/PID/stat, every thread), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _reset_peak(pid: int) -> int | None:
     """Reset the process's peak resident memory to its current one (/proc/PID/clear_refs, 5); that baseline, or
     None where the kernel does not let this process do it."""
@@ -400,6 +454,7 @@ class CandidateMeter:
         self.reports: dict[str, dict] = {}
         self.crossed = 0  # bytes of the frames the candidate's process read or wrote meanwhile (transport)
         self.outside_peak_bytes: int | None = None  # the kernel's reading, less the transport (None: none taken)
+        self.outside_cpu_seconds: float | None = None  # the kernel's CPU time of the process meanwhile
         self._pid: int | None = None
         self._baseline: int | None = None
 
@@ -410,10 +465,14 @@ class CandidateMeter:
         # keeps it, its high-water mark reset here (before any frame of the call is sent)
         self._pid = self.conn.candidate_pid()
         self._baseline = _reset_peak(self._pid) if self._pid is not None else None
+        self._cpu0 = _cpu_seconds(self._pid) if self._pid is not None else None
         return self
 
     def __exit__(self, *exc) -> None:
         self.conn.meter = None
+        cpu = _cpu_seconds(self._pid) if self._pid is not None and self._cpu0 is not None else None
+        if cpu is not None:  # the kernel's count of the process's CPU time (every thread), frames' handling included
+            self.outside_cpu_seconds = max(0.0, cpu - self._cpu0)
         if self._pid is not None and self._baseline is not None:
             hwm = _status_bytes(self._pid, "VmHWM")
             if hwm is not None:
@@ -925,6 +984,24 @@ class Connection:
             return _accepted(unpack(data)[0], "the gradient")
         except (Malformed, ReturnRefused) as exc:
             raise ReturnRefused(f"{fn}: the candidate's gradient is not a list of tensors ({exc})") from None
+
+    def vjp_rows(self, cid: str, fn: str, j: int, like: torch.Tensor, n_inputs: int) -> list:
+        """Every row of the Jacobian of output `j` of call `cid` in one request: per input, a tensor [numel of
+        output j, *input shape] (row k: the vector-Jacobian product for the k-th basis vector), or None."""
+        n = like.numel()
+        head, data = self.request({"op": "vjp", "id": cid, "rows": j}, _pack([like.new_zeros(())]))
+        if head.get("op") == "raised":
+            raise exception_from(head)
+        if head.get("op") != "ok":
+            raise ReturnRefused(f"{fn}: the candidate's process did not answer the vector-Jacobian call")
+        try:
+            got = _accepted(unpack(data)[0], "the gradient")
+        except (Malformed, ReturnRefused) as exc:
+            raise ReturnRefused(f"{fn}: the candidate's gradient is not a list of tensors ({exc})") from None
+        if not isinstance(got, list) or len(got) != n_inputs or any(
+                g is not None and (not isinstance(g, torch.Tensor) or g.dim() < 1 or g.shape[0] != n) for g in got):
+            raise ReturnRefused(f"{fn}: the candidate's Jacobian rows are not {n} per input")
+        return got
 
     def reset(self) -> None:
         """Between check calls: the candidate drops every graph and generator it kept."""

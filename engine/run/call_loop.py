@@ -748,7 +748,10 @@ def serve(chan: Channel, init: dict) -> int:
                     return torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs],
                                                allow_unused=True, retain_graph=True)
 
-                grads = _metered(meter, backward) if meter is not None else backward()
+                if head.get("rows") is not None:  # every basis vector of one output, in one request
+                    grads = _rows(ins, outs, head.get("rows"))
+                else:
+                    grads = _metered(meter, backward) if meter is not None else backward()
                 chan.send(dict({"op": "ok", "id": cid, "diff": []}, **({"metered": meter.report()} if meter else {})),
                           pack([_plain(g) for g in grads]))
             else:
@@ -762,6 +765,24 @@ def serve(chan: Channel, init: dict) -> int:
             chan.send(_raised(exc, root, own.get(fn_name)))
             if op == "next" and isinstance(exc, StopIteration):
                 iters.pop(cid, None)
+
+
+def _rows(ins: list, outs: list, j) -> list:
+    """Per input, the vector-Jacobian products of output `j` for each of its basis vectors, stacked [numel, *input
+    shape] (None where the input is not reached): the Jacobian row by row, the same product each row alone gives."""
+    import torch
+
+    if type(j) is not int or not 0 <= j < len(outs):
+        raise ValueError("no such output of this call")
+    out = outs[j]
+    rows: list = [[] for _ in ins]
+    for k in range(out.numel()):
+        basis = torch.zeros_like(out).reshape(-1)
+        basis[k] = 1
+        got = torch.autograd.grad([out], ins, [basis.reshape(out.shape)], allow_unused=True, retain_graph=True)
+        for i, g in enumerate(got):
+            rows[i].append(g)
+    return [None if any(g is None for g in r) or not r else torch.stack(r) for r in rows]
 
 
 def main(argv: list[str]) -> int:
