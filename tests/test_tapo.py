@@ -377,9 +377,9 @@ def test_mechanism_real_updates_every_seed(seed):
     ctx = spec_ctx(MECH, "float32", seed=seed)
     out = REG.get_check("tapo.mechanism")(IMPL, ctx)
     assert violations(MECH, "float32", out) == []
-    assert out["updates_made"] == out["control_updates"] == 6  # 3 groups x 2 proximal updates, both arms
-    assert ctx.meter.updates == 12 and ctx.meter.tokens == out["tokens"] > 0
-    assert len(ctx.steps) == 12 and {s["arm"] for s in ctx.steps} == {"tapo", "grpo-control"}
+    assert out["updates_made"] == out["control_updates"] == 9  # 3 groups x 3 proximal updates, both arms
+    assert ctx.meter.updates == 18 and ctx.meter.tokens == out["tokens"] > 0
+    assert len(ctx.steps) == 18 and {s["arm"] for s in ctx.steps} == {"tapo", "grpo-control"}
     assert all(s["grad_norm"] > 0 and s["param_l2_change"] > 0 for s in ctx.steps)
     cmp, page = ctx.comparisons
     assert cmp["formal"] is False and cmp["method"] == "tapo" and cmp["control"] == "grpo-control"
@@ -390,7 +390,7 @@ def test_mechanism_real_updates_every_seed(seed):
     assert "0.5417" in page["note"] and "0.6250" in page["note"]
     # the mechanism acted: later updates off-policy, the clip bound, responses longer than 6 tokens
     assert out["later_update_ratio_max_dev"] > 1e-3 and out["later_update_clipped_tokens"] >= 1
-    assert out["max_response_tokens"] > 6 and out["audited_updates"] == 6
+    assert out["max_response_tokens"] > 6 and out["audited_updates"] == 9
     assert 0.0 <= out["tapo_val_acc"] <= 1.0 and 0.0 <= out["control_val_acc"] <= 1.0
 
 
@@ -410,7 +410,7 @@ def test_mechanism_control_arm_takes_its_proximal_updates_from_the_project_not_t
 
     ctx = spec_ctx(MECH, "float32", groups=2, validation_prompts=2)
     out = REG.get_check("tapo.mechanism")(IMPL.replace("rescoring", proximal_logprobs=rescoring), ctx)
-    assert out["updates_made"] == out["control_updates"] == 4 and calls == [2, 2]  # one call per TAPO group
+    assert out["updates_made"] == out["control_updates"] == 6 and calls == [3, 3]  # one call per TAPO group
     later = {arm: [(s["ratio_min"], s["ratio_max"]) for s in ctx.steps if s["arm"] == arm and s["update"] > 0]
              for arm in ("tapo", "grpo-control")}
     assert later["tapo"] and all(r == (1.0, 1.0) for r in later["tapo"])
