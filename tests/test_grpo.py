@@ -216,7 +216,7 @@ ENGINE_JUDGED = {
     "grpo.kl_mask_by_multiply", "grpo.ratio_max_over_padding", "grpo.clamp_fixed", "grpo.mask_fixed_eos",
     "grpo.behaviour_logprobs_in_input_dtype", "grpo.control_seq_mean", "grpo.control_clip_low_only",
     "grpo.control_adv_batch", "gspo.row_length_int16", "gspo.seq_adv_checked_on_empty_rows", "gspo.ratio_no_clamp",
-    "gspo.clamp_fixed", "gspo.ratio_unchecked", "gspo.mask_bool_only",
+    "gspo.clamp_fixed", "gspo.ratio_unchecked", "gspo.mask_bool_only", "gspo.ties_counted_outside",
 }
 
 

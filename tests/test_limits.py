@@ -204,15 +204,23 @@ def test_a_metered_call_is_also_measured_from_outside_by_the_kernels_high_water_
     assert readings[1][1] is not None and readings[1][1] < 64 << 20
 
 
-def test_a_budget_whose_scratch_hides_from_the_in_process_meter_fails_on_the_outside_reading(tmp_path):
-    """MRTPO js_distance with ten [N, V] units of scratch in a bytearray: the call loop's meter reads almost
-    nothing, the kernel's high-water mark does, and js_memory fails on it."""
+# the candidate re-points the call loop's meter (its process's __main__) so every reading is zeros
+REPOINT_METER = ("import sys as _sys\n"
+                 "_sys.modules['__main__']._metered = lambda meter, fn: fn()\n")
+
+
+@pytest.mark.parametrize("repoint", [False, True], ids=["bytearray-scratch", "scratch-and-meter-re-pointed"])
+def test_a_budget_whose_scratch_hides_from_the_in_process_meter_fails_on_the_outside_reading(tmp_path, repoint):
+    """MRTPO js_distance with ten [N, V] units of scratch in a bytearray (and, second, the call loop's meter
+    re-pointed to report nothing): the candidate's own reading shows almost nothing, the kernel's high-water mark
+    does, and js_memory fails on it."""
     text = (ROOT / "tests" / "fixtures" / "my_mrtpo.py").read_text()
     old = "def js_distance(logp_a, logp_b, chunk_elems=1048576):\n"
     assert old in text
     cand = tmp_path / "scratchy.py"
-    cand.write_text(text.replace(old, old + "    _scratch = torch.frombuffer(bytearray(10 * logp_a.numel() * 4), "
-                                           "dtype=torch.uint8)\n    _scratch.fill_(1)\n"))
+    text = text.replace(old, old + "    _scratch = torch.frombuffer(bytearray(10 * logp_a.numel() * 4), "
+                                   "dtype=torch.uint8)\n    _scratch.fill_(1)\n")
+    cand.write_text(_after_future(text, REPOINT_METER) if repoint else text)
     r = CliRunner().invoke(app, ["check", "mrtpo", "--impl", str(cand), "--only", "js_memory", "--no-mutants",
                                  "--seeds", "42", "--receipts", str(tmp_path / "r")])
     assert r.exit_code == 1, r.output
