@@ -35,3 +35,12 @@ def build_tiny_qwen2(folder: Path, seed: int = 0) -> Path:
         model = Qwen2ForCausalLM(cfg)
     model.save_pretrained(folder)
     return folder
+
+
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """The tiny checkpoint in a fresh temporary folder, or a skip where the [hf] extra is not installed."""
+    import pytest
+
+    for module in ("transformers", "peft", "tokenizers"):
+        pytest.importorskip(module)
+    return build_tiny_qwen2(tmp_path_factory.mktemp("ckpt") / "tiny-qwen2")

@@ -36,12 +36,9 @@ def invoke(*args: str):
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    pytest.importorskip("peft")
-    pytest.importorskip("tokenizers")
-    from tests.hf_support import build_tiny_qwen2
+    from tests.hf_support import tiny_checkpoint
 
-    return build_tiny_qwen2(tmp_path_factory.mktemp("ckpt") / "tiny-qwen2")
+    return tiny_checkpoint(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
