@@ -125,9 +125,11 @@ def test_each_stage_needs_the_stages_before_it_and_stage_three_reuses_their_rece
     # stage 2: every contract a candidate is held to but the mechanism run (paired_control, arm_audit, gradient_audit
     # and reported_metrics_agree are kinds of their own); never fused_matches_composed (applies_to: registered)
     shown = json.loads(invoke("show", METHOD, "--json").stdout)["spec"]["contracts"]
-    assert "mechanism" not in ran[1] and "fused_matches_composed" not in ran[1]
-    assert ran[1] == sorted(c["id"] for c in shown if c["applies_to"] == "any" and c["id"] != "mechanism")
-    assert ran[2] == ["mechanism"]  # stage 3 ran only what stages 1 and 2 had not: their receipts count
+    # nor the learning run (a trained policy, like the mechanism: stage 3)
+    assert "mechanism" not in ran[1] and "learning" not in ran[1] and "fused_matches_composed" not in ran[1]
+    assert ran[1] == sorted(c["id"] for c in shown
+                            if c["applies_to"] == "any" and c["id"] not in ("mechanism", "learning"))
+    assert ran[2] == ["learning", "mechanism"]  # stage 3 ran only what stages 1 and 2 had not: their receipts count
     assert set(three.artifacts["receipts"].split(", ")) == {x.artifacts["receipt_id"] for x in (one, two, three)}
     assert by_id[one.artifacts["receipt_id"]]["predicate"]["request"]["seeds"] == [42]
 

@@ -232,8 +232,8 @@ def test_the_spec_budget_binds_the_checkpoint_run(ckpt, tmp_path):
     specs = tmp_path / "specs"
     specs.mkdir()
     text = (ROOT / "specs" / "tapo-trajectory.yaml").read_text()
-    assert text.count("max_updates_per_seed: 18\n") == 1
-    (specs / "tapo-trajectory.yaml").write_text(text.replace("max_updates_per_seed: 18\n", "max_updates_per_seed: 5\n"))
+    assert text.count("max_updates_per_seed: 220\n") == 1
+    (specs / "tapo-trajectory.yaml").write_text(text.replace("max_updates_per_seed: 220\n", "max_updates_per_seed: 5\n"))
     r = invoke("check", "tapo-trajectory", "--only", "mechanism", "--seeds", "42", "--no-mutants", "--policy",
                f"hf:{ckpt}", "--specs", str(specs), "--receipts", str(tmp_path / "r"), "--json")
     assert r.exit_code == 1, r.output

@@ -204,6 +204,29 @@ def test_a_metered_call_is_also_measured_from_outside_by_the_kernels_high_water_
     assert readings[1][1] is not None and readings[1][1] < 64 << 20
 
 
+def test_a_child_forked_at_import_is_not_the_process_measured_from_outside(tmp_path):
+    """The outside reading follows the call loop's process, fixed before the candidate loads: a candidate that forks
+    an idle child at import (the deepest descendant once it runs) still has its own scratch measured."""
+    from engine.run import boundary
+
+    path = tmp_path / "forks.py"
+    path.write_text("import os\nimport time\n\nif os.fork() == 0:\n    time.sleep(120)\n    os._exit(0)\n"
+                    + PROBE)
+    conn = boundary.plain()
+    try:
+        msg = conn.load({"target": {"form": "file", "path": str(path)}, "names": ["hidden_scratch"],
+                         "device": "cpu", "threads": 1, "memory_mb": 2048, "cwd": str(tmp_path)}, 180)
+        assert msg["op"] == "loaded" and not msg["missing"], msg
+        conn.deadline_s = 120.0
+        impl = boundary.implementation(conn, "forks", ["hidden_scratch"])
+        assert conn.candidate_pid() == conn.proc.pid
+        with impl.hidden_scratch.metered() as meter:
+            impl.hidden_scratch(torch.zeros(1 << 20), 512)
+        assert meter.outside_peak_bytes is not None and meter.outside_peak_bytes >= 384 << 20
+    finally:
+        conn.close(kill=True)
+
+
 # the candidate re-points the call loop's meter (its process's __main__) so every reading is zeros
 REPOINT_METER = ("import sys as _sys\n"
                  "_sys.modules['__main__']._metered = lambda meter, fn: fn()\n")

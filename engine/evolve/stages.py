@@ -4,8 +4,8 @@ Each stage needs everything the stages before it needed, so a stage's verdict
 never rests on a stage that did not run:
 
   1  the value and gradient contracts of the math tier, on the first seed (cheap, catches most broken candidates);
-  2  every contract except the mechanism runs, the scale tier included, on every seed;
-  3  every contract, mechanism runs included, on every seed: the whole check, and the spec's score.
+  2  every contract except the training runs (mechanism and learning), the scale tier included, on every seed;
+  3  every contract, training runs included, on every seed: the whole check, and the spec's score.
 
 The seeds are the evaluator's: by default drawn fresh from the operating system for every candidate and stage
 (engine/evolve/evaluator.py), so a stage's cells name that stage's seeds.
@@ -20,6 +20,7 @@ from __future__ import annotations
 # A contract's kind (engine/kinds) or, for a bespoke check, its legacy label: the value and gradient ones.
 STAGE1_KINDS = ("value", "gradient", "reference_agreement", "gradient_structure", "closed_form", "ratio_overflow")
 MECHANISM = "mechanism"
+TRAINING = (MECHANISM, "learning")  # kinds that train policies: the costliest cells, judged last
 STAGES = (1, 2, 3)
 FULL = 3
 
@@ -34,7 +35,7 @@ def _in_stage(contract: dict, stage: int) -> bool:
     if stage == 1:  # the scale tier's cases are large: stage 2 runs them, once stage 1 holds
         return contract["kind"] in STAGE1_KINDS and contract.get("tier", "math") != "scale"
     if stage == 2:
-        return contract["kind"] != MECHANISM
+        return contract["kind"] not in TRAINING
     return True
 
 
@@ -42,7 +43,7 @@ def cost_rank(contract: dict) -> int:
     """Cheap contracts first: stage 1's value and gradient checks, then the rest of the math tier, then the large
     cases of the scale tier, the mechanism runs (trained policies) last. Sorting by it is stable: the spec's order
     decides within a rank."""
-    if contract["kind"] == MECHANISM:
+    if contract["kind"] in TRAINING:
         return 3
     if contract.get("tier", "math") == "scale":
         return 2

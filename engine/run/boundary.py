@@ -796,7 +796,8 @@ class Connection:
 
     def candidate_pid(self) -> int | None:
         """The host PID of the process running the call loop: this Popen's own, or, in a sandbox, the python
-        process bubblewrap started (the deepest descendant; found once)."""
+        process bubblewrap started (the deepest descendant; found once, when the call loop says it is ready and
+        before the candidate is loaded)."""
         if getattr(self, "_candidate_pid", None) is None and self.proc.poll() is None:
             tree, i = [self.proc.pid], 0
             while i < len(tree) and len(tree) < 64:
@@ -878,6 +879,9 @@ class Connection:
                     if head.get("op") != "ready":
                         raise WorkerLost("the candidate's process did not start the call loop")
                     self.ready = True
+                    # which process is measured from outside is fixed now, before the candidate's code runs: found
+                    # later, a child it forked at import would be the deepest descendant, and be measured instead
+                    self.candidate_pid()
                 if load_s is not None:
                     end, loading = min(end, time.monotonic() + load_s), True
                 self._send(dict(init, op="init"))

@@ -39,6 +39,10 @@ class Pairing:
     control_clip_eps: float | None = None  # None: the clip the run's params give
     control_adv_whole_batch: bool = False  # True: the control's advantages over the whole batch, not per group
     control_zero_grad: bool = False  # True: the control's gradients zeroed after its backward (it never moves)
+    # What reaches an arm's optimiser step ("negated": the gradient's sign flipped; "frozen": no gradient, so the
+    # step moves nothing): planted after the gradient audit, so only what the arm learns can show it.
+    method_grad: str = "as computed"
+    control_grad: str = "as computed"
 
 
 def pairing(impl: Any) -> Pairing:
@@ -107,6 +111,7 @@ class RunRecord:
     arms: dict = field(default_factory=dict)
     stop_after_draws: int | None = None  # a probe: StopRun once an arm has drawn this often
     keep_states: bool = False  # keep each draw's sampling weights (the arm audit rescores from them)
+    keep_first: bool = False  # keep each arm's first sampling weights (the learning kind measures from them)
     active: ArmRecord | None = None  # the arm running now (the paired_control kind counts interface calls into it)
 
     def plain(self) -> dict:
@@ -118,7 +123,8 @@ def record_of(ctx: Any) -> RunRecord:
     rec = ctx.__dict__.get("paired_record")
     if rec is None:
         rec = RunRecord(stop_after_draws=ctx.__dict__.get("paired_stop_after_draws"),
-                        keep_states=bool(ctx.__dict__.get("paired_keep_states")))
+                        keep_states=bool(ctx.__dict__.get("paired_keep_states")),
+                        keep_first=bool(ctx.__dict__.get("paired_keep_first")))
         ctx.__dict__["paired_record"] = rec
     return rec
 
@@ -133,6 +139,14 @@ def arm(ctx: Any, name: str, control: bool = False):
     before: dict = {}
 
     def stepping(opt, _args, _kwargs):
+        planted = entry.pairing or Pairing()
+        defect = planted.control_grad if control else planted.method_grad
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if p.grad is not None and defect == "negated":
+                    p.grad.neg_()
+                elif defect == "frozen":
+                    p.grad = None
         before.clear()
         before.update({id(p): p.detach().clone() for g in opt.param_groups for p in g["params"]})
 
@@ -210,6 +224,8 @@ def log_draw(entry: ArmRecord, policy: torch.nn.Module, uniforms: list[torch.Ten
         entry.states[tokens] = _state(policy)
         if entry.first_state is None:
             entry.first_state = entry.states[tokens]
+    elif rec is not None and rec.keep_first and entry.first_state is None:
+        entry.first_state = _state(policy)
     entry.policy = policy
     entry.draws.append((digest(torch.cat(uniforms, 1)) if uniforms else "", tokens))
     if rec is not None and rec.stop_after_draws is not None and len(entry.draws) >= rec.stop_after_draws:
@@ -300,6 +316,12 @@ DEFECTS = {
                                 "The control's advantages normalised over the whole batch instead of per group."),
     "control_never_moves": ({"control_zero_grad": True},
                             "The control's gradients zeroed after its backward: it takes its updates and never moves."),
+    "method_grad_negated": ({"method_grad": "negated"},
+                            "The method arm's gradient reaches its optimiser with the sign flipped: it unlearns."),
+    "method_grad_frozen": ({"method_grad": "frozen"},
+                           "The method arm's gradient never reaches its optimiser: it takes its steps and stays."),
+    "control_grad_negated": ({"control_grad": "negated"},
+                             "The control's gradient reaches its optimiser with the sign flipped: it unlearns."),
 }
 
 

@@ -165,7 +165,7 @@ def trace(impl, ctx, observe=None) -> Trace:
     eps = float(p.get("eps", 1e-6))
     device = ctx.device
 
-    student = paired.arm_policy(impl, lambda: make_policy(ctx))
+    student = paired.arm_policy(impl, lambda: make_policy(ctx, int(p.get("hidden_size", 16))))
     if observe is not None:
         observe(student)
     opt = torch.optim.Adam(student.parameters(), lr=lr)
@@ -247,7 +247,7 @@ def grpo_control(impl, ctx) -> None:
     `trace`, trained on GRPO group advantages of the summed verifier rewards (no replay, no credit weights)."""
     p = ctx.params
     updates, n_prompts, group = int(p.get("updates", 3)), int(p.get("prompts", 4)), int(p.get("group_size", 8))
-    student = paired.arm_policy(impl, lambda: make_policy(ctx))
+    student = paired.arm_policy(impl, lambda: make_policy(ctx, int(p.get("hidden_size", 16))))
     opt = torch.optim.Adam(student.parameters(), lr=float(p.get("lr", 1e-2)))
     g = paired.stream(ctx, impl, 7)
     for _ in range(updates):
@@ -266,3 +266,22 @@ def paired_arms(impl, ctx) -> None:
             report_advantages(ctx, trace(impl, ctx).updates)  # what mrtpo_advantages reported, beside ours
         else:
             grpo_control(impl, ctx)
+
+
+class TwoTargetTask:
+    """The run's task for the learning kind: a plain prompt (the student's context), rewarded by the mean of the
+    two verifiers (0, 0.5 or 1)."""
+
+    def prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return make_prompts(n, generator)
+
+    def context(self, prompts: torch.Tensor) -> torch.Tensor:
+        return prompts
+
+    def verify(self, prompts: torch.Tensor, responses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return verify(prompts, responses, mask).mean(0)
+
+
+from engine.kinds.learning import learning_task  # noqa: E402
+
+learning_task("mrtpo.two_targets")(lambda params: TwoTargetTask())

@@ -428,6 +428,9 @@ registry.mutant("mrtpo.control_other_stream", base="mrtpo")(defect(IMPL, "mrtpo.
 registry.mutant("mrtpo.same_stream_every_seed", base="mrtpo")(defect(IMPL, "mrtpo.same_stream_every_seed"))
 registry.mutant("mrtpo.control_adv_whole_batch", base="mrtpo")(defect(IMPL, "mrtpo.control_adv_whole_batch"))
 registry.mutant("mrtpo.control_never_moves", base="mrtpo")(defect(IMPL, "mrtpo.control_never_moves"))
+registry.mutant("mrtpo.method_grad_negated", base="mrtpo")(defect(IMPL, "mrtpo.method_grad_negated"))
+registry.mutant("mrtpo.method_grad_frozen", base="mrtpo")(defect(IMPL, "mrtpo.method_grad_frozen"))
+registry.mutant("mrtpo.control_grad_negated", base="mrtpo")(defect(IMPL, "mrtpo.control_grad_negated"))
 
 
 # --------------------------------------------------------------------------- promises the interface declares

@@ -398,6 +398,9 @@ registry.mutant("tapo.control_trained_weights", base="tapo")(defect(IMPL, "tapo.
 registry.mutant("tapo.control_other_stream", base="tapo")(defect(IMPL, "tapo.control_other_stream"))
 registry.mutant("tapo.same_stream_every_seed", base="tapo")(defect(IMPL, "tapo.same_stream_every_seed"))
 registry.mutant("tapo.control_clip_narrow", base="tapo")(defect(IMPL, "tapo.control_clip_narrow"))
+registry.mutant("tapo.method_grad_negated", base="tapo")(defect(IMPL, "tapo.method_grad_negated"))
+registry.mutant("tapo.method_grad_frozen", base="tapo")(defect(IMPL, "tapo.method_grad_frozen"))
+registry.mutant("tapo.control_grad_negated", base="tapo")(defect(IMPL, "tapo.control_grad_negated"))
 
 
 # --- a count in a narrow dtype (seen only past 32,767 valid tokens in a row: the scale tier) ------------------------
