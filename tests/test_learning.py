@@ -58,6 +58,21 @@ def test_an_arm_that_does_not_learn_fails(mutant, metric, arm, tmp_path, monkeyp
         assert m[f"{role}_gain"] < 0 and m[f"{role}_final"] < m[f"{role}_initial"]
 
 
+def test_arms_trained_with_each_others_loss_fail_though_both_learn(tmp_path, monkeypatch):
+    """The swap learns as well as the honest run (the gain and lag hold); the calls into the implementation under
+    check, counted per arm, show the control running it."""
+    reg = registry.load()
+    monkeypatch.setitem(registry._REGISTRY.implementations, "tapo", reg.mutants["tapo.arms_swapped"].factory())
+    out = _check("tapo-trajectory", tmp_path)
+    assert out.exit_code == 1, out.output[-2000:]
+    res = _result(out)
+    assert res["status"] == "failed" and res["message"].startswith("control_arm_interface_calls "), res["message"]
+    assert ";" not in res["message"].split("; first failing case")[0], res["message"]  # the only broken expectation
+    m = res["measurements"]
+    assert m["control_arm_interface_calls"] > 0 and m["method_arm_interface_calls"] > 0
+    assert m["method_gain_low"] > 0.25 and m["control_gain_low"] > 0.25
+
+
 @pytest.mark.parametrize("method", sorted(SPEC))
 def test_the_honest_run_learns(method, tmp_path):
     out = _check(SPEC[method], tmp_path)
@@ -66,6 +81,7 @@ def test_the_honest_run_learns(method, tmp_path):
     assert m["arms"] == 2 and m["initial_differ"] == 0
     assert m["method_final"] > m["method_initial"] and m["control_final"] > m["control_initial"]
     assert m["method_gain_low"] <= m["method_gain"] and m["lag_high"] >= m["lag"]
+    assert m["method_arm_interface_calls"] >= m["method_updates"] > 0 and m["control_arm_interface_calls"] == 0
 
 
 @pytest.mark.parametrize("method, fixture", [("tapo", "my_tapo.py"), ("mrtpo", "my_mrtpo.py")])

@@ -90,6 +90,9 @@ class Learning(Kind):
                "lag": "mean per-prompt (control - method) final accuracy",
                "lag_high": "upper bound of the paired 95% lag interval",
                "method_updates": "the method arm's optimiser updates", "control_updates": "the control's",
+               "method_arm_interface_calls": "calls of the checked implementation's functions in the method arm",
+               "control_arm_interface_calls": "calls of the checked implementation's functions in the control arm "
+               "(the control is the project's GRPO: 0)",
                "cases": "1 (the run)"}
 
     def measure(self, impl, ctx, params):
@@ -97,13 +100,15 @@ class Learning(Kind):
 
         from engine.gate.stats import paired_t_interval
         from engine.kinds import calls
-        from engine.kinds.paired_control import _fresh, get_run
+        from engine.kinds.paired_control import _counting, _fresh, get_run
         from engine.run.run_audit import _hookless_copy
         from methods.common.rollout import sample
 
         run_ctx = _fresh(ctx, params=dict(params["run_params"]))
         run_ctx.__dict__["paired_keep_first"] = True
-        get_run(params["run"])(impl, run_ctx)
+        # each interface call counted into the arm making it: an arm swap (the control trained by the method's
+        # loss, the method arm by the control's) learns as well as the honest run, and shows only here
+        get_run(params["run"])(_counting(impl, run_ctx) if hasattr(impl, "replace") else impl, run_ctx)
         if getattr(ctx, "audit", None) is not None and getattr(run_ctx, "audit", None) is not ctx.audit:
             ctx.audit.delegated += len(getattr(run_ctx.audit, "entries", ()) or ())
         record = run_ctx.__dict__.get("paired_record")
@@ -138,8 +143,8 @@ class Learning(Kind):
         m: dict[str, float] = {"arms": len(acc)}
         where: dict[str, str] = {}
         for role, name in (("method", params["method_arm"]), ("control", params["control_arm"])):
-            upd = arms[name].updates if name in arms else 0
-            m[f"{role}_updates"] = upd
+            m[f"{role}_updates"] = arms[name].updates if name in arms else 0
+            m[f"{role}_arm_interface_calls"] = arms[name].interface_calls if name in arms else 0
             if name not in acc:
                 for key in ("initial", "final", "gain", "gain_low"):
                     m[f"{role}_{key}"] = float("nan")

@@ -43,6 +43,7 @@ class Pairing:
     # step moves nothing): planted after the gradient audit, so only what the arm learns can show it.
     method_grad: str = "as computed"
     control_grad: str = "as computed"
+    arms_swapped: bool = False  # True: a learning run trains each arm with the other arm's loss
 
 
 def pairing(impl: Any) -> Pairing:
@@ -322,6 +323,9 @@ DEFECTS = {
                            "The method arm's gradient never reaches its optimiser: it takes its steps and stays."),
     "control_grad_negated": ({"control_grad": "negated"},
                              "The control's gradient reaches its optimiser with the sign flipped: it unlearns."),
+    "arms_swapped": ({"arms_swapped": True},
+                     "Each arm of the learning run is trained with the other arm's loss: both learn, the comparison "
+                     "is upside down."),
 }
 
 

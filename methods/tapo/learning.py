@@ -63,7 +63,7 @@ def learning(impl, ctx) -> None:
                 continue
             ro, adv, rewards = kept
             for k, logp, old_logp in proximal(policy, ro, inner):
-                if arm == "tapo":
+                if (arm == "tapo") != paired.pairing(impl).arms_swapped:  # a planted swap (a mutant) only
                     loss, _ = impl.tapo_loss(logp, old_logp, adv, ro.mask, float(cfg["eps_min"]),
                                              float(cfg["eps_max"]), group_size=G)
                 else:

@@ -401,6 +401,7 @@ registry.mutant("tapo.control_clip_narrow", base="tapo")(defect(IMPL, "tapo.cont
 registry.mutant("tapo.method_grad_negated", base="tapo")(defect(IMPL, "tapo.method_grad_negated"))
 registry.mutant("tapo.method_grad_frozen", base="tapo")(defect(IMPL, "tapo.method_grad_frozen"))
 registry.mutant("tapo.control_grad_negated", base="tapo")(defect(IMPL, "tapo.control_grad_negated"))
+registry.mutant("tapo.arms_swapped", base="tapo")(defect(IMPL, "tapo.arms_swapped"))
 
 
 # --- a count in a narrow dtype (seen only past 32,767 valid tokens in a row: the scale tier) ------------------------
