@@ -106,6 +106,9 @@ class Learning(Kind):
 
         run_ctx = _fresh(ctx, params=dict(params["run_params"]))
         run_ctx.__dict__["paired_keep_first"] = True
+        # nothing here reads the run's own step records or reports: a run may skip measuring itself (every update's
+        # gradient is still audited)
+        run_ctx.__dict__["paired_outcome_only"] = True
         # each interface call counted into the arm making it: an arm swap (the control trained by the method's
         # loss, the method arm by the control's) learns as well as the honest run, and shows only here
         get_run(params["run"])(_counting(impl, run_ctx) if hasattr(impl, "replace") else impl, run_ctx)

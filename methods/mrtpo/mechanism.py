@@ -231,12 +231,20 @@ def trace(impl, ctx, observe=None) -> Trace:
 
 
 from engine.kinds.paired_control import paired_run  # noqa: E402  (below: the lines above keep their numbers)
+import contextvars  # noqa: E402
+
+# Set for a run whose only reader is the learning kind (it measures the arms' policies, never the run's step records
+# or reports): the exact per-update figures below cost more than the update itself at the learning budget.
+_OUTCOME_ONLY: contextvars.ContextVar = contextvars.ContextVar("mrtpo_outcome_only", default=False)
 
 
 def _cap_figures(reward_adv, weights, mask, eps) -> dict:
     """The step record's cap, std and whether the cap bound, computed from the update's tensors: the metrics dict
     mrtpo_advantages returned is its report, compared by reported_metrics_agree, never recorded as the run's."""
     from methods.mrtpo.measure import advantage_figures
+
+    if _OUTCOME_ONLY.get():
+        return {}
 
     fig = advantage_figures(reward_adv, weights, mask, eps)
     return {"s": fig["s"], "adv_std": fig["std"], "capped": fig["capped"]}
@@ -261,11 +269,18 @@ def paired_arms(impl, ctx) -> None:
     """The MRTPO arm (`trace`) and its GRPO control, each under the arm record (paired_control)."""
     from methods.mrtpo.measure import report_advantages
 
-    for arm in paired.arms(ctx, ("mrtpo", "grpo-control"), method="mrtpo"):
-        if arm == "mrtpo":
-            report_advantages(ctx, trace(impl, ctx).updates)  # what mrtpo_advantages reported, beside ours
-        else:
-            grpo_control(impl, ctx)
+    outcome_only = bool(ctx.__dict__.get("paired_outcome_only"))
+    token = _OUTCOME_ONLY.set(outcome_only)
+    try:
+        for arm in paired.arms(ctx, ("mrtpo", "grpo-control"), method="mrtpo"):
+            if arm == "mrtpo":
+                updates = trace(impl, ctx).updates
+                if not outcome_only:
+                    report_advantages(ctx, updates)  # what mrtpo_advantages reported, beside ours
+            else:
+                grpo_control(impl, ctx)
+    finally:
+        _OUTCOME_ONLY.reset(token)
 
 
 class TwoTargetTask:
