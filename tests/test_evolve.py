@@ -38,14 +38,14 @@ def load_evaluator(path: Path):
 def cell_counts() -> tuple[int, int, int]:
     """Seed x dtype cells stages 1, 2 and 3 need, counted from the spec as `contracts show` prints it: stage 1 is the
     eight value/gradient contracts on one seed (kinds reference_agreement, gradient_structure, ratio_overflow,
-    closed_form, a bespoke value check), stage 2 every contract but the mechanism, stage 3 all of them; none of them
-    a contract about how the registered implementation is built (applies_to: registered), which a candidate never
-    runs."""
+    closed_form, a bespoke value check), stage 2 every contract but the training runs (mechanism, learning), stage 3
+    all of them; none of them a contract about how the registered implementation is built (applies_to: registered),
+    which a candidate never runs."""
     spec = json.loads(invoke("show", METHOD, "--json").stdout)["spec"]
     seeds = len(spec["budget"]["seeds"])
     dtypes = {c["id"]: len(c["dtypes"]) for c in spec["contracts"] if c["applies_to"] == "any"}
     one = sum(dtypes[c] for c in STAGE_ONE)
-    two = seeds * sum(n for c, n in dtypes.items() if c != "mechanism")
+    two = seeds * sum(n for c, n in dtypes.items() if c not in ("mechanism", "learning"))
     return one, two, seeds * sum(dtypes.values())
 
 

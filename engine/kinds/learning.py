@@ -29,8 +29,10 @@ STREAM_OFFSET = 9_002
 
 
 def learning_task(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
-    """Register `factory(params) -> task`: `task.prompts(n, generator)` -> [n, P] ids, `task.context(prompts)` ->
-    what the policy is conditioned on, `task.verify(prompts, responses, mask)` -> [n] rewards in [0, 1]."""
+    """Register `factory(params) -> task`: `task.prompts(n, generator)` -> [n, P] ids, and
+    `task.accuracy(policy, prompts, samples, max_new_tokens, generator)` -> (per-prompt mean reward in [0, 1] over
+    `samples` responses sampled from `policy` with `generator`, tokens sampled). The task lives beside the method's
+    run (methods/): the engine never imports a method's code, it reaches it through this registry."""
 
     def deco(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         if name in _TASKS:
@@ -102,7 +104,6 @@ class Learning(Kind):
         from engine.kinds import calls
         from engine.kinds.paired_control import _counting, _fresh, get_run
         from engine.run.run_audit import _hookless_copy
-        from methods.common.rollout import sample
 
         run_ctx = _fresh(ctx, params=dict(params["run_params"]))
         run_ctx.__dict__["paired_keep_first"] = True
@@ -122,13 +123,10 @@ class Learning(Kind):
         samples = int(val["samples"])
 
         def per_prompt(policy) -> list[float]:
-            rep = prompts.repeat_interleave(samples, dim=0)
-            device = next(policy.parameters()).device
-            ro = sample(policy, task.context(rep).to(device), int(val["max_new_tokens"]),
-                        ctx.generator(STREAM_OFFSET))
-            ctx.meter.add_tokens(ro.n_tokens)
-            r = task.verify(rep.to(device), ro.responses, ro.mask).double().cpu()
-            return r.view(-1, samples).mean(1).tolist()
+            acc, tokens = task.accuracy(policy, prompts, samples, int(val["max_new_tokens"]),
+                                        ctx.generator(STREAM_OFFSET))
+            ctx.meter.add_tokens(tokens)
+            return [float(a) for a in acc]
 
         acc: dict[str, tuple[list[float], list[float]]] = {}
         for name in (params["method_arm"], params["control_arm"]):

@@ -6,6 +6,7 @@ from methods.common.policy import TinyGRUPolicy, make_policy, param_l2_change, s
 from methods.common.rollout import Rollout, sample, sequence_logprobs
 from methods.common.grpo import group_advantages, grpo_control_update, grpo_token_loss
 from methods.common.tasks import TargetTokenTask
+from methods.common import validation  # noqa: F401  (registers the learning kind's validation tasks)
 
 __all__ = [
     "paired",

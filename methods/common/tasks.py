@@ -34,11 +34,3 @@ class TargetTokenTask:
     def context(self, prompts: torch.Tensor) -> torch.Tensor:
         """What the policy is conditioned on: the prompt itself."""
         return prompts
-
-
-from engine.kinds.learning import learning_task  # noqa: E402  (below: the task above keeps its lines)
-
-
-@learning_task("target_token")
-def _target_token(params: dict) -> TargetTokenTask:
-    return TargetTokenTask(vocab_size=int(params.get("vocab_size", 16)), prompt_len=int(params.get("prompt_len", 4)))

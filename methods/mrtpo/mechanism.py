@@ -298,5 +298,6 @@ class TwoTargetTask:
 
 
 from engine.kinds.learning import learning_task  # noqa: E402
+from methods.common.validation import Validated  # noqa: E402
 
-learning_task("mrtpo.two_targets")(lambda params: TwoTargetTask())
+learning_task("mrtpo.two_targets")(lambda params: Validated(TwoTargetTask()))
